@@ -1,0 +1,112 @@
+"""Every named, user-facing exception of the platform.
+
+Why a flat list: callers (Dagster ops, the CLI, tests) catch by name and show the message,
+which always says what to do. Adapters add their classes here, next to the core's ones, so
+there is one place to look. The raise site writes the message; a class only names the case.
+"""
+
+from __future__ import annotations
+
+
+class BackfillError(Exception):
+    """Base of every error a user can cause; the message says what to do."""
+
+
+class InvalidKeyType(BackfillError):
+    """A primary-key column has a type the key order cannot compare or render as SQL."""
+
+
+class InvalidKeyValue(BackfillError):
+    """A key value has the wrong number of columns or a value of the wrong type."""
+
+
+class ProgressSchemaMismatch(BackfillError):
+    """The stored backfill_progress table does not have the columns this MV needs."""
+
+
+class CorruptProgressRow(BackfillError):
+    """A backfill_progress row cannot be decoded into a valid per-vnode progress."""
+
+
+class InvalidProgressTransition(BackfillError):
+    """A progress change the state machine forbids (moving back, moving after Completed)."""
+
+
+class InconsistentSharedPosition(BackfillError):
+    """no_shuffle vnodes of one run recovered with states that disagree."""
+
+
+class InvalidMVDefinition(BackfillError):
+    """The declarative MV definition is structurally wrong."""
+
+
+class InvalidControl(BackfillError):
+    """A bad runtime control: chunk size or rate limit."""
+
+
+class InvalidVnode(BackfillError):
+    """A vnode that is not a non-negative int, or not part of this run."""
+
+
+class InvalidSnapshotChunk(BackfillError):
+    """A snapshot read result that contradicts what was asked for (too many rows, ...)."""
+
+
+# --- storage / Spark adapters, settings (resources/, delta_store.py, upstream.py, spark_ops.py)
+
+
+class InvalidSettings(BackfillError, ValueError):
+    """An environment variable read by resources/settings.py has a value it does not allow."""
+
+
+class InvalidUpstreamSpec(BackfillError, ValueError):
+    """An upstream table spec is malformed (unknown type, pk column missing, reserved name)."""
+
+
+class NotAnUpstreamTable(BackfillError):
+    """A table has no recorded primary key / vnode count (not created by create_upstream)."""
+
+
+class TableNotFound(BackfillError):
+    """No Delta table at the given URI."""
+
+
+class UnsupportedTableFeature(BackfillError):
+    """A Delta table uses a feature the parquet-file read path cannot honour (deletion vectors,
+    column mapping)."""
+
+
+class InvalidDmlBatch(BackfillError, ValueError):
+    """A DML batch was rejected before anything was written."""
+
+
+class NullPrimaryKey(InvalidDmlBatch):
+    """A row or key of a DML batch has a null primary-key column."""
+
+
+class DuplicatePrimaryKey(InvalidDmlBatch):
+    """A key occurs twice in one batch, or an insert/pk-change target already exists."""
+
+
+class MissingPrimaryKey(InvalidDmlBatch):
+    """An update, delete or pk-change names a key that is not in the table."""
+
+
+class UnknownColumn(InvalidDmlBatch):
+    """A row of a DML batch has a column that is not in the table schema."""
+
+
+class WrongColumnType(InvalidDmlBatch):
+    """A value of a DML batch does not fit its column's type."""
+
+
+class ChangeFeedDisabled(BackfillError):
+    """The table's change data feed is off (for the requested versions)."""
+
+
+class HistoryUnavailable(BackfillError):
+    """The requested change-feed range cannot be read: vacuumed, log-truncated or out of range."""
+
+
+class InvalidVersionRange(BackfillError, ValueError):
+    """A version range whose start is after its end, or negative."""

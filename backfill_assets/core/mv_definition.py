@@ -1,0 +1,227 @@
+"""The declarative MV definition and its structural validation.
+
+Why structural validation here: every mistake a user can make in the definition (unknown
+column, pk not selected, a clash, a bad control) must be refused with a message that says
+what to do *before* anything is written; checking it in the pure core makes the checks
+cheap and exhaustively testable. Whether the filter and computed expressions parse is
+Spark's business and is checked by the Spark adapter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from backfill_assets.core.codec import RESERVED_COLUMNS
+from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
+from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
+from backfill_assets.core.progress import is_count
+from backfill_assets.core.vnode import MAX_VNODE_COUNT
+
+MODES = ("arrangement", "no_shuffle")
+VNODE_COLUMN = "vnode"
+UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
+_FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
+           "chunk_size", "rate_limit", "vnode_count")
+_REQUIRED = ("name", "upstream", "primary_key", "columns")
+_PK_FIELDS = ("name", "type", "descending", "nulls_first")
+
+
+@dataclass(frozen=True)
+class ComputedColumn:
+    """An output column computed by a Spark SQL expression over the upstream row."""
+
+    name: str
+    expr: str
+
+
+@dataclass(frozen=True)
+class MVDefinition:
+    """What the MV is: upstream, pk, selected and computed columns, filter, controls."""
+
+    name: str
+    upstream: str
+    primary_key: tuple[KeyColumn, ...]
+    columns: tuple[str, ...]
+    filter: str | None = None
+    computed: tuple[ComputedColumn, ...] = ()
+    mode: str = "arrangement"
+    chunk_size: int = 10000
+    rate_limit: int | None = None
+    vnode_count: int = 256
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> MVDefinition:
+        """Build from plain data (YAML/JSON). pk items are names or dicts with name, type,
+        descending, nulls_first; a missing type is resolved later from the upstream."""
+        if not isinstance(d, Mapping):
+            raise InvalidMVDefinition(f"an MV definition must be a mapping, got {d!r}")
+        unknown = sorted(set(d) - set(_FIELDS))
+        missing = [f for f in _REQUIRED if f not in d]
+        if unknown or missing:
+            raise InvalidMVDefinition(
+                f"MV definition {d.get('name', '?')!r}: "
+                + (f"unknown fields {unknown} " if unknown else "")
+                + (f"missing fields {missing} " if missing else "")
+                + f"(allowed fields: {', '.join(_FIELDS)})"
+            )
+        fields = dict(d)
+        pk = _as_list(d["primary_key"], "primary_key")
+        fields["primary_key"] = tuple(_pk_column(p) for p in pk)
+        fields["columns"] = tuple(_as_list(d["columns"], "columns"))
+        computed = _as_list(d.get("computed", ()), "computed")
+        fields["computed"] = tuple(_computed(c) for c in computed)
+        return cls(**fields)  # type: ignore[arg-type]
+
+    @property
+    def key_order(self) -> KeyOrder:
+        """The pk order (raises InvalidKeyType while a pk type is unresolved)."""
+        return KeyOrder(self.primary_key)
+
+    @property
+    def output_columns(self) -> tuple[str, ...]:
+        """Selected columns, computed columns, then the vnode column (always added)."""
+        return (*self.columns, *(c.name for c in self.computed), VNODE_COLUMN)
+
+    def validate(self, upstream_columns: Mapping[str, str]) -> MVDefinition:
+        """Refuse a structurally wrong definition (listing every problem and its fix);
+        return the definition with pk types resolved from ``upstream_columns``."""
+        problems = self._control_problems() + self._column_problems(upstream_columns)
+        resolved, type_problems = self._resolve_pk(upstream_columns)
+        problems += type_problems
+        if problems:
+            raise InvalidMVDefinition(
+                f"MV definition {self.name!r} is invalid: " + "; ".join(problems)
+            )
+        return dataclasses.replace(self, primary_key=resolved)
+
+    def _control_problems(self) -> list[str]:
+        out = []
+        for field in ("name", "upstream"):
+            if not isinstance(getattr(self, field), str) or not getattr(self, field):
+                out.append(f"{field} must be a non-empty string")
+        if self.mode not in MODES:
+            out.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if not is_count(self.chunk_size) or self.chunk_size < 1:
+            out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
+        if not is_count(self.vnode_count) or not 1 <= self.vnode_count <= MAX_VNODE_COUNT:
+            out.append(f"vnode_count {self.vnode_count!r} must be an int in 1..{MAX_VNODE_COUNT}")
+        if self.rate_limit is not None and not is_count(self.rate_limit):
+            out.append(
+                f"rate_limit {self.rate_limit!r} must be empty (unlimited), 0 (paused) or a "
+                "positive int of rows per second"
+            )
+        f = self.filter
+        if f is not None and (not isinstance(f, str) or not f.strip()):
+            out.append("filter must be a non-empty Spark SQL expression or absent")
+        return out
+
+    def _column_problems(self, upstream: Mapping[str, str]) -> list[str]:
+        out = []
+        available = ", ".join(upstream)
+        bad = [c for c in self.columns if not isinstance(c, str) or not c]
+        if bad or not self.columns:
+            out.append(
+                f"columns must be a non-empty list of column names (got {list(self.columns)})"
+            )
+        unknown = [c for c in self.columns if c not in upstream and c not in bad]
+        if unknown:
+            out.append(f"unknown columns {unknown}: pick from the upstream's columns ({available})")
+        pk_names = [c.name for c in self.primary_key]
+        if not pk_names:
+            out.append("primary_key is empty: list the upstream's primary-key columns")
+        unknown_pk = [n for n in pk_names if n not in upstream]
+        if unknown_pk:
+            out.append(f"unknown primary-key columns {unknown_pk}: pick from ({available})")
+        unselected = [n for n in pk_names if n not in self.columns and n not in unknown_pk]
+        if unselected:
+            out.append(
+                f"primary-key columns {unselected} are not output columns: add them to columns"
+            )
+        reserved = [n for n in pk_names if n.lower() in RESERVED_COLUMNS]
+        if reserved:
+            out.append(
+                f"primary-key columns {reserved} clash with the progress table's columns "
+                f"{sorted(RESERVED_COLUMNS)}: choose another primary key"
+            )
+        lowered = [c.lower() for c in self.output_columns if isinstance(c, str)]
+        dupes = sorted({c for c in lowered if lowered.count(c) > 1})
+        if dupes:
+            out.append(
+                f"output column names {dupes} appear more than once (names are "
+                f"case-insensitive; {VNODE_COLUMN!r} is always added): rename them"
+            )
+        upstream_lower = {u.lower() for u in upstream}
+        for c in self.computed:
+            if not isinstance(c.name, str) or not c.name:
+                out.append("a computed column needs a non-empty name")
+            elif c.name.lower() in upstream_lower:
+                out.append(
+                    f"computed column {c.name!r} has the name of an upstream column: rename it"
+                )
+            if not isinstance(c.expr, str) or not c.expr.strip():
+                out.append(f"computed column {c.name!r} needs a non-empty Spark SQL expression")
+        return out
+
+    def _resolve_pk(self, upstream: Mapping[str, str]) -> tuple[tuple[KeyColumn, ...], list[str]]:
+        resolved, out = [], []
+        for c in self.primary_key:
+            t = c.type
+            try:
+                if c.name in upstream:
+                    have = parse_key_type(upstream[c.name], c.name)
+                    if t != UNRESOLVED and parse_key_type(t, c.name) != have:
+                        out.append(
+                            f"primary-key column {c.name!r} is declared {t} but the upstream has "
+                            f"{upstream[c.name]}: declare the upstream's type or omit it"
+                        )
+                    t = have
+                elif t != UNRESOLVED:
+                    t = parse_key_type(t, c.name)
+            except BackfillError as e:
+                out.append(str(e))
+            resolved.append(dataclasses.replace(c, type=t))
+        return tuple(resolved), out
+
+
+def _as_list(value: object, field: str) -> list:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple):
+        return list(value)
+    raise InvalidMVDefinition(f"{field} must be a list, got {value!r}")
+
+
+def _pk_column(item: object) -> KeyColumn:
+    if isinstance(item, KeyColumn):
+        return item
+    if isinstance(item, str):
+        return KeyColumn(item, UNRESOLVED)
+    flags = ("descending", "nulls_first")
+    if (
+        isinstance(item, Mapping)
+        and "name" in item
+        and not set(item) - set(_PK_FIELDS)
+        and all(isinstance(item.get(f, False), bool) for f in flags)
+    ):
+        return KeyColumn(
+            item["name"],  # type: ignore[arg-type]
+            item.get("type") or UNRESOLVED,  # type: ignore[arg-type]
+            item.get("descending", False),  # type: ignore[arg-type]
+            item.get("nulls_first", False),  # type: ignore[arg-type]
+        )
+    raise InvalidMVDefinition(
+        f"primary_key item {item!r} must be a column name or a mapping with keys "
+        f"{', '.join(_PK_FIELDS)} (name required; descending and nulls_first are booleans)"
+    )
+
+
+def _computed(item: object) -> ComputedColumn:
+    if isinstance(item, ComputedColumn):
+        return item
+    if isinstance(item, Mapping) and set(item) == {"name", "expr"}:
+        return ComputedColumn(item["name"], item["expr"])  # type: ignore[arg-type]
+    raise InvalidMVDefinition(
+        f"computed item {item!r} must be a mapping with exactly the keys name and expr"
+    )

@@ -1,0 +1,192 @@
+"""Position strategies: how snapshot chunks move the positions of a run's vnodes.
+
+Why two strategies behind one interface: the step loop is the same for every mode (design
+section 7); only where positions live differs.
+
+* ``PerVnodePositions`` (arrangement): each vnode reads its own chunk strictly after its own
+  position, limited per vnode, and finishes when its chunk comes back short. Vnodes are
+  independent, so ranges can be re-split between runs.
+* ``SharedPosition`` (no_shuffle): one chunk is read across all unfinished vnodes of the run in
+  key order, limited in total; the last key read becomes the position of every unfinished
+  vnode (even those that returned no row: nothing of theirs lies before it), and a short
+  chunk finishes them all. The run's vnodes must therefore always agree, which recovery
+  checks (the reference asserts the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from backfill_assets.core.errors import (
+    InconsistentSharedPosition,
+    InvalidControl,
+    InvalidSnapshotChunk,
+)
+from backfill_assets.core.keys import Key
+from backfill_assets.core.progress import BackfillState, is_count
+
+
+@dataclass(frozen=True)
+class VnodeChunk:
+    """What a snapshot read returned for one vnode: how many rows and the last key."""
+
+    rows: int
+    last_key: Key | None
+
+
+def check_controls(chunk_size: object, rate_limit: object) -> None:
+    if not is_count(chunk_size) or chunk_size == 0:
+        raise InvalidControl(
+            f"chunk_size {chunk_size!r} must be an int >= 1: fix the MV definition or control"
+        )
+    if rate_limit is not None and not is_count(rate_limit):
+        raise InvalidControl(
+            f"rate_limit {rate_limit!r} must be None (unlimited), 0 (paused) or a positive "
+            "int of rows per second"
+        )
+
+
+def effective_chunk_size(chunk_size: int, rate_limit: int | None) -> int:
+    """Rows one read may return: a rate limit below the chunk size takes precedence (the
+    reference's ``create_builder``); 0 means paused."""
+    check_controls(chunk_size, rate_limit)
+    if rate_limit == 0:
+        return 0
+    if rate_limit is not None and rate_limit < chunk_size:
+        return rate_limit
+    return chunk_size
+
+
+class PositionStrategy(Protocol):
+    """What the step loop needs from a mode."""
+
+    name: str
+    uses_replica: bool  # the snapshot is read from replicated_state (kept per vnode)
+    shared: bool  # one position and one read for all the run's vnodes; limit is in total
+
+    def recover(self, state: BackfillState) -> Key | None:
+        """Check recovered states fit the strategy; return the shared position, if any."""
+
+    def chunk_limit(self, chunk_size: int, rate_limit: int | None, unfinished_count: int) -> int:
+        """Rows to read this step (per vnode, or in total when ``shared``)."""
+
+    def apply_chunk(
+        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int
+    ) -> None:
+        """Move positions and row counts after a snapshot read limited to ``limit``."""
+
+
+def _check_chunk(state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int) -> None:
+    if limit < 1 and any(c.rows for c in chunk.values()):
+        raise InvalidSnapshotChunk(
+            "rows were read while the snapshot is paused (limit 0): read nothing when paused"
+        )
+    for vnode, c in chunk.items():
+        if state.current(vnode).finished:
+            raise InvalidSnapshotChunk(
+                f"vnode {vnode} is Completed but a snapshot chunk was read for it: read only "
+                "the unfinished vnodes of the plan"
+            )
+        if not is_count(c.rows) or (c.rows > 0) != (c.last_key is not None):
+            raise InvalidSnapshotChunk(
+                f"vnode {vnode}: chunk {c!r} must have rows >= 0 and a last_key exactly when "
+                "rows > 0"
+            )
+
+
+class PerVnodePositions:
+    """Arrangement backfill: one position per vnode."""
+
+    name = "arrangement"
+    uses_replica = True
+    shared = False
+
+    def recover(self, state: BackfillState) -> Key | None:
+        return None  # vnodes are independent: any mix of states is valid
+
+    def chunk_limit(self, chunk_size: int, rate_limit: int | None, unfinished_count: int) -> int:
+        """Per vnode: the effective chunk size, with a rate limit shared by the unfinished
+        vnodes (at least 1 row each unless paused, so every vnode keeps moving)."""
+        limit = effective_chunk_size(chunk_size, rate_limit)
+        if rate_limit and unfinished_count > 0:
+            limit = min(limit, max(1, rate_limit // unfinished_count))
+        return limit
+
+    def apply_chunk(
+        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int
+    ) -> None:
+        """``chunk`` holds every vnode that was read (0 rows included); a vnode whose chunk is
+        shorter than ``limit`` is exhausted and finishes."""
+        _check_chunk(state, chunk, limit)
+        if limit < 1:
+            return
+        for vnode, c in sorted(chunk.items()):
+            if c.rows > limit:
+                raise InvalidSnapshotChunk(
+                    f"vnode {vnode} returned {c.rows} rows but the limit was {limit}: "
+                    "limit each vnode's snapshot read"
+                )
+            if c.rows:
+                state.update(vnode, c.last_key, c.rows)  # type: ignore[arg-type]
+            if c.rows < limit:
+                state.finish(vnode)
+
+
+class SharedPosition:
+    """NoShuffle backfill: one position shared by all vnodes of a run."""
+
+    name = "no_shuffle"
+    uses_replica = False
+    shared = True
+
+    def recover(self, state: BackfillState) -> Key | None:
+        """The shared position (None before the first row), refusing states that disagree."""
+        progress = {v: state.current(v) for v in state.vnodes}
+        finished = {v for v, p in progress.items() if p.finished}
+        if finished and len(finished) < len(progress):
+            raise InconsistentSharedPosition(
+                f"no_shuffle vnodes {sorted(finished)} are finished but "
+                f"{sorted(set(progress) - finished)} are not; one run's vnodes share a "
+                "position and finish together. Run the same vnode range as before (no_shuffle "
+                "cannot be re-split while in progress), or drop the MV's state to restart"
+            )
+        if finished:
+            return None  # all done: nothing is read, positions no longer matter
+        positions = {p.current_pos for p in progress.values()}
+        if len(positions) > 1:
+            shown = ", ".join(f"{v}: {p.current_pos!r}" for v, p in sorted(progress.items()))
+            raise InconsistentSharedPosition(
+                f"no_shuffle vnodes recovered with different positions ({shown}); one run's "
+                "vnodes share one position. Run the same vnode range as before (no_shuffle "
+                "cannot be re-split while in progress), or drop the MV's state to restart"
+            )
+        return positions.pop() if positions else None
+
+    def chunk_limit(self, chunk_size: int, rate_limit: int | None, unfinished_count: int) -> int:
+        """In total for the run: the effective chunk size."""
+        return effective_chunk_size(chunk_size, rate_limit)
+
+    def apply_chunk(
+        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int
+    ) -> None:
+        """``chunk`` is one read across the run's unfinished vnodes (absent vnodes: 0 rows)."""
+        _check_chunk(state, chunk, limit)
+        if limit < 1:
+            return
+        total = sum(c.rows for c in chunk.values())
+        if total > limit:
+            raise InvalidSnapshotChunk(
+                f"the shared snapshot read returned {total} rows but the limit was {limit}: "
+                "limit the read across all vnodes of the run"
+            )
+        unfinished = state.unfinished_vnodes()
+        last_keys = [c.last_key for c in chunk.values() if c.rows]
+        if last_keys:
+            shared = state.key_order.max_key(last_keys)  # type: ignore[arg-type]
+            for vnode in unfinished:
+                state.update(vnode, shared, chunk.get(vnode, VnodeChunk(0, None)).rows)
+        if total < limit:
+            for vnode in unfinished:
+                state.finish(vnode)

@@ -1,0 +1,303 @@
+"""deltalake (delta-rs) adapter: create tables, read versions and the change data feed.
+
+Thin on purpose: no policy, only translation between delta-rs and the platform (named errors,
+plain Arrow types). Never calls ``to_pyarrow_table()`` / ``to_pyarrow_dataset()`` with the
+default filesystem (they can abort the process at exit): reads go through ``scan()`` and
+``load_cdf()``.
+
+What delta-rs 1.6 does that callers must know (measured, see tests/test_change_feed.py):
+- ``load_cdf`` on a table whose change data feed is *off* does not fail: it reports every file
+  a merge/update/delete rewrote as deletes + inserts of all its rows. We check
+  ``delta.enableChangeDataFeed`` ourselves (at both ends of the range).
+- A range that reaches a vacuumed file fails only when the reader is consumed, as
+  ``pyarrow.ArrowInvalid`` "... Object at location ... not found"; a start version past the end
+  of the log is ``DeltaError`` "Invalid table version: N"; an *end* version past the end of the
+  log is silently clamped; a version whose log JSON was cleaned up makes ``DeltaTable(uri,
+  version=v)`` raise ``TableNotFoundError``. All of these become HistoryUnavailable here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable
+from deltalake.exceptions import DeltaError, TableNotFoundError
+
+from backfill_assets.arrow_types import normalize_schema
+from backfill_assets.core.errors import (
+    ChangeFeedDisabled,
+    HistoryUnavailable,
+    InvalidVersionRange,
+    TableNotFound,
+    UnsupportedTableFeature,
+)
+
+CDF_PROPERTY = "delta.enableChangeDataFeed"
+PK_PROPERTY = "backfill.primaryKey"  # JSON list of the primary-key columns
+VNODE_COUNT_PROPERTY = "backfill.vnodeCount"
+VNODE_COLUMN = "vnode"
+CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
+
+StorageOptions = Mapping[str, str] | None
+
+
+def _opts(storage_options: StorageOptions) -> dict[str, str] | None:
+    return dict(storage_options) if storage_options else None
+
+
+def open_table(uri: str, version: int | None = None,
+               storage_options: StorageOptions = None) -> DeltaTable:
+    """The Delta table at ``uri`` (at ``version`` if given); TableNotFound / HistoryUnavailable
+    instead of delta-rs errors."""
+    try:
+        return DeltaTable(uri, version=version, storage_options=_opts(storage_options))
+    except TableNotFoundError:
+        if version is not None and table_exists(uri, storage_options):
+            # delta-rs says "not found" for a version whose log was cleaned up
+            raise HistoryUnavailable(
+                f"version {version} of {uri} is no longer in the table's log (log retention "
+                "cleaned it up): use a later version or rebuild from the latest"
+            ) from None
+        raise TableNotFound(
+            f"no Delta table at {uri}: create it first (e.g. run upstream_load_job) or fix the URI"
+        ) from None
+    except DeltaError as exc:
+        if version is not None and _is_missing_history(exc):
+            raise HistoryUnavailable(
+                f"version {version} of {uri} cannot be loaded ({_first_line(exc)}): its log or "
+                "files are gone (log retention / vacuum); use a later version or rebuild"
+            ) from None
+        raise
+
+
+def table_exists(uri: str, storage_options: StorageOptions = None) -> bool:
+    return DeltaTable.is_deltatable(uri, storage_options=_opts(storage_options))
+
+
+def create_table(
+    uri: str,
+    schema: pa.Schema,
+    partition_by: Sequence[str] | None = None,
+    *,
+    cdf: bool,
+    name: str | None = None,
+    description: str | None = None,
+    metadata: Mapping[str, str] | None = None,
+    storage_options: StorageOptions = None,
+    mode: str = "error",
+) -> DeltaTable:
+    """Create an empty Delta table (version 0).
+
+    ``metadata`` goes into the table configuration (keys outside ``delta.*`` are allowed and
+    kept by every later commit), which is how the platform records e.g. the primary key.
+    """
+    configuration: dict[str, str | None] = {CDF_PROPERTY: "true" if cdf else "false"}
+    configuration.update(metadata or {})
+    return DeltaTable.create(
+        uri,
+        schema,
+        mode=mode,  # type: ignore[arg-type]
+        partition_by=list(partition_by or []) or None,
+        name=name,
+        description=description,
+        configuration=configuration,
+        storage_options=_opts(storage_options),
+        raise_if_key_not_exists=False,
+    )
+
+
+def latest_version(uri: str, storage_options: StorageOptions = None) -> int:
+    """The table's latest committed version (cheap: reads the log tail)."""
+    return open_table(uri, storage_options=storage_options).version()
+
+
+def table_configuration(uri: str, version: int | None = None,
+                        storage_options: StorageOptions = None) -> dict[str, str]:
+    return dict(open_table(uri, version, storage_options).metadata().configuration)
+
+
+def arrow_schema(dt: DeltaTable) -> pa.Schema:
+    """The table's schema as plain pyarrow types."""
+    return normalize_schema(pa.schema(dt.schema().to_arrow()))
+
+
+def partition_columns(dt: DeltaTable) -> list[str]:
+    return list(dt.metadata().partition_columns)
+
+
+def vnode_predicate(vnodes: Iterable[int], column: str = VNODE_COLUMN) -> str:
+    """``vnode IN (1, 2, 3)`` with literal values (prunes partitions, keeps merges of disjoint
+    vnode sets from conflicting)."""
+    values = sorted({int(v) for v in vnodes})
+    if not values:
+        return "FALSE"
+    return f"{column} IN ({', '.join(str(v) for v in values)})"
+
+
+def check_readable_as_parquet(dt: DeltaTable, uri: str) -> None:
+    """Refuse tables whose parquet files alone do not give the table's rows."""
+    config = dt.metadata().configuration
+    mode = (config.get("delta.columnMapping.mode") or "none").lower()
+    if mode != "none":
+        raise UnsupportedTableFeature(
+            f"{uri} uses column mapping ({mode}); the platform reads a version's parquet files "
+            "by column name: rewrite the table without column mapping"
+        )
+    features = dt.protocol().reader_features or []
+    if "deletionVectors" in features and dt.deletion_vectors().read_all().num_rows:
+        raise UnsupportedTableFeature(
+            f"{uri} has deletion vectors; the platform reads a version's parquet files as they "
+            "are: purge them (REORG TABLE ... APPLY (PURGE)) or disable deletion vectors"
+        )
+
+
+def version_files(uri: str, version: int | None, vnodes: Iterable[int] | None = None,
+                  storage_options: StorageOptions = None) -> list[str]:
+    """Absolute URIs of the data files of ``version`` (latest when None), pruned to the given
+    vnodes when the table is partitioned by vnode (otherwise all files)."""
+    dt = open_table(uri, version, storage_options)
+    check_readable_as_parquet(dt, uri)
+    if vnodes is not None and VNODE_COLUMN in partition_columns(dt):
+        return dt.file_uris(file_pruning_predicate=vnode_predicate(vnodes))
+    return dt.file_uris()
+
+
+def read_table(uri: str, version: int | None = None, columns: Sequence[str] | None = None,
+               predicate: str | None = None, storage_options: StorageOptions = None) -> pa.Table:
+    """Rows of a version as an Arrow table (via ``scan``; plain string types)."""
+    dt = open_table(uri, version, storage_options)
+    reader = dt.scan(columns=list(columns) if columns is not None else None, predicate=predicate)
+    table = pa.table(reader)
+    return _normalize(table)
+
+
+def _normalize(table: pa.Table) -> pa.Table:
+    target = normalize_schema(table.schema)
+    return table if target == table.schema else table.cast(target)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _is_missing_history(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return any(
+        s in text
+        for s in ("not found", "no such file", "invalid table version", "version not found",
+                  "log segment")
+    )
+
+
+def change_feed_enabled(configuration: Mapping[str, str | None]) -> bool:
+    return str(configuration.get(CDF_PROPERTY) or "false").strip().lower() == "true"
+
+
+def read_raw_changes(
+    uri: str,
+    start_exclusive: int,
+    end: int,
+    columns: Sequence[str] | None = None,
+    *,
+    predicate: str | None = None,
+    storage_options: StorageOptions = None,
+) -> pa.Table:
+    """The change data feed rows with ``start_exclusive < _commit_version <= end``.
+
+    Columns: the table's columns (or ``columns``) plus ``_change_type`` and
+    ``_commit_version`` (and ``_commit_timestamp`` unless ``columns`` is given); strings as
+    ``string`` (not ``string_view``). ``predicate`` is a SQL filter evaluated by delta-rs
+    (``vnode IN (...)`` on a platform table). Raises ChangeFeedDisabled when the change data
+    feed is off at either end of the range, HistoryUnavailable when a version of the range is
+    out of the table's history or its files were vacuumed, InvalidVersionRange when
+    ``end < start_exclusive`` or ``start_exclusive < -1``.
+    """
+    if start_exclusive < -1 or end < start_exclusive:
+        raise InvalidVersionRange(
+            f"change range ({start_exclusive}, {end}] of {uri} is empty or reversed: the start "
+            "(exclusive) must be >= -1 and <= the end"
+        )
+    dt = open_table(uri, storage_options=storage_options)
+    latest = dt.version()
+    if end > latest:
+        raise HistoryUnavailable(
+            f"versions out of range: changes up to version {end} of {uri} were asked for, but "
+            f"the table is at version {latest}; ask for a range that ends at or before {latest}"
+        )
+    wanted = None
+    if columns is not None:
+        wanted = [*columns, *(c for c in CDF_COLUMNS[:2] if c not in columns)]
+    if not change_feed_enabled(dt.metadata().configuration):
+        raise ChangeFeedDisabled(
+            f"{uri} has its change data feed off ({CDF_PROPERTY} is not 'true'): enable it "
+            f"(ALTER TABLE ... SET TBLPROPERTIES ({CDF_PROPERTY} = true)) and rebuild from a "
+            "version written after that"
+        )
+    if end == start_exclusive:
+        return _empty_changes(dt, wanted)
+    first = open_table(uri, start_exclusive + 1, storage_options)
+    if not change_feed_enabled(first.metadata().configuration):
+        raise ChangeFeedDisabled(
+            f"{uri} had its change data feed off at version {start_exclusive + 1}: changes "
+            f"({start_exclusive}, {end}] cannot be read; start from a version written after "
+            f"{CDF_PROPERTY} was set to true"
+        )
+    try:
+        reader = dt.load_cdf(starting_version=start_exclusive + 1, ending_version=end,
+                             columns=wanted, predicate=predicate)
+        table = pa.table(reader)
+    except (DeltaError, OSError, pa.ArrowException) as exc:
+        if _is_missing_history(exc):
+            raise HistoryUnavailable(
+                f"changes ({start_exclusive}, {end}] of {uri} are no longer available "
+                f"({_first_line(exc)}): the files were vacuumed or the log was cleaned up; "
+                "rebuild from the latest version (a new backfill) or keep history longer "
+                "(delta.deletedFileRetentionDuration / delta.logRetentionDuration)"
+            ) from None
+        raise
+    return _normalize_changes(table)
+
+
+def _normalize_changes(table: pa.Table) -> pa.Table:
+    """Plain strings; ``_commit_version`` int64 (delta-rs gives uint64, which Spark has no type
+    for); ``_commit_timestamp`` as a UTC timestamp (delta-rs gives naive UTC milliseconds)."""
+    fields = []
+    for f in normalize_schema(table.schema):
+        if f.name == "_commit_version":
+            f = pa.field(f.name, pa.int64())
+        elif f.name == "_commit_timestamp":
+            f = pa.field(f.name, pa.timestamp("us", tz="UTC"))
+        fields.append(f)
+    target = pa.schema(fields)
+    return table if target == table.schema else table.cast(target)
+
+
+def _empty_changes(dt: DeltaTable, columns: Sequence[str] | None) -> pa.Table:
+    schema = arrow_schema(dt)
+    fields = list(schema) + [
+        pa.field("_change_type", pa.string()),
+        pa.field("_commit_version", pa.int64()),
+        pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC")),
+    ]
+    if columns is not None:
+        by_name = {f.name: f for f in fields}
+        fields = [by_name[c] for c in columns]
+    return pa.schema(fields).empty_table()
+
+
+def commit_properties(custom_metadata: Mapping[str, Any] | None) -> CommitProperties | None:
+    return CommitProperties(custom_metadata=dict(custom_metadata)) if custom_metadata else None
+
+
+def vnodes_for(table: pa.Table, key_columns: Sequence[Any], vnode_count: int) -> pa.Array:
+    """The vnode of every row of ``table`` (int32), by the stable hash of its key columns
+    (``KeyColumn``-like objects with ``.name`` and ``.type``). A Python loop, ~1M rows/s."""
+    from backfill_assets.core.vnode import vnodes_of
+
+    names = [k.name for k in key_columns]
+    types = [k.type for k in key_columns]
+    columns = [table.column(n).to_pylist() for n in names]
+    return pa.array(vnodes_of(list(zip(*columns, strict=True)), types, vnode_count), pa.int32())

@@ -1,0 +1,46 @@
+"""Errors of the backfill step, plus every other named error re-exported for callers.
+
+Callers import errors from here: one place to look up what a user can run into.
+"""
+
+from __future__ import annotations
+
+from backfill_assets.core.errors import *  # noqa: F403
+from backfill_assets.core.errors import BackfillError
+from backfill_assets.errors_io import *  # noqa: F403
+
+
+class ConcurrentBackfillRun(BackfillError):
+    """Another run wrote the same vnodes at the same time; this one wrote nothing more."""
+
+
+class WarehouseNotWritable(BackfillError):
+    """The warehouse folder cannot be written by this user."""
+
+
+class UpstreamNotFound(BackfillError):
+    """The MV's upstream table does not exist."""
+
+
+class UpstreamSchemaChanged(BackfillError):
+    """A column the backfill uses was dropped or changed type in the upstream."""
+
+
+class UnsupportedColumnType(BackfillError):
+    """An upstream column has a type the platform cannot carry."""
+
+
+class VnodeCountChanged(BackfillError):
+    """The MV's vnode count differs from the state already on disk."""
+
+
+class NoShuffleLayoutMismatch(BackfillError):
+    """no_shuffle mode on an upstream that is not arranged by the same vnodes."""
+
+
+class RescaleRefused(BackfillError):
+    """An in-progress no_shuffle backfill was asked to run over different vnode ranges."""
+
+
+class BadPrimaryKeyInUpstream(BackfillError):
+    """The upstream holds a null or duplicate primary key."""

@@ -1,0 +1,129 @@
+"""Spark side of an MV step: projection, visibility, snapshot chunk selection.
+
+Every function here builds a DataFrame from another; the SQL text of positions comes from the
+pure core (`KeyOrder.sql_after` / `sql_at_or_before`), so Spark and the core agree on key order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.utils import AnalysisException
+
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.progress import Completed, InProgress
+from backfill_assets.errors import InvalidMVDefinition
+
+KEEP = "_keep"
+RN = "_rn"
+
+
+def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
+    """Apply the MV definition: computed columns, the row filter as `_keep`, output columns.
+
+    Rows are not dropped here: a snapshot chunk must still advance the position over rows the
+    filter rejects, and a forwarded upsert that the filter rejects becomes a delete.
+    """
+    exprs = [F.col(f"`{c}`") for c in definition.columns]
+    exprs += [F.expr(c.expr).alias(c.name) for c in definition.computed]
+    if "vnode" not in definition.columns:
+        exprs.append(F.col("vnode"))
+    keep = F.coalesce(F.expr(definition.filter), F.lit(False)) if definition.filter else F.lit(True)
+    extra = [F.col(c) for c in ("_op", RN) if c in df.columns]
+    return df.select(*exprs, keep.alias(KEEP), *extra)
+
+
+def validate_expressions(spark: SparkSession, definition: MVDefinition,
+                         upstream_schema: pa.Schema) -> pa.Schema:
+    """Parse and analyse the definition against the upstream schema; return the MV schema.
+
+    Runs on an empty DataFrame, so nothing is read or written.
+    """
+    empty = spark.createDataFrame(upstream_schema.empty_table())
+    if "vnode" not in empty.columns:
+        empty = empty.withColumn("vnode", F.lit(0).cast("int"))
+    try:
+        out = project(empty, definition).drop(KEEP)
+        schema = out.limit(0).toArrow().schema
+    except AnalysisException as exc:  # ParseException is a subclass
+        raise InvalidMVDefinition(
+            f"MV {definition.name!r}: an expression in its filter or computed columns does not "
+            f"work on the upstream columns: {str(exc).splitlines()[0]}; fix the expression in "
+            "the MV definition"
+        ) from exc
+    # all nullable: delta-rs merges validate an all-null row for unmatched deletes
+    return pa.schema([f.with_nullable(True) for f in schema]).set(
+        schema.get_field_index("vnode"), pa.field("vnode", pa.int32()))
+
+
+def with_vnode_versions(df: DataFrame, versions: Mapping[int, int]) -> DataFrame:
+    """Keep the change rows newer than their vnode's version (vnodes not listed are dropped)."""
+    if not versions:
+        return df.limit(0)
+    case = " ".join(f"WHEN {v} THEN {ver}" for v, ver in sorted(versions.items()))
+    return df.where(F.expr(f"_commit_version > (CASE vnode {case} ELSE NULL END)"))
+
+
+def visible_sql(progress: Mapping[int, object], key_order: KeyOrder) -> str:
+    """SQL predicate that keeps a change iff its vnode's backfill already covers its key."""
+    done = [v for v, p in progress.items() if isinstance(p, Completed)]
+    terms = [f"vnode IN ({', '.join(map(str, sorted(done)))})"] if done else []
+    for vnode, p in sorted(progress.items()):
+        if isinstance(p, InProgress):
+            terms.append(f"(vnode = {vnode} AND {key_order.sql_at_or_before(p.current_pos)})")
+    return " OR ".join(terms) if terms else "FALSE"
+
+
+def after_positions_sql(positions: Mapping[int, Key | None], key_order: KeyOrder) -> str:
+    """SQL predicate for snapshot rows not read yet: `key > current_pos` per vnode."""
+    terms = []
+    fresh = [v for v, pos in positions.items() if pos is None]
+    if fresh:
+        terms.append(f"vnode IN ({', '.join(map(str, sorted(fresh)))})")
+    for vnode, pos in sorted(positions.items()):
+        if pos is not None:
+            terms.append(f"(vnode = {vnode} AND {key_order.sql_after(pos)})")
+    return " OR ".join(terms) if terms else "FALSE"
+
+
+def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order: KeyOrder,
+                 limit: int, per_vnode: bool) -> DataFrame:
+    """The next snapshot chunk: rows after the positions, in key order, at most `limit` rows
+    per vnode (arrangement) or in total (no-shuffle's one shared position).
+
+    Adds `_rn`, the row's rank inside its vnode, so the last row of each vnode is found without
+    sorting again on the driver.
+    """
+    order = order_columns(key_order)
+    pending = rows.where(F.expr(after_positions_sql(positions, key_order)))
+    if not per_vnode:
+        pending = pending.orderBy(*order).limit(limit)
+    ranked = pending.withColumn(RN, F.row_number().over(Window.partitionBy("vnode").orderBy(*order)))
+    return ranked.where(F.col(RN) <= limit) if per_vnode else ranked
+
+
+def chunk_stats(chunk: pa.Table, key_names: Sequence[str]) -> dict[int, tuple[int, Key]]:
+    """Per vnode of a collected chunk: (rows read, last key in key order)."""
+    if chunk.num_rows == 0:
+        return {}
+    small = chunk.select(["vnode", RN, *key_names])
+    tops = small.group_by("vnode").aggregate([(RN, "max")])
+    last = small.join(tops, "vnode").filter(pc.equal(pc.field(RN), pc.field(f"{RN}_max")))
+    return {row["vnode"]: (row[RN], tuple(row[k] for k in key_names)) for row in last.to_pylist()}
+
+
+def order_columns(key_order: KeyOrder) -> list:
+    """Spark sort columns for the key order (direction and null placement per column)."""
+    out = []
+    for c in key_order.columns:
+        col = F.col(f"`{c.name}`")
+        if c.descending:
+            out.append(col.desc_nulls_first() if c.nulls_first else col.desc_nulls_last())
+        else:
+            out.append(col.asc_nulls_first() if c.nulls_first else col.asc_nulls_last())
+    return out

@@ -1,0 +1,195 @@
+"""The Delta tables a backfill owns, and every commit it makes to them.
+
+All commits go through deltalake with:
+- application transactions (`{mv}/{phase}/{vnode}` -> upstream version) so a step can tell what
+  an earlier, interrupted step already committed, and so two runs that write the same vnode at
+  the same time conflict (delta-rs refuses the second commit that sets an app id the winner set);
+- literal partition predicates (`t.vnode IN (...)`), so runs over disjoint vnode ranges commit
+  side by side while runs over overlapping ranges conflict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
+
+from backfill_assets.delta_store import arrow_schema
+from backfill_assets.errors import ConcurrentBackfillRun, WarehouseNotWritable
+
+STEP_METADATA_KEY = "backfill.step"
+
+
+@dataclass(frozen=True)
+class MVTables:
+    """Where the four tables of one MV live."""
+
+    upstream: str
+    replica: str
+    progress: str
+    mv: str
+    storage_options: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def under(cls, root: str, mv_name: str, upstream: str,
+              storage_options: Mapping[str, str] | None = None) -> MVTables:
+        """Tables of `mv_name` under the warehouse `root`; `upstream` is a name or a URI."""
+        is_uri = "://" in upstream or upstream.startswith("/")
+        base = f"{root.rstrip('/')}/{mv_name}"
+        return cls(
+            upstream=upstream if is_uri else f"{root.rstrip('/')}/{upstream}",
+            replica=f"{base}/replicated_state",
+            progress=f"{base}/backfill_progress",
+            mv=f"{base}/downstream_mv",
+            storage_options=dict(storage_options or {}),
+        )
+
+
+def txn_id(mv_name: str, phase: str, vnode: int) -> str:
+    """The application-transaction id of one phase of one vnode of one MV."""
+    return f"{mv_name}/{phase}/{vnode}"
+
+
+def vnode_in(vnodes: Iterable[int], alias: str = "") -> str:
+    """A literal partition predicate: what lets disjoint runs commit side by side."""
+    prefix = f"{alias}." if alias else ""
+    return f"{prefix}vnode IN ({', '.join(str(v) for v in sorted(vnodes))})"
+
+
+def open_table(uri: str, storage_options: Mapping[str, str], version: int | None = None
+               ) -> DeltaTable | None:
+    """The table at `version` (latest when None), or None when it does not exist yet."""
+    try:
+        return DeltaTable(uri, version=version, storage_options=dict(storage_options) or None)
+    except TableNotFoundError:
+        return None
+
+
+def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str], *,
+                 cdf: bool, description: str | None = None) -> DeltaTable:
+    """Open the vnode-partitioned table, creating it empty when missing."""
+    table = open_table(uri, storage_options)
+    if table is not None:
+        return table
+    if "://" not in uri:
+        _check_writable(uri)
+    config = {"delta.enableChangeDataFeed": "true"} if cdf else None
+    try:
+        return DeltaTable.create(uri, schema, partition_by=["vnode"], mode="ignore",
+                                 configuration=config, description=description,
+                                 storage_options=dict(storage_options) or None)
+    except CommitFailedError:  # another run created it first: use theirs
+        return DeltaTable(uri, storage_options=dict(storage_options) or None)
+
+
+def _check_writable(path: str) -> None:
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent) or "."
+    if not os.access(parent, os.W_OK):
+        raise WarehouseNotWritable(
+            f"cannot create {path}: {parent} is not writable; point BACKFILL_WAREHOUSE at a "
+            "folder this user can write, or fix its permissions"
+        )
+
+
+def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
+                 vnodes: Iterable[int]) -> dict[int, int | None]:
+    """Per vnode, the upstream version the last commit of `phase` was made at."""
+    if table is None:
+        return {v: None for v in vnodes}
+    return {v: table.transaction_version(txn_id(mv_name, phase, v)) for v in vnodes}
+
+
+def commit_properties(mv_name: str, phase: str, vnodes: Sequence[int], version: int,
+                metadata: Mapping[str, str] | None = None) -> CommitProperties:
+    txns = [Transaction(txn_id(mv_name, phase, v), version) for v in vnodes]
+    return CommitProperties(app_transactions=txns, custom_metadata=dict(metadata or {}),
+                            max_commit_retries=0)
+
+
+def commit_rows(table: DeltaTable, rows: pa.Table, *, key_names: Sequence[str],
+                mv_name: str, phase: str, vnodes: Sequence[int], version: int,
+                metadata: Mapping[str, str] | None = None, append_only: bool) -> None:
+    """One commit of keyed changes into `table` for `vnodes`, tagged with app transactions.
+
+    `rows` carries the table's columns plus `_op` ('upsert' or 'delete'). Pure inserts of rows
+    that cannot exist yet (snapshot chunks) are appended; anything else is one merge whose
+    predicate names the vnodes literally. `table` must be the snapshot the caller checked the
+    app transactions on: a commit by anyone else since then makes this one fail.
+    """
+    props = commit_properties(mv_name, phase, vnodes, version, metadata)
+    data = rows.drop_columns(["_op"]).cast(arrow_schema(table)) if append_only else rows
+    try:
+        if append_only:
+            write_deltalake(table, data, mode="append", commit_properties=props)
+            return
+        cols = [f.name for f in arrow_schema(table)]
+        updates = {c: f"s.`{c}`" for c in cols}
+        on = " AND ".join([vnode_in(vnodes, "t"), "t.vnode = s.vnode"]
+                          + [f"t.`{k}` = s.`{k}`" for k in key_names])
+        (table.merge(rows, on, source_alias="s", target_alias="t", commit_properties=props)
+         .when_matched_delete(predicate="s._op = 'delete'")
+         .when_matched_update(updates=updates, predicate="s._op = 'upsert'")
+         .when_not_matched_insert(updates=updates, predicate="s._op = 'upsert'")
+         .execute())
+    except CommitFailedError as exc:
+        raise ConcurrentBackfillRun(
+            f"another run committed to {table.table_uri} for vnodes {_span(vnodes)} while this "
+            f"one was working ({exc}); nothing of this step was written: rerun it, and give "
+            "concurrent runs disjoint vnode ranges"
+        ) from exc
+
+
+def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: str,
+                     vnodes: Sequence[int], version: int,
+                     metadata: Mapping[str, str] | None = None) -> None:
+    """Replace the partitions `vnodes` of `table` with `rows` in one commit."""
+    props = commit_properties(mv_name, phase, vnodes, version, metadata)
+    try:
+        write_deltalake(table, rows.cast(arrow_schema(table)), mode="overwrite",
+                        predicate=vnode_in(vnodes), commit_properties=props)
+    except CommitFailedError as exc:
+        raise ConcurrentBackfillRun(
+            f"another run wrote {table.table_uri} for vnodes {_span(vnodes)} at the same time "
+            f"({exc}); rerun, and give concurrent runs disjoint vnode ranges"
+        ) from exc
+
+
+def read_rows(table: DeltaTable, vnodes: Iterable[int] | None = None,
+              columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of `table` (optionally of some vnodes) as Arrow, without the exit-abort path."""
+    fs = None
+    uri = table.table_uri
+    if uri.startswith("file://") or "://" not in uri:
+        local = uri.removeprefix("file://")
+        fs = pafs.SubTreeFileSystem(local, pafs.LocalFileSystem())
+    filters = None
+    if vnodes is not None:
+        filters = [("vnode", "in", [str(v) for v in sorted(vnodes)])]
+    dataset = table.to_pyarrow_dataset(partitions=filters, filesystem=fs)
+    return dataset.to_table(columns=list(columns) if columns else None)
+
+
+def step_metadata(table: DeltaTable, txn_version: int, vnode: int,
+                  search_limit: int = 200) -> dict | None:
+    """The progress a commit recorded for `vnode` at `txn_version`, newest commit first."""
+    for commit in table.history(search_limit):
+        raw = commit.get(STEP_METADATA_KEY)
+        if not raw:
+            continue
+        step = json.loads(raw)
+        if step["version"] == txn_version and str(vnode) in step["progress"]:
+            return step
+    return None
+
+
+def _span(vnodes: Sequence[int]) -> str:
+    ordered = sorted(vnodes)
+    return f"{ordered[0]}..{ordered[-1]}" if ordered else "(none)"

@@ -1,0 +1,222 @@
+"""The one step loop: one barrier (v_prev -> v_new) for a set of vnodes, in every mode.
+
+1. recover each vnode's progress (finishing a half-done earlier step from its MV commit);
+2. replicate the change chunk into the snapshot side (arrangement) — `SnapshotSource.prepare`;
+3. forward the netted changes each vnode's position already covers;
+4. read the next snapshot chunk after each position (bounded by chunk size and rate limit);
+5. commit the MV (forwarded changes + chunk, one atomic commit carrying the new progress),
+   then the progress table.
+Modes differ only by the snapshot source and the position strategy (see sources.py,
+core/positions.py); kill points (`hook`) sit on every commit boundary for the crash tests.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from backfill_assets import delta_store, mv_store, spark_ops
+from backfill_assets.core import codec
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.planning import StepPlan, plan_step
+from backfill_assets.core.positions import VnodeChunk
+from backfill_assets.core.progress import BackfillState, Completed, InProgress
+from backfill_assets.errors import ConcurrentBackfillRun
+from backfill_assets.mv_spark import (
+    KEEP,
+    chunk_stats,
+    project,
+    select_chunk,
+    validate_expressions,
+    visible_sql,
+    with_vnode_versions,
+)
+from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
+from backfill_assets.recovery import progress_schema, recover_state, write_progress
+from backfill_assets.sources import SOURCES, SourceContext
+from backfill_assets.upstream_check import checked_upstream
+
+Hook = Callable[[str], None]
+
+
+def no_hook(point: str) -> None:
+    """Production default: kill points cost one call."""
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One barrier for `vnodes` of the MV `definition`."""
+
+    definition: MVDefinition
+    tables: MVTables
+    vnodes: tuple[int, ...]
+    chunk_size: int
+    rate_limit: int | None = None
+    v_new: int | None = None  # None: the upstream's latest version
+
+
+@dataclass
+class StepReport:
+    """What one step did; becomes Dagster materialization metadata."""
+
+    v_new: int
+    vnodes: tuple[int, ...]
+    chunk_limit: int
+    snapshot_rows: int = 0
+    forwarded_rows: int = 0
+    replicated_rows: int = 0
+    seconds: float = 0.0
+    recovered: list[int] = field(default_factory=list)
+    progress: dict = field(default_factory=dict)
+    versions: dict = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return all(isinstance(p, Completed) for p in self.progress.values())
+
+    @property
+    def paused(self) -> bool:
+        return self.chunk_limit == 0
+
+
+def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> StepReport:
+    """Run one barrier for `req.vnodes`; see the module docstring for the phases."""
+    started = time.monotonic()
+    d = req.definition
+    upstream = checked_upstream(req.tables, d, req.v_new)
+    key_order = upstream.key_order
+    so = req.tables.storage_options
+    mv_schema = validate_expressions(spark, d, upstream.schema)
+    mv = mv_store.ensure_table(req.tables.mv, mv_schema, so, cdf=True)
+    progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order), so,
+                                           cdf=False, description=upstream.pin(d))
+    vnodes = tuple(sorted(req.vnodes))
+    state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv)
+    strategy = upstream.strategy
+    strategy.recover(state)
+    _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
+    replica = mv_store.open_table(req.tables.replica, so)
+    replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes)
+    plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version, req.chunk_size,
+                     req.rate_limit)
+    report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
+    hook("before_write")
+
+    ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
+                        d.vnode_count, upstream.schema, plan.v_new)
+    changes = _change_chunk(ctx, plan)
+    source = SOURCES[d.mode]
+    report.replicated_rows = source.prepare(
+        ctx, {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}, changes, hook)
+
+    forward = _forward(changes, state, plan, d, key_order)
+    chunk = _snapshot_chunk(ctx, source, state, plan, d)
+    strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
+    for vnode in vnodes:
+        state.advance_version(vnode, plan.v_new)
+
+    target = mv_schema.append(pa.field("_op", pa.string()))
+    parts = [t.select(target.names).cast(target) for t in (forward, chunk.rows) if t.num_rows]
+    rows = pa.concat_tables(parts) if parts else target.empty_table()
+    report.forwarded_rows, report.snapshot_rows = forward.num_rows, chunk.read
+    if rows.num_rows:
+        metadata = {STEP_METADATA_KEY: _step_json(state, vnodes, plan.v_new, key_order)}
+        mv_store.commit_rows(mv, rows, key_names=key_order.names, mv_name=d.name, phase="mv",
+                             vnodes=vnodes, version=plan.v_new, metadata=metadata,
+                             append_only=forward.num_rows == 0)
+    hook("after_mv_commit")
+    _throttle(req.rate_limit, report.snapshot_rows, started)
+    hook("before_progress_commit")
+    write_progress(progress_table, state, key_order, d.name, vnodes, plan.v_new)
+    hook("after_progress_commit")
+    report.progress = {v: state.current(v) for v in vnodes}
+    report.versions = {v: plan.v_new for v in vnodes}
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where: str) -> None:
+    ahead = [v for v in vnodes if (state.version(v) or -1) > v_new]
+    if ahead:
+        raise ConcurrentBackfillRun(
+            f"vnodes {ahead[:8]} of {where} are already at a version newer than {v_new}: "
+            "another run got there first; rerun this barrier against the latest upstream version"
+        )
+
+
+def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
+    """The upstream's change rows after the oldest version any vnode of the step needs."""
+    starts = [p.forward_from for p in plan.vnodes if p.forward_from is not None]
+    starts += [p.replicate_from for p in plan.vnodes
+               if p.replicate and p.replicate_from is not None]
+    if not starts or min(starts) >= plan.v_new:
+        return None
+    raw = delta_store.read_raw_changes(ctx.tables.upstream, min(starts), plan.v_new,
+                                       storage_options=ctx.tables.storage_options)
+    if raw.num_rows == 0:
+        return None
+    keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
+    raw = raw.select([*keep, "_change_type", "_commit_version"])
+    df = ctx.spark.createDataFrame(raw, schema=spark_ops.spark_schema(raw.schema))
+    df = spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
+
+
+def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
+             d: MVDefinition, key_order) -> pa.Table:
+    """Netted changes each vnode's current position covers, projected to MV rows with `_op`."""
+    since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
+    progress = {v: state.current(v) for v in since}
+    if changes is None or not any(isinstance(p, (InProgress, Completed)) for p in progress.values()):
+        return pa.table({})
+    net = spark_ops.net_changes(with_vnode_versions(changes, since), key_order.names)
+    visible = project(net.where(F.expr(visible_sql(progress, key_order))), d)
+    op = F.when((F.col("_op") == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
+    return visible.withColumn("_op", op).drop(KEEP).toArrow()
+
+
+@dataclass
+class _Chunk:
+    rows: pa.Table
+    read: int
+    stats: dict
+
+
+def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
+                    d: MVDefinition) -> _Chunk:
+    """Read the next chunk after each unfinished vnode's position; MV rows + per-vnode stats."""
+    readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
+    if not readers or plan.chunk_limit == 0:
+        return _Chunk(pa.table({}), 0, {})
+    positions = {v: _position(state.current(v)) for v in readers}
+    chunk = select_chunk(source.rows(ctx, readers), positions, state.key_order,
+                         plan.chunk_limit, per_vnode=not plan.shared_read)
+    arrow = project(chunk, d).toArrow()
+    stats = chunk_stats(arrow, state.key_order.names)
+    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
+    mv_rows = arrow.filter(arrow[KEEP]).drop_columns([KEEP, "_rn"])
+    mv_rows = mv_rows.append_column("_op", pa.array(["upsert"] * mv_rows.num_rows, pa.string()))
+    return _Chunk(mv_rows, arrow.num_rows, per_vnode)
+
+
+def _position(progress) -> tuple | None:
+    return progress.current_pos if isinstance(progress, InProgress) else None
+
+
+def _step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order) -> str:
+    """The progress this MV commit makes, so a crash before the progress commit loses nothing."""
+    rows = {str(v): codec.to_json(codec.encode(v, state.current(v), v_new, key_order), key_order)
+            for v in vnodes}
+    return json.dumps({"version": v_new, "progress": rows})
+
+
+def _throttle(rate_limit: int | None, rows: int, started: float) -> None:
+    """Sleep so the snapshot side never exceeds `rate_limit` rows per second."""
+    if rate_limit and rows:
+        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))

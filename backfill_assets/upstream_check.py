@@ -1,0 +1,169 @@
+"""Everything about the upstream a step must know before it writes anything.
+
+The checks here turn user mistakes (no change feed, a dropped column, a changed vnode count, a
+no-shuffle MV over an upstream arranged differently) into named errors that say what to do.
+The upstream columns the backfill uses are pinned in the progress table's description at the
+first step: later steps compare the upstream against that pin, so an added column is tolerated
+and a dropped or retyped one stops the MV with a clear message.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from backfill_assets import mv_store
+from backfill_assets.arrow_types import type_name
+from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.positions import PerVnodePositions, PositionStrategy, SharedPosition
+from backfill_assets.delta_store import arrow_schema
+from backfill_assets.errors import (
+    ChangeFeedDisabled,
+    InvalidMVDefinition,
+    NoShuffleLayoutMismatch,
+    UnsupportedColumnType,
+    UpstreamNotFound,
+    UpstreamSchemaChanged,
+    VnodeCountChanged,
+)
+from backfill_assets.mv_store import MVTables
+
+
+@dataclass(frozen=True)
+class CheckedUpstream:
+    """The upstream at the step's barrier version, as the backfill sees it."""
+
+    version: int
+    schema: pa.Schema  # the pinned columns the backfill carries (upstream's own vnode excluded)
+    key_order: KeyOrder
+    strategy: PositionStrategy
+
+    @property
+    def key_types(self) -> tuple[str, ...]:
+        return tuple(c.type for c in self.key_order.columns)
+
+    def pin(self, d: MVDefinition) -> str:
+        """The description stored on the progress table: what this state was built for."""
+        return json.dumps({
+            "upstream_columns": [[f.name, type_name(f.type)] for f in self.schema],
+            "primary_key": list(self.key_order.names),
+            "vnode_count": d.vnode_count,
+            "mode": d.mode,
+        })
+
+
+def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> CheckedUpstream:
+    """Open and check the upstream at `version` (latest when None); raise before any write."""
+    so = tables.storage_options
+    table = mv_store.open_table(tables.upstream, so)
+    if table is None:
+        raise UpstreamNotFound(
+            f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
+            "with upstream_load_job) or fix `upstream` in the MV definition"
+        )
+    if version is not None and version != table.version():
+        table = mv_store.open_table(tables.upstream, so, version)
+    if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
+        raise ChangeFeedDisabled(
+            f"upstream {tables.upstream} has no change data feed, so the MV cannot follow its "
+            "changes; enable it (ALTER TABLE ... SET TBLPROPERTIES "
+            "(delta.enableChangeDataFeed = true), or deltalake's "
+            "DeltaTable.alter.set_table_properties) and rerun"
+        )
+    schema = arrow_schema(table)
+    columns = {f.name: _type_name(f, tables.upstream) for f in schema if f.name != "vnode"}
+    key_order = _key_order(d, columns)
+    d.validate(columns)
+    carried = pa.schema([f for f in schema if f.name != "vnode"])
+    pinned = _pinned(tables)
+    if pinned is not None:
+        carried = _against_pin(carried, pinned, d, tables)
+    strategy: PositionStrategy = PerVnodePositions() if d.mode == "arrangement" else SharedPosition()
+    if d.mode == "no_shuffle":
+        _check_no_shuffle_layout(table, d, key_order, tables)
+    return CheckedUpstream(table.version(), carried, key_order, strategy)
+
+
+def _type_name(field: pa.Field, where: str) -> str:
+    try:
+        return type_name(field.type)
+    except Exception as exc:  # noqa: BLE001 - re-raised as the named error
+        raise UnsupportedColumnType(
+            f"upstream {where}: column {field.name!r} has type {field.type}, which the platform "
+            "cannot carry; cast it to a supported type or drop it from the upstream"
+        ) from exc
+
+
+def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
+    """The definition's pk with each column's type resolved from the upstream schema."""
+    resolved = []
+    for col in d.primary_key:
+        if col.name not in columns:
+            raise InvalidMVDefinition(
+                f"MV {d.name!r}: primary-key column {col.name!r} is not in the upstream "
+                f"(columns: {', '.join(columns)}); fix primary_key in the MV definition"
+            )
+        actual = parse_key_type(columns[col.name], col.name)
+        if col.type and parse_key_type(col.type, col.name) != actual:
+            raise InvalidMVDefinition(
+                f"MV {d.name!r}: primary-key column {col.name!r} is declared {col.type} but the "
+                f"upstream has {actual}; fix the type in the MV definition"
+            )
+        resolved.append(KeyColumn(col.name, actual, col.descending, col.nulls_first))
+    return KeyOrder(tuple(resolved))
+
+
+def _pinned(tables: MVTables) -> dict | None:
+    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    if progress is None or not progress.metadata().description:
+        return None
+    return json.loads(progress.metadata().description)
+
+
+def _against_pin(carried: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTables
+                 ) -> pa.Schema:
+    if pinned["vnode_count"] != d.vnode_count:
+        raise VnodeCountChanged(
+            f"MV {d.name!r} was built with {pinned['vnode_count']} vnodes but the definition now "
+            f"says {d.vnode_count}; set vnode_count back to {pinned['vnode_count']}, or drop "
+            f"the MV's state under {tables.mv.rsplit('/', 1)[0]} to rebuild it"
+        )
+    now = {f.name: f for f in carried}
+    fields = []
+    for name, type_ in pinned["upstream_columns"]:
+        if name not in now:
+            raise UpstreamSchemaChanged(
+                f"upstream {tables.upstream} dropped column {name!r}, which MV {d.name!r} "
+                "carries; restore the column, or drop the MV's state to rebuild it without it"
+            )
+        if type_name(now[name].type) != type_:
+            raise UpstreamSchemaChanged(
+                f"upstream {tables.upstream} changed column {name!r} from {type_} to "
+                f"{type_name(now[name].type)}; restore the type, or drop the MV's state to "
+                "rebuild it"
+            )
+        fields.append(now[name])
+    return pa.schema(fields)
+
+
+def _check_no_shuffle_layout(table, d: MVDefinition, key_order: KeyOrder,
+                             tables: MVTables) -> None:
+    """no_shuffle reads the upstream's vnode partitions directly: they must be ours."""
+    from backfill_assets.upstream import read_upstream_spec
+
+    try:
+        spec = read_upstream_spec(tables.upstream, storage_options=tables.storage_options)
+    except Exception as exc:  # noqa: BLE001 - any failure means: not a platform table
+        raise NoShuffleLayoutMismatch(
+            f"{tables.upstream} is not a platform table ({exc}); no_shuffle mode needs an "
+            "upstream arranged by the same vnodes: use mode 'arrangement'"
+        ) from exc
+    if spec.vnode_count != d.vnode_count or tuple(spec.primary_key) != key_order.names:
+        raise NoShuffleLayoutMismatch(
+            f"{tables.upstream} is arranged by {spec.vnode_count} vnodes of "
+            f"{list(spec.primary_key)}, MV {d.name!r} by {d.vnode_count} of "
+            f"{list(key_order.names)}; make them equal or use mode 'arrangement'"
+        )

@@ -1,0 +1,20 @@
+"""backfill_job: one barrier for a vnode range (all vnodes when no range tag is given).
+
+    dagster job execute -m backfill_assets.definitions -j backfill_job \
+        --tags '{"dagster/asset_partition_range_start": "000", "dagster/asset_partition_range_end": "127"}'
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+
+def build_backfill_job(partitions_def: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
+    return dg.define_asset_job(
+        "backfill_job",
+        selection=dg.AssetSelection.assets("replicated_state", "downstream_mv",
+                                           "backfill_progress"),
+        partitions_def=partitions_def,
+        executor_def=dg.in_process_executor,
+        description="One barrier of the vnode backfill for the run's vnode range.",
+    )

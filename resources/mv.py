@@ -1,0 +1,41 @@
+"""The MV definition the platform serves, from a YAML file (BACKFILL_MV_CONFIG) or the default.
+
+The default is the demo MV over the platform's own upstream table (`jobs/configs/mv.yaml`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import yaml
+
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.errors import InvalidMVDefinition
+from backfill_assets.mv_store import MVTables
+from resources.settings import Settings, load_settings
+
+DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "configs",
+                                 "mv.yaml")
+
+
+def load_mv_definition(settings: Settings | None = None, path: str | None = None) -> MVDefinition:
+    """Read and structurally check the MV definition (the upstream is checked at run time)."""
+    settings = settings or load_settings()
+    path = path or settings.mv_config or DEFAULT_MV_CONFIG
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f) or {}
+    except OSError as exc:
+        raise InvalidMVDefinition(
+            f"cannot read the MV definition {path}: {exc.strerror}; set BACKFILL_MV_CONFIG to "
+            "a readable YAML file"
+        ) from exc
+    raw.setdefault("vnode_count", settings.vnode_count)
+    raw.setdefault("chunk_size", settings.chunk_size)
+    return MVDefinition.from_dict(raw)
+
+
+def mv_tables(d: MVDefinition, settings: Settings | None = None,
+              storage_options: dict[str, str] | None = None) -> MVTables:
+    settings = settings or load_settings()
+    return MVTables.under(settings.warehouse_root, d.name, d.upstream, storage_options)

@@ -1,0 +1,156 @@
+"""Settings: the one place that reads the environment.
+
+Every knob of the platform that is not per-run config comes from here, so scaling out (a Spark
+master URL, an object-store warehouse, another vnode count) changes environment variables only.
+
+=========================  ======================================  =============================
+variable                   meaning                                 default
+=========================  ======================================  =============================
+BACKFILL_WAREHOUSE         root folder or URI of all tables         ``./warehouse`` (made absolute)
+BACKFILL_VNODE_COUNT       vnodes per table (1..32768)              256
+BACKFILL_CHUNK_SIZE        default snapshot chunk size in rows      10000
+BACKFILL_SPARK_MASTER      Spark master URL                         ``local[*]``
+BACKFILL_SPARK_CONF        extra Spark conf, a JSON object          ``{}``
+BACKFILL_STORAGE_OPTIONS   object-store options, a JSON object of   ``{}``
+                           option -> *name of an environment
+                           variable* holding the value (wired
+                           through ``dagster.EnvVar``, so secrets
+                           never appear in config or run records)
+BACKFILL_MV_CONFIG         YAML file of the MV definition           ``jobs/configs/mv.yaml``
+DAGSTER_HOME               Dagster instance folder (passthrough)    unset
+=========================  ======================================  =============================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from backfill_assets.core.errors import InvalidSettings
+from backfill_assets.core.vnode import DEFAULT_VNODE_COUNT, MAX_VNODE_COUNT
+
+DEFAULT_CHUNK_SIZE = 10_000
+DEFAULT_SPARK_MASTER = "local[*]"
+DEFAULT_WAREHOUSE = "warehouse"
+
+ENV_WAREHOUSE = "BACKFILL_WAREHOUSE"
+ENV_VNODE_COUNT = "BACKFILL_VNODE_COUNT"
+ENV_CHUNK_SIZE = "BACKFILL_CHUNK_SIZE"
+ENV_SPARK_MASTER = "BACKFILL_SPARK_MASTER"
+ENV_SPARK_CONF = "BACKFILL_SPARK_CONF"
+ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
+ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
+_MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|sc|mesos)://\S+)$")
+
+
+@dataclass(frozen=True)
+class Settings:
+    warehouse_root: str
+    vnode_count: int = DEFAULT_VNODE_COUNT
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    spark_master: str = DEFAULT_SPARK_MASTER
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    # storage option name -> name of the environment variable that holds its value
+    storage_options_env: Mapping[str, str] = field(default_factory=dict)
+    mv_config: str | None = None  # path of the MV definition YAML (None: the default)
+    dagster_home: str | None = None
+
+    def table_uri(self, name: str) -> str:
+        """URI of a table called ``name`` under the warehouse root."""
+        return join_uri(self.warehouse_root, name)
+
+
+def join_uri(root: str, name: str) -> str:
+    if "://" in name or name.startswith("/"):
+        return name
+    return f"{root.rstrip('/')}/{name}"
+
+
+def _positive_int(environ: Mapping[str, str], var: str, default: int, maximum: int) -> int:
+    raw = environ.get(var, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= maximum:
+        raise InvalidSettings(
+            f"{var}={raw!r} is not allowed: use a whole number from 1 to {maximum} "
+            f"(or unset it for the default {default})"
+        )
+    return value
+
+
+def _json_object(environ: Mapping[str, str], var: str) -> dict[str, str]:
+    raw = environ.get(var, "").strip()
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidSettings(
+            f"{var} is not valid JSON ({exc.msg} at position {exc.pos}): it must be a JSON "
+            'object of string keys to scalar values, e.g. {"spark.driver.memory": "4g"}'
+        ) from None
+    if not isinstance(value, dict) or not all(
+        isinstance(v, (str, int, float, bool)) for v in value.values()
+    ):
+        raise InvalidSettings(
+            f"{var} must be a JSON object of string keys to scalar values, got {raw!r}"
+        )
+    return {str(k): (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items()}
+
+
+def _warehouse_root(environ: Mapping[str, str]) -> str:
+    raw = environ.get(ENV_WAREHOUSE, "").strip()
+    if not raw:
+        return os.path.abspath(DEFAULT_WAREHOUSE)
+    if "://" in raw:
+        scheme = raw.split("://", 1)[0]
+        if scheme == "file":
+            return os.path.abspath(raw[len("file://") :])
+        if not scheme.replace("+", "").replace("-", "").isalnum():
+            raise InvalidSettings(
+                f"{ENV_WAREHOUSE}={raw!r} is not allowed: use a local folder or a URI such as "
+                "s3://bucket/prefix"
+            )
+        return raw.rstrip("/")
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+def _optional_path(environ: Mapping[str, str], var: str) -> str | None:
+    raw = environ.get(var, "").strip()
+    return os.path.abspath(os.path.expanduser(raw)) if raw else None
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read the settings from ``environ`` (default: ``os.environ``); raise InvalidSettings
+    naming the variable and what it allows on a bad value."""
+    env = os.environ if environ is None else environ
+    master = env.get(ENV_SPARK_MASTER, "").strip() or DEFAULT_SPARK_MASTER
+    if not _MASTER_RE.match(master):
+        raise InvalidSettings(
+            f"{ENV_SPARK_MASTER}={master!r} is not allowed: use local[*], local[N], "
+            "spark://host:port, sc://host:port, yarn or k8s://..."
+        )
+    storage_env = _json_object(env, ENV_STORAGE_OPTIONS)
+    for option, var in storage_env.items():
+        if not var or not var.replace("_", "").isalnum():
+            raise InvalidSettings(
+                f"{ENV_STORAGE_OPTIONS}: option {option!r} must name an environment variable "
+                f"(letters, digits, _), got {var!r}"
+            )
+    return Settings(
+        warehouse_root=_warehouse_root(env),
+        vnode_count=_positive_int(env, ENV_VNODE_COUNT, DEFAULT_VNODE_COUNT, MAX_VNODE_COUNT),
+        chunk_size=_positive_int(env, ENV_CHUNK_SIZE, DEFAULT_CHUNK_SIZE, 100_000_000),
+        spark_master=master,
+        spark_conf=_json_object(env, ENV_SPARK_CONF),
+        storage_options_env=storage_env,
+        mv_config=_optional_path(env, ENV_MV_CONFIG),
+        dagster_home=env.get("DAGSTER_HOME") or None,
+    )

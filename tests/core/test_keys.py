@@ -1,0 +1,375 @@
+"""Key types, key order, bounds and the Spark SQL text (checked by evaluating it)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backfill_assets.core.errors import InvalidKeyType, InvalidKeyValue, InvalidMVDefinition
+from backfill_assets.core.keys import (
+    Bound,
+    KeyColumn,
+    KeyOrder,
+    compute_bounds,
+    decimal_precision_scale,
+    normalize_value,
+    parse_key_type,
+    to_utc,
+)
+
+UTC = dt.UTC
+PLUS5 = dt.timezone(dt.timedelta(hours=5))
+KO = KeyOrder(
+    (
+        KeyColumn("i", "int"),
+        KeyColumn("s", "string", descending=True, nulls_first=True),
+        KeyColumn("d", "date"),
+        KeyColumn("m", "decimal(6,2)", descending=True),
+        KeyColumn("t", "timestamp"),
+    )
+)
+
+
+# --- parse_key_type -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given_type", "expected"),
+    [
+        ("int", "int"), ("INT", "int"), ("integer", "int"), ("bigint", "bigint"),
+        ("long", "bigint"), ("string", "string"), ("date", "date"),
+        ("timestamp", "timestamp"), (" Decimal( 10 , 2 ) ", "decimal(10,2)"),
+        ("decimal(1,0)", "decimal(1,0)"), ("decimal(38,38)", "decimal(38,38)"),
+        ("decimal(007,2)", "decimal(7,2)"),
+    ],
+)
+def test_parse_key_type_accepts_supported_spellings(given_type, expected) -> None:
+    assert parse_key_type(given_type) == expected
+
+
+@pytest.mark.parametrize(
+    "bad", ["float", "double", "boolean", "timestamp_ntz", "decimal(0,0)", "decimal(39,2)",
+            "decimal(5,6)", "decimal", "array<int>"]
+)
+def test_parse_key_type_refuses_unsupported_types(bad) -> None:
+    with pytest.raises(InvalidKeyType) as e:
+        parse_key_type(bad, "price")
+    msg = str(e.value)
+    assert repr(bad) in msg and "'price'" in msg
+    assert "int, bigint, string, date, timestamp, decimal(p,s)" in msg
+    assert "cast the column" in msg
+
+
+@pytest.mark.parametrize("missing", ["", "  ", None])
+def test_parse_key_type_explains_an_unknown_type(missing) -> None:
+    with pytest.raises(InvalidKeyType, match="is unknown.*resolve it from the upstream"):
+        parse_key_type(missing, "id")  # type: ignore[arg-type]
+
+
+def test_decimal_precision_scale() -> None:
+    assert decimal_precision_scale("decimal(12,3)") == (12, 3)
+    with pytest.raises(InvalidKeyType, match="not a decimal"):
+        decimal_precision_scale("int")
+
+
+# --- values -----------------------------------------------------------------------------------
+
+
+def test_to_utc_treats_naive_as_utc_and_converts_other_zones() -> None:
+    naive = dt.datetime(2024, 1, 1, 12)
+    assert to_utc(naive) == dt.datetime(2024, 1, 1, 12, tzinfo=UTC)
+    assert to_utc(naive.replace(tzinfo=PLUS5)).hour == 7
+    assert to_utc(naive.replace(tzinfo=PLUS5)).tzinfo is UTC
+
+
+@pytest.mark.parametrize(
+    ("col_type", "value"),
+    [
+        ("int", 2**31 - 1), ("int", -(2**31)), ("bigint", 2**63 - 1), ("string", ""),
+        ("date", dt.date(1, 1, 1)), ("decimal(5,2)", Decimal("-999.99")),
+        ("decimal(5,2)", Decimal("1.5")), ("decimal(5,2)", Decimal("0.000")),
+        ("decimal(5,2)", Decimal("1E+1")),
+    ],
+)
+def test_normalize_value_accepts_values_of_the_type(col_type, value) -> None:
+    assert normalize_value(KeyColumn("c", col_type), value) == value
+
+
+@pytest.mark.parametrize(
+    ("col_type", "value"),
+    [
+        ("int", True), ("int", 2**31), ("int", 1.0), ("int", "1"), ("bigint", 2**63),
+        ("string", 1), ("date", dt.datetime(2024, 1, 1)), ("date", "2024-01-01"),
+        ("timestamp", dt.date(2024, 1, 1)), ("decimal(5,2)", 1.5),
+        ("decimal(5,2)", Decimal("1.234")), ("decimal(5,2)", Decimal("1000.00")),
+        ("decimal(5,2)", Decimal("NaN")), ("decimal(5,2)", Decimal("1E+100")),
+        ("int", None),
+    ],
+)
+def test_normalize_value_refuses_values_of_another_type(col_type, value) -> None:
+    with pytest.raises(InvalidKeyValue) as e:
+        normalize_value(KeyColumn("c", col_type), value)
+    assert "'c'" in str(e.value) and col_type in str(e.value)
+    assert "fix the data" in str(e.value)
+
+
+def test_normalize_value_returns_timestamps_in_utc() -> None:
+    got = normalize_value(KeyColumn("t", "timestamp"), dt.datetime(2024, 1, 1, tzinfo=PLUS5))
+    assert got == dt.datetime(2023, 12, 31, 19, tzinfo=UTC) and got.tzinfo is UTC
+
+
+# --- KeyOrder construction --------------------------------------------------------------------
+
+
+def test_key_order_normalizes_column_types() -> None:
+    ko = KeyOrder((KeyColumn("a", "INTEGER"), KeyColumn("b", "decimal(10, 2)", True, True)))
+    assert ko.columns == (KeyColumn("a", "int"), KeyColumn("b", "decimal(10,2)", True, True))
+    assert ko.names == ("a", "b")
+    assert ko.column("b").descending
+
+
+def test_key_order_refuses_empty_duplicate_and_bad_types() -> None:
+    with pytest.raises(InvalidMVDefinition, match="no column: declare primary_key"):
+        KeyOrder(())
+    with pytest.raises(InvalidMVDefinition, match=r"\['a'\] more than once"):
+        KeyOrder((KeyColumn("a", "int"), KeyColumn("a", "string")))
+    with pytest.raises(InvalidKeyType, match="'float'"):
+        KeyOrder((KeyColumn("a", "float"),))
+
+
+def test_column_lookup_refuses_unknown_names() -> None:
+    with pytest.raises(InvalidKeyValue, match=r"'zz' is not a pk column; pk columns are \['i'"):
+        KO.column("zz")
+
+
+def test_placeholder() -> None:
+    assert KO.placeholder() == (None,) * 5
+    assert KO.is_placeholder(KO.placeholder())
+    assert not KO.is_placeholder(None)
+    assert not KO.is_placeholder((None,))
+    assert not KO.is_placeholder((1, None, None, None, None))
+
+
+@pytest.mark.parametrize("bad", [[1, "a"], (1,), (1, 2, 3), "ab", None])
+def test_normalize_refuses_wrong_arity(bad) -> None:
+    ko = KeyOrder((KeyColumn("a", "int"), KeyColumn("b", "string")))
+    with pytest.raises(InvalidKeyValue, match=r"must be a tuple of 2 values.*\['a', 'b'\]"):
+        ko.normalize(bad)
+
+
+def test_normalize_converts_timestamps_so_keys_hash_alike() -> None:
+    ko = KeyOrder((KeyColumn("t", "timestamp"),))
+    naive = (dt.datetime(2024, 1, 1),)
+    shifted = (dt.datetime(2024, 1, 1, 5, tzinfo=PLUS5),)
+    assert ko.normalize(naive) == ko.normalize(shifted)
+    assert hash(ko.normalize(naive)) == hash(ko.normalize(shifted))
+
+
+# --- compare ----------------------------------------------------------------------------------
+
+
+def one(col_type: str, descending=False, nulls_first=False) -> KeyOrder:
+    return KeyOrder((KeyColumn("c", col_type, descending, nulls_first),))
+
+
+@pytest.mark.parametrize(
+    ("descending", "nulls_first", "ordered"),
+    [
+        (False, False, [(1,), (2,), (None,)]),
+        (False, True, [(None,), (1,), (2,)]),
+        (True, False, [(2,), (1,), (None,)]),
+        (True, True, [(None,), (2,), (1,)]),
+    ],
+)
+def test_compare_direction_and_null_placement(descending, nulls_first, ordered) -> None:
+    ko = one("int", descending, nulls_first)
+    for i, a in enumerate(ordered):
+        for j, b in enumerate(ordered):
+            assert ko.compare(a, b) == (i > j) - (i < j)
+    assert sorted(reversed(ordered), key=ko.sort_key) == ordered
+
+
+def test_compare_is_lexicographic() -> None:
+    ko = KeyOrder((KeyColumn("a", "int"), KeyColumn("b", "string", descending=True)))
+    assert ko.compare((1, "z"), (2, "a")) == -1
+    assert ko.compare((1, "z"), (1, "a")) == -1
+    assert ko.compare((1, "a"), (1, "a")) == 0
+    assert ko.max_key([(1, "z"), (2, "b"), (2, "a")]) == (2, "a")
+    with pytest.raises(ValueError):
+        ko.max_key([])
+
+
+def test_compare_mixes_naive_and_aware_timestamps() -> None:
+    ko = one("timestamp")
+    assert ko.compare((dt.datetime(2024, 1, 1, 1),),
+                      (dt.datetime(2024, 1, 1, 5, tzinfo=PLUS5),)) == 1
+    assert ko.compare((dt.datetime(2024, 1, 1),), (dt.datetime(2024, 1, 1, tzinfo=UTC),)) == 0
+
+
+def test_compare_refuses_values_of_different_types() -> None:
+    with pytest.raises(InvalidKeyValue, match="cannot compare 1 with 'a' in pk column 'c'"):
+        one("int").compare((1,), ("a",))
+    with pytest.raises(InvalidKeyValue, match="must be a tuple of 1 values"):
+        one("int").compare((1,), (1, 2))
+
+
+# --- bounds -----------------------------------------------------------------------------------
+
+
+def test_compute_bounds() -> None:
+    assert compute_bounds(None) == Bound(None)
+    assert compute_bounds([1, "a"]) == Bound((1, "a"))
+    assert compute_bounds((None, None)) == Bound((None, None), empty=True)
+    ko = one("int")
+    assert compute_bounds(None).admits(ko, (-5,))
+    assert compute_bounds((3,)).admits(ko, (4,))
+    assert not compute_bounds((3,)).admits(ko, (3,))
+    assert not compute_bounds((None,)).admits(ko, (4,))
+    assert compute_bounds(None).predicate(ko) == "TRUE"
+    assert compute_bounds((None,)).predicate(ko) == "FALSE"
+    assert compute_bounds((3,)).predicate(ko, "s") == "(s.`c` > 3)"
+
+
+# --- SQL text ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("col_type", "value", "sql"),
+    [
+        ("int", -5, "-5"),
+        ("bigint", 2**62, str(2**62)),
+        ("string", "it's", "'it''s'"),
+        ("string", "back\\slash", "'back\\\\slash'"),
+        ("string", "\\'", "'\\\\'''"),
+        ("date", dt.date(33, 2, 1), "DATE '0033-02-01'"),
+        ("timestamp", dt.datetime(2024, 3, 4, 5, 6, 7, 89, tzinfo=PLUS5),
+         "TIMESTAMP '2024-03-04 00:06:07.000089'"),
+        ("timestamp", dt.datetime(999, 1, 1), "TIMESTAMP '0999-01-01 00:00:00.000000'"),
+        ("decimal(6,2)", Decimal("-12.5"), "CAST('-12.5' AS DECIMAL(6,2))"),
+        ("decimal(6,2)", Decimal("1E+1"), "CAST('10' AS DECIMAL(6,2))"),
+        ("int", None, "NULL"),
+    ],
+)
+def test_sql_literal(col_type, value, sql) -> None:
+    ko = one(col_type)
+    assert ko.sql_literal("c", value) == sql
+    assert ko.sql_literal(ko.columns[0], value) == sql
+
+
+def test_sql_literal_refuses_bad_values() -> None:
+    with pytest.raises(InvalidKeyValue):
+        one("int").sql_literal("c", "1; DROP TABLE t")
+
+
+def test_sql_after_and_at_or_before_text() -> None:
+    ko = KeyOrder((KeyColumn("a", "int"), KeyColumn("b`x", "string", descending=True)))
+    assert ko.sql_after((1, "q")) == "(`a` > 1 OR (`a` = 1 AND (`b``x` < 'q')))"
+    assert ko.sql_at_or_before((1, "q"), "t") == (
+        "(t.`a` < 1 OR (t.`a` = 1 AND (t.`b``x` >= 'q')))"
+    )
+    assert one("int").sql_at_or_before((3,)) == "(`c` <= 3)"
+
+
+def test_sql_for_missing_and_placeholder_positions() -> None:
+    assert KO.sql_after(None) == "TRUE"  # no position: everything is still to read
+    assert KO.sql_at_or_before(None) == "FALSE"  # NotStarted: nothing is visible
+    assert KO.sql_after(KO.placeholder()) == "FALSE"  # finished empty vnode: nothing to read
+    assert KO.sql_at_or_before(KO.placeholder()) == "TRUE"  # Completed: everything visible
+    with pytest.raises(InvalidKeyValue):
+        KO.sql_after((1, None, None, None, None))
+
+
+def test_order_by_sql() -> None:
+    assert KO.order_by_sql() == [
+        "`i` ASC NULLS LAST", "`s` DESC NULLS FIRST", "`d` ASC NULLS LAST",
+        "`m` DESC NULLS LAST", "`t` ASC NULLS LAST",
+    ]
+    assert one("int").order_by_sql("x") == ["x.`c` ASC NULLS LAST"]
+
+
+# A tiny evaluator for the predicates we generate, following Spark's lexer rules for string
+# literals (backslash escapes, '' for a quote): an independent check of what the SQL means.
+_TOKEN = re.compile(
+    r"\s*(?:(?P<ident>`(?:[^`]|``)*`)|(?P<str>'(?:[^'\\]|\\.|'')*')|(?P<num>-?\d+)"
+    r"|(?P<op><=|>=|<|>|=)|(?P<word>[A-Za-z_]+)|(?P<punct>[(),]))"
+)
+
+
+def _unquote(lit: str) -> str:
+    return re.sub(r"\\(.)|''", lambda m: m.group(1) or "'", lit[1:-1])
+
+
+def evaluate(sql: str, row: dict) -> bool:
+    toks, pos = [], 0
+    while pos < len(sql):
+        m = _TOKEN.match(sql, pos)
+        assert m and m.end() > pos, sql[pos:]
+        toks.append((m.lastgroup, m.group(m.lastgroup)))
+        pos = m.end()
+    out, i = [], 0
+    words = {"OR": "or", "AND": "and", "TRUE": "True", "FALSE": "False"}
+    while i < len(toks):
+        kind, text = toks[i]
+        if text == "DATE":
+            out.append(repr(dt.date.fromisoformat(_unquote(toks[i + 1][1]))))
+            i += 2
+            continue
+        if text == "TIMESTAMP":
+            ts = dt.datetime.strptime(_unquote(toks[i + 1][1]), "%Y-%m-%d %H:%M:%S.%f")
+            out.append(repr(ts.replace(tzinfo=UTC)))
+            i += 2
+            continue
+        if text == "CAST":  # CAST ( 'x' AS DECIMAL ( p , s ) )
+            out.append(repr(Decimal(_unquote(toks[i + 2][1]))))
+            i += 11
+            continue
+        if kind == "ident":
+            out.append(f"row[{text[1:-1].replace('``', '`')!r}]")
+        elif kind == "str":
+            out.append(repr(_unquote(text)))
+        elif kind == "op":
+            out.append("==" if text == "=" else text)
+        else:
+            out.append(words.get(text, text))
+        i += 1
+    return eval(" ".join(out), {"datetime": dt, "Decimal": Decimal}, {"row": row})
+
+
+VALUES = (
+    st.one_of(st.integers(-2, 2), st.integers(-(2**31), 2**31 - 1)),
+    st.one_of(st.sampled_from(["", "'", "\\", "a'b", "\\'", "''", "é", "a\nb"]),
+              st.text(st.characters(codec="utf-8"), max_size=3)),
+    st.dates(dt.date(1, 1, 1), dt.date(9999, 12, 31)),
+    st.decimals(min_value=-9999, max_value=9999, places=2, allow_nan=False,
+                allow_infinity=False),
+    st.datetimes(dt.datetime(1, 1, 2), dt.datetime(9999, 12, 30),
+                 timezones=st.sampled_from([None, UTC, PLUS5])),
+)
+
+
+@st.composite
+def key_pairs(draw):
+    pos = tuple(draw(v) for v in VALUES)
+    key = tuple(p if draw(st.booleans()) else draw(v) for p, v in zip(pos, VALUES, strict=True))
+    return KO.normalize(pos), KO.normalize(key)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pair=key_pairs())
+def test_sql_predicates_mean_what_compare_says(pair) -> None:
+    pos, key = pair
+    row = dict(zip(KO.names, key, strict=True))
+    c = KO.compare(key, pos)
+    assert evaluate(KO.sql_after(pos), row) == (c > 0)
+    assert evaluate(KO.sql_at_or_before(pos), row) == (c <= 0)
+    assert evaluate(compute_bounds(pos).predicate(KO), row) == compute_bounds(pos).admits(KO, key)
+
+
+def test_evaluator_reads_spark_string_escapes() -> None:
+    assert _unquote("'a''b\\\\c\\''") == "a'b\\c'"
+    assert evaluate("TRUE", {}) and not evaluate("FALSE", {})

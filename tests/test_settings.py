@@ -1,0 +1,93 @@
+"""Settings: the one place that reads the environment; bad values are named errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from backfill_assets.core.errors import InvalidSettings
+from resources.settings import load_settings
+from resources.spark import spark_conf, spark_resource
+from resources.warehouse import WarehouseResource, warehouse_resource
+
+
+def test_defaults(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    s = load_settings({})
+    assert s.warehouse_root == os.path.join(str(tmp_path), "warehouse")
+    assert (s.vnode_count, s.chunk_size, s.spark_master) == (256, 10000, "local[*]")
+    assert dict(s.spark_conf) == {} and dict(s.storage_options_env) == {}
+    assert s.mv_config is None and s.dagster_home is None
+    assert s.table_uri("upstream") == os.path.join(str(tmp_path), "warehouse", "upstream")
+
+
+def test_overrides(tmp_path):
+    s = load_settings({
+        "BACKFILL_WAREHOUSE": str(tmp_path / "wh"),
+        "BACKFILL_VNODE_COUNT": "64",
+        "BACKFILL_CHUNK_SIZE": "500",
+        "BACKFILL_SPARK_MASTER": "spark://10.0.0.1:7077",
+        "BACKFILL_SPARK_CONF": '{"spark.driver.memory": "4g", "spark.sql.shuffle.partitions": 8}',
+        "BACKFILL_STORAGE_OPTIONS": '{"aws_access_key_id": "MY_KEY_VAR"}',
+        "DAGSTER_HOME": "/tmp/dh",
+    })
+    assert s.warehouse_root == str(tmp_path / "wh")
+    assert (s.vnode_count, s.chunk_size) == (64, 500)
+    conf = spark_conf(s)
+    assert conf["spark.master"] == "spark://10.0.0.1:7077"
+    assert conf["spark.driver.memory"] == "4g" and conf["spark.sql.shuffle.partitions"] == "8"
+    assert conf["spark.driver.host"] == "127.0.0.1" and conf["spark.sql.session.timeZone"] == "UTC"
+    assert s.dagster_home == "/tmp/dh"
+    assert load_settings({"BACKFILL_WAREHOUSE": "s3://bucket/pre/"}).warehouse_root == "s3://bucket/pre"
+
+
+@pytest.mark.parametrize("var,value,words", [
+    ("BACKFILL_VNODE_COUNT", "0", "1 to 32768"),
+    ("BACKFILL_VNODE_COUNT", "many", "whole number"),
+    ("BACKFILL_VNODE_COUNT", "40000", "32768"),
+    ("BACKFILL_CHUNK_SIZE", "-5", "whole number"),
+    ("BACKFILL_SPARK_CONF", "{not json", "not valid JSON"),
+    ("BACKFILL_SPARK_CONF", "[1, 2]", "JSON object"),
+    ("BACKFILL_SPARK_MASTER", "localhost:7077", "local[*]"),
+    ("BACKFILL_STORAGE_OPTIONS", '{"aws_secret_access_key": "not a var!"}', "environment variable"),
+    ("BACKFILL_WAREHOUSE", "weird scheme://x", "URI"),
+])
+def test_bad_values_are_named(var, value, words):
+    with pytest.raises(InvalidSettings) as err:
+        load_settings({var: value})
+    assert var in str(err.value) and words in str(err.value)
+
+
+def test_storage_options_go_through_envvar(monkeypatch):
+    monkeypatch.setenv("MY_SECRET_VAR", "s3cr3t")
+    res = warehouse_resource(load_settings({
+        "BACKFILL_WAREHOUSE": "s3://b/p",
+        "BACKFILL_STORAGE_OPTIONS": '{"aws_secret_access_key": "MY_SECRET_VAR"}',
+    }))
+    import dagster as dg
+
+    assert isinstance(res.storage_options["aws_secret_access_key"], dg.EnvVar)
+
+    @dg.op
+    def show(warehouse: WarehouseResource) -> dict:
+        return {"uri": warehouse.table_uri("t"), "opts": warehouse.options()}
+
+    @dg.job(resource_defs={"warehouse": res})
+    def job():
+        show()
+
+    out = job.execute_in_process().output_for_node("show")
+    assert out == {"uri": "s3://b/p/t", "opts": {"aws_secret_access_key": "s3cr3t"}}
+
+
+def test_spark_resource_is_lazy():
+    """Building the resource (and loading definitions) never starts a JVM."""
+    from pyspark import SparkContext
+
+    res = spark_resource(load_settings({"BACKFILL_SPARK_MASTER": "local[1]"}))
+    assert res.spark_config["spark.master"] == "local[1]"
+    # if another test already started the shared session this proves nothing; the subprocess
+    # test in test_definitions.py checks a fresh interpreter
+    if SparkContext._active_spark_context is None:
+        assert res._spark_session is None

@@ -1,6 +1,5 @@
 """The four vnode-partitioned assets. Wiring only: the work is `run_barrier`."""
 
-from __future__ import annotations
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource

@@ -1,21 +1,34 @@
-"""Dagster definitions (wiring only): jobs and the platform resources built from settings.
+"""Dagster definitions (wiring only): assets, jobs, the barrier sensor and resources.
 
-Loading this module never starts a JVM (the Spark resource is lazy).
+Loading this module never starts a JVM (the Spark resource is lazy) and never touches a table.
 """
 
 from __future__ import annotations
 
 import dagster as dg
 
+from backfill_assets.assets import build_assets
+from backfill_assets.faults import kill_hook
+from backfill_assets.partitions import vnode_partitions
+from backfill_assets.sensors import build_barrier_sensor
+from jobs.backfill import build_backfill_job
+from jobs.controls import build_controls_job
 from jobs.upstream_load import upstream_load_job
+from jobs.verify import build_verify_job
+from resources.mv import load_mv_definition
 from resources.settings import load_settings
 from resources.spark import spark_resource
 from resources.warehouse import warehouse_resource
 
 settings = load_settings()
+mv = load_mv_definition(settings)
+backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count))
 
 defs = dg.Definitions(
-    jobs=[upstream_load_job],
+    assets=build_assets(mv, settings, hook=kill_hook(settings.test_kill_at)),
+    jobs=[upstream_load_job, backfill_job, build_verify_job(mv, settings),
+          build_controls_job(mv, settings)],
+    sensors=[build_barrier_sensor(mv, settings, "backfill_job", settings.run_ranges)],
     resources={
         "spark": spark_resource(settings),
         "warehouse": warehouse_resource(settings),

@@ -6,7 +6,6 @@ even when the upstream is idle (a backfill must progress without writes), keyed 
 table's version so the same state never yields two runs.
 """
 
-from __future__ import annotations
 
 import json
 

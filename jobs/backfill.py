@@ -4,12 +4,11 @@
         --tags '{"dagster/asset_partition_range_start": "000", "dagster/asset_partition_range_end": "127"}'
 """
 
-from __future__ import annotations
 
 import dagster as dg
 
 
-def build_backfill_job(partitions_def: dg.PartitionsDefinition) -> dg.UnresolvedAssetJobDefinition:
+def build_backfill_job(partitions_def: dg.PartitionsDefinition):
     return dg.define_asset_job(
         "backfill_job",
         selection=dg.AssetSelection.assets("replicated_state", "downstream_mv",

@@ -6,7 +6,6 @@ Takes effect at the next barrier; nothing restarts.
         -c jobs/configs/pause.yaml
 """
 
-from __future__ import annotations
 
 import dagster as dg
 

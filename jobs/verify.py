@@ -1,6 +1,5 @@
 """verify_job: recompute the MV independently from the upstream and compare row for row."""
 
-from __future__ import annotations
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource

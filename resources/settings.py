@@ -17,6 +17,10 @@ BACKFILL_STORAGE_OPTIONS   object-store options, a JSON object of   ``{}``
                            through ``dagster.EnvVar``, so secrets
                            never appear in config or run records)
 BACKFILL_MV_CONFIG         YAML file of the MV definition           ``jobs/configs/mv.yaml``
+BACKFILL_RUN_RANGES        vnode ranges the barrier sensor starts   1
+                           one run for each (1..vnode count)
+BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
+                           SIGKILL itself at that commit boundary
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset
 =========================  ======================================  =============================
 """
@@ -43,6 +47,8 @@ ENV_SPARK_MASTER = "BACKFILL_SPARK_MASTER"
 ENV_SPARK_CONF = "BACKFILL_SPARK_CONF"
 ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
 ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
+ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
+ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
 _MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|sc|mesos)://\S+)$")
 
 
@@ -56,6 +62,8 @@ class Settings:
     # storage option name -> name of the environment variable that holds its value
     storage_options_env: Mapping[str, str] = field(default_factory=dict)
     mv_config: str | None = None  # path of the MV definition YAML (None: the default)
+    run_ranges: int = 1  # vnode ranges the barrier sensor requests one run each for
+    test_kill_at: str | None = None  # fault injection for the crash tests (never in production)
     dagster_home: str | None = None
 
     def table_uri(self, name: str) -> str:
@@ -152,5 +160,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         spark_conf=_json_object(env, ENV_SPARK_CONF),
         storage_options_env=storage_env,
         mv_config=_optional_path(env, ENV_MV_CONFIG),
+        run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),
+        test_kill_at=env.get(ENV_TEST_KILL_AT) or None,
         dagster_home=env.get("DAGSTER_HOME") or None,
     )

@@ -44,10 +44,11 @@ class BarrierFigures:
 
 
 def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
-                *, version: int | None = None, overrides: Controls = Controls(),
+                *, version: int | None = None, overrides: Controls | None = None,
                 hook: Hook = no_hook) -> StepReport:
     """Run one barrier for `vnodes` with the controls in force right now."""
     in_force = read_controls(mv_root(tables))
+    overrides = overrides or Controls()
     chunk = overrides.chunk_size or in_force.chunk_size or d.chunk_size
     rate = _first_set(overrides.rate_limit, in_force.rate_limit, d.rate_limit)
     request = StepRequest(d, tables, tuple(vnodes), chunk, rate, version)

@@ -103,7 +103,8 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     pending = rows.where(F.expr(after_positions_sql(positions, key_order)))
     if not per_vnode:
         pending = pending.orderBy(*order).limit(limit)
-    ranked = pending.withColumn(RN, F.row_number().over(Window.partitionBy("vnode").orderBy(*order)))
+    rank = F.row_number().over(Window.partitionBy("vnode").orderBy(*order))
+    ranked = pending.withColumn(RN, rank)
     return ranked.where(F.col(RN) <= limit) if per_vnode else ranked
 
 

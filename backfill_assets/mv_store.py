@@ -16,10 +16,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from backfill_assets.arrow_types import normalize_schema
 from backfill_assets.delta_store import arrow_schema
 from backfill_assets.errors import ConcurrentBackfillRun, WarehouseNotWritable
 
@@ -164,17 +164,11 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
 
 def read_rows(table: DeltaTable, vnodes: Iterable[int] | None = None,
               columns: Sequence[str] | None = None) -> pa.Table:
-    """The rows of `table` (optionally of some vnodes) as Arrow, without the exit-abort path."""
-    fs = None
-    uri = table.table_uri
-    if uri.startswith("file://") or "://" not in uri:
-        local = uri.removeprefix("file://")
-        fs = pafs.SubTreeFileSystem(local, pafs.LocalFileSystem())
-    filters = None
-    if vnodes is not None:
-        filters = [("vnode", "in", [str(v) for v in sorted(vnodes)])]
-    dataset = table.to_pyarrow_dataset(partitions=filters, filesystem=fs)
-    return dataset.to_table(columns=list(columns) if columns else None)
+    """The rows of `table` (optionally of some vnodes) as plain Arrow types, via `scan`."""
+    predicate = vnode_in(vnodes) if vnodes is not None else None
+    reader = table.scan(columns=list(columns) if columns else None, predicate=predicate)
+    rows = pa.table(reader)
+    return rows.cast(normalize_schema(rows.schema))
 
 
 def step_metadata(table: DeltaTable, txn_version: int, vnode: int,

@@ -120,4 +120,7 @@ def _with_vnode(df: DataFrame, ctx: SourceContext) -> DataFrame:
     return spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
 
 
-SOURCES: dict[str, SnapshotSource] = {"arrangement": ReplicaSource(), "no_shuffle": UpstreamSource()}
+SOURCES: dict[str, SnapshotSource] = {
+    "arrangement": ReplicaSource(),
+    "no_shuffle": UpstreamSource(),
+}

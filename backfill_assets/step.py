@@ -26,7 +26,7 @@ from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import VnodeChunk
-from backfill_assets.core.progress import BackfillState, Completed, InProgress
+from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.mv_spark import (
     KEEP,
@@ -87,58 +87,93 @@ class StepReport:
 
 def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> StepReport:
     """Run one barrier for `req.vnodes`; see the module docstring for the phases."""
-    started = time.monotonic()
-    d = req.definition
-    upstream = checked_upstream(req.tables, d, req.v_new)
-    key_order = upstream.key_order
-    so = req.tables.storage_options
-    mv_schema = validate_expressions(spark, d, upstream.schema)
-    mv = mv_store.ensure_table(req.tables.mv, mv_schema, so, cdf=True)
-    progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order), so,
-                                           cdf=False, description=upstream.pin(d))
-    vnodes = tuple(sorted(req.vnodes))
-    state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv)
-    strategy = upstream.strategy
-    strategy.recover(state)
-    _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
-    replica = mv_store.open_table(req.tables.replica, so)
-    replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes)
-    plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version, req.chunk_size,
-                     req.rate_limit)
-    report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
+    step = _Step.open(spark, req, hook)
     hook("before_write")
+    changes = _change_chunk(step.ctx, step.plan)
+    try:
+        return step.run(changes)
+    finally:
+        if changes is not None:
+            changes.unpersist()
 
-    ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
-                        d.vnode_count, upstream.schema, plan.v_new)
-    changes = _change_chunk(ctx, plan)
-    source = SOURCES[d.mode]
-    report.replicated_rows = source.prepare(
-        ctx, {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}, changes, hook)
 
-    forward = _forward(changes, state, plan, d, key_order)
-    chunk = _snapshot_chunk(ctx, source, state, plan, d)
-    strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
-    for vnode in vnodes:
-        state.advance_version(vnode, plan.v_new)
+@dataclass
+class _Step:
+    """Everything one step knows once recovery and planning are done (nothing written yet)."""
 
-    target = mv_schema.append(pa.field("_op", pa.string()))
-    parts = [t.select(target.names).cast(target) for t in (forward, chunk.rows) if t.num_rows]
-    rows = pa.concat_tables(parts) if parts else target.empty_table()
-    report.forwarded_rows, report.snapshot_rows = forward.num_rows, chunk.read
-    if rows.num_rows:
-        metadata = {STEP_METADATA_KEY: _step_json(state, vnodes, plan.v_new, key_order)}
-        mv_store.commit_rows(mv, rows, key_names=key_order.names, mv_name=d.name, phase="mv",
-                             vnodes=vnodes, version=plan.v_new, metadata=metadata,
+    req: StepRequest
+    ctx: SourceContext
+    plan: StepPlan
+    state: BackfillState
+    strategy: object
+    mv: object
+    progress_table: object
+    mv_schema: pa.Schema
+    report: StepReport
+    hook: Hook
+    started: float
+
+    @classmethod
+    def open(cls, spark: SparkSession, req: StepRequest, hook: Hook) -> _Step:
+        """Check the upstream and the definition, recover progress, plan: all before writing."""
+        started = time.monotonic()
+        d, so = req.definition, req.tables.storage_options
+        upstream = checked_upstream(req.tables, d, req.v_new)
+        key_order = upstream.key_order
+        mv_schema = validate_expressions(spark, d, upstream.schema)
+        mv = mv_store.ensure_table(req.tables.mv, mv_schema, so, cdf=True)
+        progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
+                                               so, cdf=False, description=upstream.pin(d))
+        vnodes = tuple(sorted(req.vnodes))
+        state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv)
+        upstream.strategy.recover(state)
+        _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
+        replica = mv_store.open_table(req.tables.replica, so)
+        replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes)
+        plan = plan_step(state, upstream.strategy, vnodes, replica_versions, upstream.version,
+                         req.chunk_size, req.rate_limit)
+        ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
+                            d.vnode_count, upstream.schema, plan.v_new)
+        report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
+        return cls(req, ctx, plan, state, upstream.strategy, mv, progress_table, mv_schema,
+                   report, hook, started)
+
+    def run(self, changes: DataFrame | None) -> StepReport:
+        """Replicate, forward, read the snapshot chunk, commit the MV, commit progress."""
+        d, plan, state, report = self.req.definition, self.plan, self.state, self.report
+        source = SOURCES[d.mode]
+        replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
+        report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
+        forward = _forward(changes, state, plan, d)
+        chunk = _snapshot_chunk(self.ctx, source, state, plan, d)
+        self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
+        for vnode in report.vnodes:
+            state.advance_version(vnode, plan.v_new)
+        report.forwarded_rows, report.snapshot_rows = forward.num_rows, chunk.read
+        self._commit_mv(forward, chunk.rows)
+        self.hook("after_mv_commit")
+        _throttle(self.req.rate_limit, report.snapshot_rows, self.started)
+        self.hook("before_progress_commit")
+        write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
+                       plan.v_new)
+        self.hook("after_progress_commit")
+        report.progress = {v: state.current(v) for v in report.vnodes}
+        report.versions = {v: plan.v_new for v in report.vnodes}
+        report.seconds = time.monotonic() - self.started
+        return report
+
+    def _commit_mv(self, forward: pa.Table, chunk: pa.Table) -> None:
+        """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make."""
+        target = self.mv_schema.append(pa.field("_op", pa.string()))
+        parts = [t.select(target.names).cast(target) for t in (forward, chunk) if t.num_rows]
+        if not parts:
+            return
+        key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
+        metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
+        mv_store.commit_rows(self.mv, pa.concat_tables(parts), key_names=key_order.names,
+                             mv_name=self.req.definition.name, phase="mv", vnodes=vnodes,
+                             version=v_new, metadata=metadata,
                              append_only=forward.num_rows == 0)
-    hook("after_mv_commit")
-    _throttle(req.rate_limit, report.snapshot_rows, started)
-    hook("before_progress_commit")
-    write_progress(progress_table, state, key_order, d.name, vnodes, plan.v_new)
-    hook("after_progress_commit")
-    report.progress = {v: state.current(v) for v in vnodes}
-    report.versions = {v: plan.v_new for v in vnodes}
-    report.seconds = time.monotonic() - started
-    return report
 
 
 def _refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where: str) -> None:
@@ -169,14 +204,14 @@ def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
 
 
 def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
-             d: MVDefinition, key_order) -> pa.Table:
+             d: MVDefinition) -> pa.Table:
     """Netted changes each vnode's current position covers, projected to MV rows with `_op`."""
     since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
     progress = {v: state.current(v) for v in since}
-    if changes is None or not any(isinstance(p, (InProgress, Completed)) for p in progress.values()):
+    if changes is None or all(isinstance(p, NotStarted) for p in progress.values()):
         return pa.table({})
-    net = spark_ops.net_changes(with_vnode_versions(changes, since), key_order.names)
-    visible = project(net.where(F.expr(visible_sql(progress, key_order))), d)
+    net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
+    visible = project(net.where(F.expr(visible_sql(progress, state.key_order))), d)
     op = F.when((F.col("_op") == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
     return visible.withColumn("_op", op).drop(KEEP).toArrow()
 

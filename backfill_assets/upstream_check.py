@@ -81,7 +81,8 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
     pinned = _pinned(tables)
     if pinned is not None:
         carried = _against_pin(carried, pinned, d, tables)
-    strategy: PositionStrategy = PerVnodePositions() if d.mode == "arrangement" else SharedPosition()
+    strategy: PositionStrategy = (
+        PerVnodePositions() if d.mode == "arrangement" else SharedPosition())
     if d.mode == "no_shuffle":
         _check_no_shuffle_layout(table, d, key_order, tables)
     return CheckedUpstream(table.version(), carried, key_order, strategy)

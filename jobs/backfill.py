@@ -1,7 +1,7 @@
 """backfill_job: one barrier for a vnode range (all vnodes when no range tag is given).
 
-    dagster job execute -m backfill_assets.definitions -j backfill_job \
-        --tags '{"dagster/asset_partition_range_start": "000", "dagster/asset_partition_range_end": "127"}'
+    dagster job execute -m backfill_assets.definitions -j backfill_job --tags \
+      '{"dagster/asset_partition_range_start": "000", "dagster/asset_partition_range_end": "127"}'
 """
 
 

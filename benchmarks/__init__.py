@@ -1,0 +1,1 @@
+"""Benchmarks of the vnode backfill (see docs/BENCHMARKS.md for figures and commands)."""

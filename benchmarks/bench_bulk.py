@@ -1,0 +1,272 @@
+"""Bulk backfill throughput, per-phase profile and peak memory, against three baselines.
+
+    make bench-bulk BENCH_ROWS="1000000 5000000 20000000"
+    .venv/bin/python -m benchmarks.bench_bulk --rows 100000 --pk single composite
+
+For each size and pk shape: an upstream of N rows x 8 columns (cached under BENCH_DATA), then,
+each in a FRESH process under `flock $BENCH_LOCK`:
+  * baselines on the same rows: (a) Spark read.parquet -> write.parquet copy, (b) pyarrow
+    dataset copy, (c) naive full refresh (Spark: read, mv_spark.project + filter, overwrite);
+  * per mode (arrangement, no_shuffle): an unthrottled backfill to completion with
+    `run_barrier` in-process, while a separate writer process commits a DML batch
+    (--dml-fraction of the rows: inserts, updates, deletes, pk changes) before every barrier.
+Backfill time = the sum of the barriers' wall times (replica initialisation included; the
+writer's DML time and the Spark session start are not). Peak RSS: VmHWM of the driver and of
+its Spark JVM at the end of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import time
+
+from benchmarks import common as C
+
+MODES = ("arrangement", "no_shuffle")
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def worker_prepare(args) -> dict:
+    return C.prepare_upstream(args.rows, args.pk, args.vnodes)
+
+
+def worker_baselines(args) -> dict:
+    info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
+    uri, version = info["path"], info["version"]
+    out = os.path.join(C.WORK_DIR, f"baseline_{os.getpid()}")
+    spark, spark_start = C.start_spark()
+    C.warm_read(spark, uri)
+    d = C.bench_mv(args.pk, "arrangement", args.vnodes, 1, uri)
+    res: dict = {"spark_copy": [], "pyarrow_copy": [], "full_refresh": [],
+                 "spark_start": spark_start}
+    try:
+        for _ in range(args.repeat):
+            res["spark_copy"].append(C.spark_copy(spark, uri, version, out + "_spark"))
+            res["pyarrow_copy"].append(C.pyarrow_copy(uri, version, out + "_arrow"))
+            res["full_refresh"].append(C.full_refresh(spark, d, uri, version, out + "_mv"))
+            print(f"  baselines {C.human_rows(args.rows)} {args.pk}: spark copy "
+                  f"{res['spark_copy'][-1]:.2f}s, pyarrow copy {res['pyarrow_copy'][-1]:.2f}s, "
+                  f"full refresh {res['full_refresh'][-1]:.2f}s", flush=True)
+    finally:
+        for suffix in ("_spark", "_arrow", "_mv"):
+            shutil.rmtree(out + suffix, ignore_errors=True)
+    res["upstream"] = info
+    return res
+
+
+def chunk_for(mode: str, barrier_rows: int, vnode_count: int) -> int:
+    """The MV chunk size giving ~barrier_rows snapshot rows per barrier in either mode
+    (arrangement's chunk is per vnode, no_shuffle's is in total)."""
+    if mode == "arrangement":
+        return max(1, math.ceil(barrier_rows / vnode_count))
+    return max(1, barrier_rows)
+
+
+def worker_backfill(args) -> dict:
+    """One unthrottled backfill to completion under a steady change stream."""
+    from backfill_assets.barrier import run_barrier
+    from backfill_assets.mv_store import MVTables
+
+    mem = C.Memory()
+    info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
+    run_dir = os.path.join(C.WORK_DIR, f"bulk_{os.getpid()}")
+    uri = C.work_copy(info["path"], os.path.join(run_dir, "upstream"))
+    barrier_rows = args.barrier_rows or math.ceil(args.rows * 1.25)
+    chunk = chunk_for(args.mode, barrier_rows, args.vnodes)
+    d = C.bench_mv(args.pk, args.mode, args.vnodes, chunk, uri)
+    tables = MVTables.under(run_dir, d.name, uri)
+    changes = max(10, round(args.rows * args.dml_fraction))
+    feeder = C.DmlFeeder(uri, args.pk, args.vnodes, next_id=args.rows)
+    prof = C.PhaseProfiler().install()
+    spark, spark_start = C.start_spark()
+    mem.attach()
+    prof.jvm = mem.jvm
+    C.warm_read(spark, uri)
+    mem.snapshot("spark started")
+    vnodes = list(range(args.vnodes))
+    barriers: list[dict] = []
+    phases: dict = {}
+    total = 0.0
+    try:
+        for n in range(args.max_barriers):
+            dml = feeder.apply(changes)
+            prof.reset()
+            t0 = time.perf_counter()
+            report = run_barrier(spark, d, tables, vnodes)
+            took = time.perf_counter() - t0
+            total += took
+            ph = prof.reset()
+            C.add_phases(phases, ph)
+            s = mem.snapshot(f"barrier {n}")
+            barriers.append({
+                "seconds": round(took, 3), "v_new": report.v_new,
+                "snapshot_rows": report.snapshot_rows, "forwarded_rows": report.forwarded_rows,
+                "replicated_rows": report.replicated_rows, "dml_seconds": round(dml["seconds"], 3),
+                "driver_rss_mib": C.mib(s["driver_rss"]), "jvm_rss_mib": C.mib(s["jvm_rss"]),
+                "phases": C.rounded_phases(ph),
+            })
+            print(f"  {args.mode} {C.human_rows(args.rows)} {args.pk} barrier {n}: {took:.2f}s "
+                  f"snapshot {report.snapshot_rows:,} fwd {report.forwarded_rows:,} "
+                  f"repl {report.replicated_rows:,} (dml {dml['seconds']:.2f}s, "
+                  f"{changes} changes) driver {C.mib(s['driver_rss'])} MiB "
+                  f"jvm {C.mib(s['jvm_rss'])} MiB", flush=True)
+            if report.finished:
+                break
+        else:
+            raise RuntimeError(f"not finished after {args.max_barriers} barriers")
+        verified = None
+        if args.verify or (args.verify is None and args.rows <= 200_000):
+            from backfill_assets.oracle import verify
+
+            bad = verify(spark, d, tables).failures()
+            verified = not bad
+            if bad:
+                raise AssertionError(f"oracle mismatch in {len(bad)} vnodes")
+        peaks = mem.peaks()
+        from backfill_assets.upstream import row_count
+
+        result = {
+            "rows": args.rows, "pk": args.pk, "mode": args.mode, "vnodes": args.vnodes,
+            "chunk_size": chunk, "barrier_rows": barrier_rows, "dml_changes_per_barrier": changes,
+            "barriers": len(barriers), "seconds": round(total, 3),
+            "rows_per_second": round(args.rows / total, 1),
+            "dml_seconds": round(feeder.seconds, 3), "spark_start": round(spark_start, 2),
+            "mv_rows": row_count(tables.mv), "upstream_rows_final": row_count(uri),
+            "verified": verified, "phases": C.rounded_phases(phases),
+            "per_barrier": barriers,
+            "driver_peak_mib": C.mib(peaks["driver_peak"]), "jvm_peak_mib": C.mib(peaks["jvm_peak"]),
+            "spark_python_workers": peaks["spark_python_workers"],
+            "memory_samples": [{k: (C.mib(v) if k != "label" else v) for k, v in s.items()}
+                               for s in mem.samples],
+        }
+    finally:
+        feeder.close()
+        if not args.keep:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    return result
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run(args) -> dict:
+    out: dict = {"machine": C.machine_info(), "args": vars(args), "baselines": [], "runs": []}
+    for rows in args.rows:
+        for pk in args.pk:
+            common = ["--rows", str(rows), "--pk", pk, "--vnodes", str(args.vnodes)]
+            print(f"== {C.human_rows(rows)} rows, {pk} pk, {args.vnodes} vnodes", flush=True)
+            C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
+            if not args.skip_baselines:
+                base = C.run_worker("benchmarks.bench_bulk",
+                                    ["worker-baselines", *common, "--repeat", str(args.repeat)])
+                out["baselines"].append({"rows": rows, "pk": pk, **base})
+            for mode in args.modes:
+                extra = ["--dml-fraction", str(args.dml_fraction),
+                         "--max-barriers", str(args.max_barriers)]
+                if args.barrier_rows:
+                    extra += ["--barrier-rows", str(args.barrier_rows)]
+                if args.verify:
+                    extra.append("--verify")
+                try:
+                    r = C.run_worker("benchmarks.bench_bulk",
+                                     ["worker-backfill", *common, "--mode", mode, *extra])
+                except RuntimeError as exc:
+                    print(f"  FAILED: {exc}", flush=True)
+                    r = {"rows": rows, "pk": pk, "mode": mode, "vnodes": args.vnodes,
+                         "failed": str(exc)}
+                out["runs"].append(r)
+            path = C.save_results(args.name, out)
+    print_report(out)
+    print(f"\nresults: {path}")
+    return out
+
+
+def _best(base: dict, key: str) -> float | None:
+    vals = base.get(key) or []
+    return min(vals) if vals else None
+
+
+def print_report(out: dict) -> None:
+    bases = {(b["rows"], b["pk"]): b for b in out["baselines"]}
+    print("\nBaselines (best of repeats, seconds; rows/s on the upstream rows)")
+    C.print_table(
+        ["rows", "pk", "spark copy s", "pyarrow copy s", "full refresh s", "spark copy rows/s"],
+        [[C.human_rows(b["rows"]), b["pk"], _best(b, "spark_copy"), _best(b, "pyarrow_copy"),
+          _best(b, "full_refresh"), b["rows"] / _best(b, "spark_copy")] for b in out["baselines"]])
+    print("\nBackfill to completion under a steady change stream")
+    rows = []
+    for r in out["runs"]:
+        if "failed" in r:
+            rows.append([C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], "FAILED",
+                         "", "", "", "", "", "", ""])
+            continue
+        b = bases.get((r["rows"], r["pk"]), {})
+        sc, pa_, fr = (_best(b, k) for k in ("spark_copy", "pyarrow_copy", "full_refresh"))
+        rows.append([
+            C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], r["barriers"],
+            r["seconds"], r["rows_per_second"],
+            f"{r['seconds'] / sc:.2f}x" if sc else "-",
+            f"{r['seconds'] / pa_:.2f}x" if pa_ else "-",
+            f"{r['seconds'] / fr:.2f}x" if fr else "-",
+            r["driver_peak_mib"], r["jvm_peak_mib"],
+        ])
+    C.print_table(["rows", "pk", "mode", "vnodes", "barriers", "seconds", "rows/s",
+                   "vs spark copy", "vs pyarrow copy", "vs full refresh",
+                   "driver peak MiB", "JVM peak MiB"], rows)
+    print("\nWhere the time goes (seconds: wall / driver CPU / JVM CPU, summed over barriers)")
+    for r in out["runs"]:
+        if "failed" in r:
+            continue
+        print(f"-- {C.human_rows(r['rows'])} {r['pk']} {r['mode']} ({r['seconds']:.1f}s)")
+        C.print_table(["phase", "wall s", "share", "driver cpu s", "jvm cpu s"],
+                      [[k, v[0], f"{100 * v[0] / r['seconds']:.0f}%", v[1], v[2]]
+                       for k, v in r["phases"].items() if v[0] >= 0.01])
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd")
+    p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 5_000_000, 20_000_000])
+    p.add_argument("--pk", nargs="+", default=["single", "composite"], choices=C.PK_SHAPES)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--vnodes", type=int, default=256)
+    p.add_argument("--barrier-rows", type=int, default=0,
+                   help="snapshot rows per barrier (default 1.25 x rows: one barrier)")
+    p.add_argument("--dml-fraction", type=float, default=0.0001,
+                   help="changes committed to the upstream before each barrier, x rows")
+    p.add_argument("--repeat", type=int, default=2, help="repeats of each baseline")
+    p.add_argument("--max-barriers", type=int, default=400)
+    p.add_argument("--verify", action="store_true", help="run the oracle after each backfill")
+    p.add_argument("--skip-baselines", action="store_true")
+    p.add_argument("--name", default="bulk", help="results file benchmarks/results/<name>.json")
+    for name in ("worker-prepare", "worker-baselines", "worker-backfill"):
+        w = sub.add_parser(name)
+        w.add_argument("--rows", type=int, required=True)
+        w.add_argument("--pk", required=True, choices=C.PK_SHAPES)
+        w.add_argument("--vnodes", type=int, default=256)
+        w.add_argument("--mode", choices=MODES, default="arrangement")
+        w.add_argument("--repeat", type=int, default=2)
+        w.add_argument("--barrier-rows", type=int, default=0)
+        w.add_argument("--dml-fraction", type=float, default=0.0001)
+        w.add_argument("--max-barriers", type=int, default=400)
+        w.add_argument("--verify", action="store_true", default=None)
+        w.add_argument("--keep", action="store_true")
+    args = p.parse_args(argv)
+    if args.cmd == "worker-prepare":
+        C.emit(worker_prepare(args))
+    elif args.cmd == "worker-baselines":
+        C.emit(worker_baselines(args))
+    elif args.cmd == "worker-backfill":
+        C.emit(worker_backfill(args))
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""The Dagster side, for real: `dagster job execute`, in-process materialize, the sensor."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import yaml
+from deltalake import DeltaTable
+
+from backfill_assets.assets import build_assets
+from backfill_assets.load_generator import LoadParams, run_load
+from backfill_assets.sensors import build_barrier_sensor
+from resources.mv import load_mv_definition
+from resources.settings import load_settings
+from resources.spark import spark_resource
+from resources.warehouse import warehouse_resource
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VNODES = 8
+
+
+def _env(warehouse: str, dagster_home: str, mv_yaml: str) -> dict:
+    return {**os.environ, "BACKFILL_WAREHOUSE": warehouse, "DAGSTER_HOME": dagster_home,
+            "BACKFILL_VNODE_COUNT": str(VNODES), "BACKFILL_MV_CONFIG": mv_yaml}
+
+
+def _mv_yaml(tmp_path, chunk_size: int) -> str:
+    path = tmp_path / "mv.yaml"
+    with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
+        raw = yaml.safe_load(f)
+    raw.update(chunk_size=chunk_size, vnode_count=VNODES)
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def _execute(env: dict, job: str, *extra: str) -> str:
+    cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "backfill_assets.definitions",
+           "-j", job, *extra]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "RUN_SUCCESS" in out, out[-3000:]
+    return out
+
+
+def test_job_execute_backfill_ranges_then_verify(tmp_path, warehouse, dagster_home):
+    run_load(f"{warehouse}/upstream", LoadParams(seed=7, initial_rows=3000, versions=2,
+                                                 changes_per_version=50), vnode_count=VNODES)
+    env = _env(warehouse, dagster_home, _mv_yaml(tmp_path, chunk_size=250))
+    tags = [json.dumps({"dagster/asset_partition_range_start": a,
+                        "dagster/asset_partition_range_end": b}) for a, b in (("0", "3"), ("4", "7"))]
+    out = _execute(env, "backfill_job", "--tags", tags[0])
+    assert "barrier v3 vnodes 0..3" in out
+    run_load(f"{warehouse}/upstream", LoadParams(seed=8, versions=1, changes_per_version=40),
+             vnode_count=VNODES)
+    out = _execute(env, "backfill_job", "--tags", tags[1])
+    assert "barrier v4 vnodes 4..7" in out
+    out = _execute(env, "backfill_job")  # no range tag: all vnodes
+    assert "vnodes 0..7" in out and f"{VNODES}/{VNODES} finished" in out
+    out = _execute(env, "verify_job")
+    assert f"over {VNODES} vnodes: 0 vnodes differ" in out
+
+
+def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monkeypatch):
+    run_load(f"{warehouse}/upstream", LoadParams(seed=9, initial_rows=800, versions=1,
+                                                 changes_per_version=20), vnode_count=VNODES)
+    monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
+    settings = load_settings()
+    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40))
+    assets = build_assets(d, settings)
+    instance = dg.DagsterInstance.ephemeral()
+    result = dg.materialize(assets, instance=instance, partition_key="3",
+                            resources={"spark": spark_resource(settings),
+                                       "warehouse": warehouse_resource(settings)})
+    assert result.success
+    events = result.asset_materializations_for_node("vnode_backfill")
+    mv_event = next(e for e in events if e.asset_key == dg.AssetKey("downstream_mv"))
+    meta = mv_event.metadata
+    assert mv_event.partition == "3"
+    assert meta["row_count"].value == 40 and meta["finished"].value is False
+    assert meta["version"].value == 2 and meta["current_pos"].value
+    assert meta["rows_read_from_snapshot"].value == 40
+    assert 0 < meta["percent_done"].value < 100
+    assert "| 3 | InProgress |" in meta["vnode_progress"].value
+
+
+def test_barrier_sensor_turns_versions_into_ranged_runs(tmp_path, warehouse, monkeypatch):
+    monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
+    settings = load_settings()
+    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40))
+    sensor = build_barrier_sensor(d, settings, "backfill_job", ranges=2)
+    instance = dg.DagsterInstance.ephemeral()
+    skipped = sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(skipped, dg.SkipReason) and "does not exist" in skipped.skip_message
+    run_load(f"{warehouse}/upstream", LoadParams(seed=1, initial_rows=100, versions=1,
+                                                 changes_per_version=5), vnode_count=VNODES)
+    ctx = dg.build_sensor_context(instance=instance)
+    requests = sensor(ctx)
+    assert [r.tags["dagster/asset_partition_range_start"] for r in requests] == ["0", "4"]
+    assert [r.tags["dagster/asset_partition_range_end"] for r in requests] == ["3", "7"]
+    version = DeltaTable(f"{warehouse}/upstream").version()
+    assert all(f":v{version}:" in r.run_key for r in requests)
+    assert all(r.run_config["ops"]["vnode_backfill"]["config"]["barrier_version"] == version
+               for r in requests)
+    again = sensor(dg.build_sensor_context(instance=instance, cursor=ctx.cursor))
+    assert [r.run_key for r in again] == [r.run_key for r in requests]  # idempotent barrier
+    assert json.loads(ctx.cursor)["version"] == version

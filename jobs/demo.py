@@ -1,57 +1,130 @@
-"""`make demo`: run the platform's main job on the embedded default and print a summary.
+"""`make demo`: the whole product on the embedded default, end to end.
 
-For now the main job is the load generator (the backfill job replaces it): it runs
-``dagster job execute -m backfill_assets.definitions -j upstream_load_job -c
-jobs/configs/upstream_load.yaml`` exactly as a user would, keeps Dagster's log in
-``$DAGSTER_HOME/demo.log``, and prints the upstream's versions and row counts.
+1. `upstream_load_job` (via `dagster job execute`, as a user would) creates an upstream of
+   DEMO_ROWS rows;
+2. a writer keeps committing changes to it (one Delta version per second) while
+3. `backfill_job` runs barrier after barrier (in this process, on the real Dagster instance
+   under DAGSTER_HOME, so every run shows in `dagster dev`) until every vnode is finished,
+4. a few more barriers of pure change-feed maintenance follow, the writer stops, one last
+   barrier catches up, and
+5. `verify_job` recomputes the MV independently and compares row for row.
+A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import threading
 import time
 
-from backfill_assets.load_generator import versions_summary
-from resources.settings import load_settings
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join("jobs", "configs", "upstream_load.yaml")
-TABLE = "upstream"
+DEMO_ROWS = int(os.environ.get("DEMO_ROWS", "300000"))
+DEMO_VNODES = os.environ.get("DEMO_VNODES", "64")
+MAINTENANCE_BARRIERS = 3
+QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the UI has the full log
+
+
+def _setup_env() -> str:
+    warehouse = os.path.join(ROOT, "warehouse", "demo")
+    shutil.rmtree(warehouse, ignore_errors=True)
+    os.makedirs(warehouse)
+    os.environ["BACKFILL_WAREHOUSE"] = warehouse
+    os.environ.setdefault("BACKFILL_VNODE_COUNT", DEMO_VNODES)
+    os.environ.setdefault("DAGSTER_HOME", os.path.join(ROOT, ".dagster_home"))
+    os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
+    return warehouse
+
+
+def _create_upstream(warehouse: str) -> None:
+    config = os.path.join(warehouse, "load.yaml")
+    with open(config, "w", encoding="utf-8") as f:
+        f.write("ops:\n  upstream_load:\n    config:\n      table: upstream\n"
+                f"      seed: 42\n      initial_rows: {DEMO_ROWS}\n      versions: 0\n")
+    cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "backfill_assets.definitions",
+           "-j", "upstream_load_job", "-c", config]
+    print("$ dagster job execute -m backfill_assets.definitions -j upstream_load_job -c ...")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:] + proc.stderr[-2000:])
+        raise SystemExit(f"upstream_load_job failed (exit {proc.returncode})")
+
+
+class _Writer(threading.Thread):
+    """Commits one DML version per second to the upstream until stopped."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(daemon=True)
+        self.uri, self.stop, self.versions = uri, threading.Event(), 0
+
+    def run(self) -> None:
+        from backfill_assets.load_generator import LoadParams, run_load
+
+        while not self.stop.is_set():
+            run_load(self.uri, LoadParams(seed=1000 + self.versions, versions=1,
+                                          changes_per_version=200))
+            self.versions += 1
+            self.stop.wait(1.0)
 
 
 def main() -> int:
-    settings = load_settings()
-    home = os.environ.setdefault("DAGSTER_HOME", os.path.join(ROOT, ".dagster_home"))
-    os.makedirs(home, exist_ok=True)
-    cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "backfill_assets.definitions",
-           "-j", "upstream_load_job", "-c", CONFIG]
-    log_path = os.path.join(home, "demo.log")
-    print(f"warehouse: {settings.warehouse_root}\nDAGSTER_HOME: {home}")
-    print("$ " + " ".join(["dagster", *cmd[3:]]), flush=True)
+    warehouse = _setup_env()
     started = time.monotonic()
-    with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
-    elapsed = time.monotonic() - started
-    with open(log_path, encoding="utf-8") as log:
-        lines = log.read().splitlines()
-    if proc.returncode != 0:
-        print("\n".join(lines[-40:]))
-        print(f"upstream_load_job FAILED (exit {proc.returncode}); full log: {log_path}")
-        return proc.returncode
-    for line in lines:
-        if " - upstream_load - " in line and " INFO - " in line:
-            print("  " + line.split(" INFO - ", 1)[1].split(" - upstream_load - ", 1)[-1])
-    print(f"upstream_load_job succeeded in {elapsed:.1f}s (log: {log_path})\n")
-    uri = settings.table_uri(TABLE)
-    print(f"upstream table {uri} (newest versions first)")
-    print(f"{'version':>8}  {'operation':<14} {'rows':>10}  changes")
-    for v in versions_summary(uri, limit=12):
-        dml = v["dml"] or {}
-        changes = ", ".join(f"{k} {n}" for k, n in dml.items() if n) if dml else ""
-        print(f"{v['version']:>8}  {str(v['operation']):<14} {v['rows']:>10}  {changes}")
-    return 0
+    _create_upstream(warehouse)
+
+    import dagster as dg
+
+    from backfill_assets import definitions
+    from backfill_assets.barrier import mv_root
+    from resources.mv import mv_tables
+
+    defs, mv = definitions.defs, definitions.mv
+    instance = dg.DagsterInstance.get()
+    backfill = defs.resolve_job_def("backfill_job")
+    writer = _Writer(mv_tables(mv).upstream)
+    writer.start()
+    print(f"MV {mv.name!r} ({mv.mode}) over {DEMO_ROWS} rows, {mv.vnode_count} vnodes, "
+          f"chunk {mv.chunk_size}/vnode; the writer commits a version every second")
+    barriers, snapshot_rows, forwarded, after_finish = 0, 0, 0, None
+    while after_finish is None or barriers - after_finish < MAINTENANCE_BARRIERS:
+        if after_finish is not None and barriers - after_finish == MAINTENANCE_BARRIERS - 1:
+            writer.stop.set()
+            writer.join()
+        result = backfill.execute_in_process(instance=instance, raise_on_error=True,
+                                             run_config=QUIET)
+        meta = _run_metadata(result)
+        barriers += 1
+        snapshot_rows += meta["rows_read_from_snapshot"]
+        forwarded += meta["rows_forwarded_from_change_feed"]
+        print(f"  barrier {barriers:>2} @v{meta['barrier_version']:<4} "
+              f"snapshot +{meta['rows_read_from_snapshot']:<7} "
+              f"forwarded {meta['rows_forwarded_from_change_feed']:<5} "
+              f"{meta['percent_done']:5.1f}% done, vnodes finished {meta['vnodes_finished']}")
+        if after_finish is None and meta["percent_done"] >= 100.0:
+            after_finish = barriers
+    seconds = time.monotonic() - started
+    verify = defs.resolve_job_def("verify_job").execute_in_process(
+        instance=instance, raise_on_error=False, run_config=QUIET)
+    rows = verify.output_for_node("verify_mv") if verify.success else 0
+    print(f"\nsummary: {DEMO_ROWS} upstream rows, {writer.versions} change versions written "
+          f"during the backfill, {barriers} barriers ({MAINTENANCE_BARRIERS} of pure change-feed "
+          f"maintenance), {seconds:.0f} s, {snapshot_rows / seconds:,.0f} snapshot rows/s, "
+          f"{forwarded} changes forwarded")
+    verdict = f"verified {rows} rows, 0 mismatches" if verify.success else "FAILED"
+    print(f"verify_job: {verdict}")
+    print(f"tables under {mv_root(mv_tables(mv))}; watch the runs with `make ui`")
+    return 0 if verify.success else 1
+
+
+def _run_metadata(result) -> dict:
+    """The per-run figures the backfill recorded on downstream_mv."""
+    for event in result.get_asset_materialization_events():
+        mat = event.step_materialization_data.materialization
+        if mat.asset_key.path == ["downstream_mv"] and "barrier_version" in mat.metadata:
+            return {k: v.value for k, v in mat.metadata.items()}
+    raise RuntimeError("backfill_job recorded no run metadata")
 
 
 if __name__ == "__main__":

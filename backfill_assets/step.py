@@ -28,6 +28,7 @@ from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
+from backfill_assets.layout import check_run_layout
 from backfill_assets.mv_spark import (
     KEEP,
     chunk_stats,
@@ -38,7 +39,7 @@ from backfill_assets.mv_spark import (
     with_vnode_versions,
 )
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
-from backfill_assets.recovery import progress_schema, recover_state, write_progress
+from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.sources import SOURCES, SourceContext
 from backfill_assets.upstream_check import checked_upstream
 
@@ -125,6 +126,9 @@ class _Step:
         progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
                                                so, cdf=False, description=upstream.pin(d))
         vnodes = tuple(sorted(req.vnodes))
+        if d.mode == "no_shuffle":
+            check_run_layout(req.tables.mv.rsplit("/", 1)[0], vnodes,
+                             lambda group: _unfinished(progress_table, key_order, group))
         state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv)
         upstream.strategy.recover(state)
         _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
@@ -174,6 +178,11 @@ class _Step:
                              mv_name=self.req.definition.name, phase="mv", vnodes=vnodes,
                              version=v_new, metadata=metadata,
                              append_only=forward.num_rows == 0)
+
+
+def _unfinished(progress_table, key_order, vnodes: set[int]) -> set[int]:
+    done = read_progress(progress_table, key_order, sorted(vnodes))
+    return {v for v in vnodes if not isinstance(done.get(v, (None,))[0], Completed)}
 
 
 def _refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where: str) -> None:

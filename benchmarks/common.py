@@ -538,9 +538,9 @@ def start_spark():
     return spark, time.monotonic() - t0
 
 
-def warm_read(spark, uri: str) -> None:
-    """Warm the JVM on a few vnodes of the table (parquet read and write, a window sort,
-    Arrow collection) so that no measured phase pays class loading / JIT alone: every
+def warm_read(spark, uri: str, warm_rows: int = 500_000) -> None:
+    """Warm the JVM on ~warm_rows rows of the table (parquet read and write, a window sort,
+    Arrow collection), twice, so that no measured phase pays class loading / JIT alone: every
     worker, baseline or backfill, runs this once before its first measurement."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -549,9 +549,12 @@ def warm_read(spark, uri: str) -> None:
 
     table = delta_store.open_table(uri)
     schema = delta_store.arrow_schema(table)
+    rows = sum(n or 0 for n in table.get_add_actions(flatten=True).column("num_records").to_pylist())
+    count = int(table.metadata().configuration.get("backfill.vnodeCount", "256"))
+    warm = list(range(max(1, min(count, count * warm_rows // max(rows, 1)))))
     out = os.path.join(WORK_DIR, f"warm_{os.getpid()}")
     for _ in range(2):
-        df = spark_ops.read_version(spark, uri, table.version(), schema, vnodes=[0, 1, 2, 3])
+        df = spark_ops.read_version(spark, uri, table.version(), schema, vnodes=warm)
         df.write.mode("overwrite").parquet(out)
         w = Window.partitionBy("vnode").orderBy("id")
         df.withColumn("_rn", F.row_number().over(w)).where("_rn <= 1000").toArrow()

@@ -1,0 +1,162 @@
+"""Incremental cost: one barrier carrying 0.01% / 0.1% / 1% changed rows on a finished MV,
+against the naive full refresh of the same MV.
+
+    make bench-incremental BENCH_INC_ROWS=5000000
+    .venv/bin/python -m benchmarks.bench_incremental --rows 100000
+
+Per mode, in a fresh process under `flock $BENCH_LOCK`: backfill an N-row upstream to
+completion (one big barrier), time an idle barrier (no new upstream version: the fixed cost),
+then for each fraction commit one DML batch of fraction x N changes (inserts, updates,
+deletes, pk changes) from a separate writer process and time the barrier that carries it
+(--repeat times; the median is reported). The full refresh (Spark: read the upstream version,
+mv_spark.project + filter, overwrite parquet) runs on the final upstream version in the same
+process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+
+from benchmarks import common as C
+
+MODES = ("arrangement", "no_shuffle")
+
+
+def worker(args) -> dict:
+    from backfill_assets import delta_store
+    from backfill_assets.barrier import run_barrier
+    from backfill_assets.mv_store import MVTables
+
+    info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
+    run_dir = os.path.join(C.WORK_DIR, f"inc_{os.getpid()}")
+    uri = C.work_copy(info["path"], os.path.join(run_dir, "upstream"))
+    barrier_rows = args.barrier_rows or math.ceil(args.rows * 1.25)
+    chunk = (math.ceil(barrier_rows / args.vnodes) if args.mode == "arrangement"
+             else barrier_rows)
+    d = C.bench_mv(args.pk, args.mode, args.vnodes, chunk, uri)
+    tables = MVTables.under(run_dir, d.name, uri)
+    feeder = C.DmlFeeder(uri, args.pk, args.vnodes, next_id=args.rows, seed=7)
+    prof = C.PhaseProfiler().install()
+    spark, _ = C.start_spark()
+    prof.jvm = C.java_pid()
+    C.warm_read(spark, uri)
+    vnodes = list(range(args.vnodes))
+    out: dict = {"rows": args.rows, "pk": args.pk, "mode": args.mode, "vnodes": args.vnodes,
+                 "cases": []}
+    try:
+        t0 = time.perf_counter()
+        for _ in range(args.max_barriers):
+            report = run_barrier(spark, d, tables, vnodes)
+            if report.finished:
+                break
+        else:
+            raise RuntimeError("backfill did not finish")
+        out["backfill_seconds"] = round(time.perf_counter() - t0, 2)
+        prof.reset()
+        print(f"  {args.mode}: backfill of {args.rows:,} rows done in "
+              f"{out['backfill_seconds']}s", flush=True)
+
+        def timed_barrier() -> tuple[float, dict, object]:
+            prof.reset()
+            t = time.perf_counter()
+            rep = run_barrier(spark, d, tables, vnodes)
+            return time.perf_counter() - t, prof.reset(), rep
+
+        cases = [(0.0, 0)] + [(f, max(1, round(args.rows * f))) for f in args.fractions]
+        for fraction, changes in cases:
+            runs = []
+            for _ in range(args.repeat):
+                dml = feeder.apply(changes) if changes else {"seconds": 0.0}
+                secs, phases, rep = timed_barrier()
+                runs.append({"seconds": round(secs, 3), "forwarded_rows": rep.forwarded_rows,
+                             "dml_seconds": round(dml["seconds"], 3),
+                             "phases": C.rounded_phases(phases)})
+                print(f"  {args.mode} {fraction * 100:g}% ({changes:,} changes): barrier "
+                      f"{secs:.2f}s, {rep.forwarded_rows:,} rows forwarded", flush=True)
+            med = statistics.median(r["seconds"] for r in runs)
+            mid = min(runs, key=lambda r: abs(r["seconds"] - med))
+            out["cases"].append({"fraction": fraction, "changes": changes, "runs": runs,
+                                 "median_seconds": round(med, 3), "median_run": mid})
+        latest = delta_store.latest_version(uri)
+        refresh_dir = os.path.join(run_dir, "refresh")
+        refresh = [C.full_refresh(spark, d, uri, latest, refresh_dir) for _ in range(args.repeat)]
+        out["full_refresh_seconds"] = [round(x, 3) for x in refresh]
+        out["full_refresh_median"] = round(statistics.median(refresh), 3)
+        print(f"  {args.mode}: full refresh {out['full_refresh_seconds']}", flush=True)
+        mem = C.Memory()
+        mem.attach()
+        out["driver_peak_mib"] = C.mib(mem.peaks()["driver_peak"])
+    finally:
+        feeder.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
+def run(args) -> dict:
+    res: dict = {"machine": C.machine_info(), "args": vars(args), "runs": []}
+    for pk in args.pk:
+        common = ["--rows", str(args.rows), "--pk", pk, "--vnodes", str(args.vnodes)]
+        C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
+        for mode in args.modes:
+            extra = ["--repeat", str(args.repeat), "--mode", mode,
+                     "--fractions", *map(str, args.fractions)]
+            if args.barrier_rows:
+                extra += ["--barrier-rows", str(args.barrier_rows)]
+            res["runs"].append(C.run_worker("benchmarks.bench_incremental",
+                                            ["worker", *common, *extra]))
+            path = C.save_results(args.name, res)
+    print_report(res)
+    print(f"\nresults: {path}")
+    return res
+
+
+def print_report(res: dict) -> None:
+    print("\nIncremental barrier on a finished MV vs the naive full refresh (median seconds)")
+    rows = []
+    for r in res["runs"]:
+        full = r["full_refresh_median"]
+        for c in r["cases"]:
+            rows.append([C.human_rows(r["rows"]), r["pk"], r["mode"],
+                         f"{c['fraction'] * 100:g}%", c["changes"], c["median_seconds"], full,
+                         f"{full / c['median_seconds']:.1f}x"])
+    C.print_table(["rows", "pk", "mode", "changed", "changes", "barrier s", "full refresh s",
+                   "refresh / barrier"], rows)
+    print("\nPhases of the median barrier (wall / driver CPU / JVM CPU seconds)")
+    for r in res["runs"]:
+        for c in r["cases"]:
+            print(f"-- {r['mode']} {c['fraction'] * 100:g}% ({c['median_seconds']:.2f}s)")
+            C.print_table(["phase", "wall s", "driver cpu s", "jvm cpu s"],
+                          [[k, *v] for k, v in c["median_run"]["phases"].items() if v[0] >= 0.01])
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd")
+    for parser in (p, sub.add_parser("worker")):
+        parser.add_argument("--rows", type=int, default=5_000_000)
+        parser.add_argument("--vnodes", type=int, default=256)
+        parser.add_argument("--fractions", type=float, nargs="+", default=[0.0001, 0.001, 0.01])
+        parser.add_argument("--repeat", type=int, default=3)
+        parser.add_argument("--barrier-rows", type=int, default=0)
+        parser.add_argument("--max-barriers", type=int, default=400)
+    p.add_argument("--pk", nargs="+", default=["single"], choices=C.PK_SHAPES)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--name", default="incremental")
+    w = sub.choices["worker"]
+    w.add_argument("--pk", default="single", choices=C.PK_SHAPES)
+    w.add_argument("--mode", default="arrangement", choices=MODES)
+    args = p.parse_args(argv)
+    if args.cmd == "worker":
+        C.emit(worker(args))
+    else:
+        run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

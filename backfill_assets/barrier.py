@@ -5,6 +5,8 @@ Dagster assets, the demo and the benchmarks all call `run_barrier`; only the ste
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,7 +27,8 @@ class BarrierFigures:
     upstream_rows: int
     vnodes_finished: int
     vnode_count: int
-    rows_per_second: float
+    rows_per_second: float  # this barrier's snapshot rows over its duration
+    average_rows_per_second: float  # all snapshot rows so far over the backfill's age
 
     @property
     def percent_done(self) -> float:
@@ -40,7 +43,8 @@ class BarrierFigures:
         remaining = max(0, self.upstream_rows - self.snapshot_rows_done)
         if self.vnodes_finished == self.vnode_count:
             return 0.0
-        return remaining / self.rows_per_second if self.rows_per_second > 0 else None
+        rate = self.average_rows_per_second
+        return remaining / rate if rate > 0 else None
 
 
 def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
@@ -65,7 +69,9 @@ def figures(d: MVDefinition, tables: MVTables, report: StepReport) -> BarrierFig
     total = upstream.get_add_actions(flatten=True).column("num_records")
     upstream_rows = sum(n or 0 for n in total.to_pylist())
     rate = report.snapshot_rows / report.seconds if report.seconds > 0 else 0.0
-    return BarrierFigures(done, upstream_rows, finished, d.vnode_count, rate)
+    age = time.time() - json.loads(progress_table.metadata().description)["created_at"]
+    return BarrierFigures(done, upstream_rows, finished, d.vnode_count, rate,
+                          done / age if age > 0 else 0.0)
 
 
 def mv_root(tables: MVTables) -> str:

@@ -37,6 +37,8 @@ def run_metadata(report: StepReport, figures: BarrierFigures) -> dict:
         "vnodes_finished": dg.MetadataValue.text(
             f"{figures.vnodes_finished}/{figures.vnode_count}"),
         "rows_per_second": dg.MetadataValue.float(round(figures.rows_per_second, 1)),
+        "rows_per_second_since_start": dg.MetadataValue.float(
+            round(figures.average_rows_per_second, 1)),
         "eta_seconds": dg.MetadataValue.float(round(eta, 1) if eta is not None else -1.0),
         "step_seconds": dg.MetadataValue.float(round(report.seconds, 3)),
         "vnode_progress": dg.MetadataValue.md(progress_table(report)),

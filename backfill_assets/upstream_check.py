@@ -10,6 +10,7 @@ and a dropped or retyped one stops the MV with a clear message.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -52,6 +53,7 @@ class CheckedUpstream:
             "primary_key": list(self.key_order.names),
             "vnode_count": d.vnode_count,
             "mode": d.mode,
+            "created_at": time.time(),
         })
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from backfill_assets.core.errors import *  # noqa: F403
 from backfill_assets.core.errors import BackfillError
-from backfill_assets.errors_io import *  # noqa: F403
 
 
 class ConcurrentBackfillRun(BackfillError):

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_assets.delta_store import arrow_schema
+from backfill_assets.spark_ops import spark_type
 
 STAGING = "_spark"
 
@@ -32,7 +33,7 @@ def append_dataframe(df: DataFrame, table: DeltaTable, props: CommitProperties) 
     schema = arrow_schema(table)
     root = table.table_uri.removeprefix("file://")
     run_dir = f"{STAGING}/{uuid.uuid4().hex}"
-    casted = df.select(*[F.col(f"`{f.name}`").cast(_spark_type(f.type)).alias(f.name)
+    casted = df.select(*[F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
                          for f in schema])
     casted.write.partitionBy("vnode").parquet(os.path.join(root, run_dir))
     actions = list(_add_actions(root, run_dir, schema))
@@ -94,25 +95,3 @@ def _stat_friendly(t: pa.DataType) -> bool:
 
 def _jsonable(value: object) -> object:
     return value if isinstance(value, (int, float, str)) else None
-
-
-def _spark_type(t: pa.DataType) -> str:
-    if pa.types.is_int32(t):
-        return "int"
-    if pa.types.is_int64(t):
-        return "bigint"
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return "string"
-    if pa.types.is_date32(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
-    if pa.types.is_float64(t):
-        return "double"
-    if pa.types.is_float32(t):
-        return "float"
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_decimal(t):
-        return f"decimal({t.precision},{t.scale})"
-    raise TypeError(f"no Spark type for {t}")

@@ -12,7 +12,7 @@ def build_backfill_job(partitions_def: dg.PartitionsDefinition):
     return dg.define_asset_job(
         "backfill_job",
         selection=dg.AssetSelection.assets("replicated_state", "downstream_mv",
-                                           "backfill_progress"),
+                                           "backfill_progress").without_checks(),
         partitions_def=partitions_def,
         executor_def=dg.in_process_executor,
         description="One barrier of the vnode backfill for the run's vnode range.",

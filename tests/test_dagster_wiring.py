@@ -12,6 +12,7 @@ import yaml
 from deltalake import DeltaTable
 
 from backfill_assets.assets import build_assets
+from backfill_assets.checks import build_oracle_check
 from backfill_assets.load_generator import LoadParams, run_load
 from backfill_assets.sensors import build_barrier_sensor
 from resources.mv import load_mv_definition
@@ -52,7 +53,8 @@ def test_job_execute_backfill_ranges_then_verify(tmp_path, warehouse, dagster_ho
                                                  changes_per_version=50), vnode_count=VNODES)
     env = _env(warehouse, dagster_home, _mv_yaml(tmp_path, chunk_size=250))
     tags = [json.dumps({"dagster/asset_partition_range_start": a,
-                        "dagster/asset_partition_range_end": b}) for a, b in (("0", "3"), ("4", "7"))]
+                        "dagster/asset_partition_range_end": b})
+            for a, b in (("0", "3"), ("4", "7"))]
     out = _execute(env, "backfill_job", "--tags", tags[0])
     assert "barrier v3 vnodes 0..3" in out
     run_load(f"{warehouse}/upstream", LoadParams(seed=8, versions=1, changes_per_version=40),
@@ -86,6 +88,12 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
     assert meta["rows_read_from_snapshot"].value == 40
     assert 0 < meta["percent_done"].value < 100
     assert "| 3 | InProgress |" in meta["vnode_progress"].value
+    check = dg.materialize([*assets, build_oracle_check(d, settings)], instance=instance,
+                           selection=dg.AssetSelection.checks_for_assets("downstream_mv"),
+                           resources={"spark": spark_resource(settings),
+                                      "warehouse": warehouse_resource(settings)})
+    evaluation = check.get_asset_check_evaluations()[0]
+    assert evaluation.passed and evaluation.metadata["vnodes_compared"].value == VNODES
 
 
 def test_barrier_sensor_turns_versions_into_ranged_runs(tmp_path, warehouse, monkeypatch):

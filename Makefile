@@ -32,3 +32,66 @@ lint: env
 
 clean-demo:
 	rm -rf warehouse .dagster_home
+
+# ---------------------------------------------------------------------------- benchmarks
+# docs/BENCHMARKS.md has the figures and what each target measures. Every Spark workload runs
+# under `flock $(BENCH_LOCK)` (the drivers lock each fresh worker process; bench-latency locks
+# itself whole), so figures are never taken while another Spark job runs.
+BENCH_LOCK ?= /tmp/spark.lock
+BENCH_ROWS ?= 1000000 5000000 20000000
+BENCH_PK ?= single composite
+BENCH_INC_ROWS ?= 5000000
+BENCH_SCALE_ROWS ?= 1000000
+BENCH_PROFILE_ROWS ?= 5000000
+BENCH_QUICK_ROWS ?= 100000
+BENCH_ARGS ?=
+export BENCH_LOCK
+
+.PHONY: bench bench-bulk bench-incremental bench-latency bench-scaling bench-profile \
+	bench-upstream bench-quick
+
+bench: bench-bulk bench-incremental bench-scaling bench-profile bench-latency
+
+bench-bulk: env
+	$(PY) -m benchmarks.bench_bulk --rows $(BENCH_ROWS) --pk $(BENCH_PK) $(BENCH_ARGS)
+
+bench-incremental: env
+	$(PY) -m benchmarks.bench_incremental --rows $(BENCH_INC_ROWS) $(BENCH_ARGS)
+
+bench-scaling: env
+	$(PY) -m benchmarks.bench_scaling --rows $(BENCH_SCALE_ROWS) $(BENCH_ARGS)
+
+bench-profile: env
+	$(PY) -m benchmarks.bench_profile --rows $(BENCH_PROFILE_ROWS) $(BENCH_ARGS)
+
+bench-latency: env
+	flock $(BENCH_LOCK) $(PY) -m benchmarks.bench_latency $(BENCH_ARGS)
+
+bench-upstream: env
+	$(PY) -m benchmarks.bench_upstream $(BENCH_ARGS)
+
+# CI-sized run of every benchmark (100k rows; results under benchmarks/results/*_quick.json)
+bench-quick: env
+	$(PY) -m benchmarks.bench_bulk --rows $(BENCH_QUICK_ROWS) --repeat 1 --name bulk_quick
+	$(PY) -m benchmarks.bench_incremental --rows $(BENCH_QUICK_ROWS) --repeat 1 \
+		--name incremental_quick
+	$(PY) -m benchmarks.bench_scaling --rows $(BENCH_QUICK_ROWS) --repeat 1 \
+		--bulk benchmarks/results/bulk_quick.json --name scaling_quick
+	$(PY) -m benchmarks.bench_profile --rows $(BENCH_QUICK_ROWS) --repeat 1 --name profile_quick
+	flock $(BENCH_LOCK) $(PY) -m benchmarks.bench_latency --rows $(BENCH_QUICK_ROWS) \
+		--barriers 5 --max-seconds 240 --name latency_quick
+
+# ---------------------------------------------------------------------------- reliability
+# The long randomized soak (docs/RELIABILITY.md): SOAK_SECONDS of random DML, barriers,
+# controls, rescales and kills, the invariant checked after every commit. Spark runs at
+# local[1] (BACKFILL_SPARK_MASTER overrides) so it can share the box; the figures are printed
+# ("SOAK FIGURES ...") and written to SOAK_REPORT. CI runs the short version in `make test`.
+SOAK_SECONDS ?= 1800
+SOAK_SEED ?= 7
+SOAK_REPORT ?= $(CURDIR)/docs/soak_last_run.json
+
+.PHONY: soak
+soak: env
+	SOAK_SECONDS=$(SOAK_SECONDS) SOAK_SEED=$(SOAK_SEED) SOAK_REPORT=$(SOAK_REPORT) \
+	BACKFILL_SPARK_MASTER=$${BACKFILL_SPARK_MASTER:-local[1]} \
+		$(PY) -m pytest tests/reliability/test_soak.py -m soak -s -q -p no:cacheprovider

@@ -188,7 +188,7 @@ def _is_missing_history(exc: BaseException) -> bool:
     return any(
         s in text
         for s in ("not found", "no such file", "invalid table version", "version not found",
-                  "log segment")
+                  "log segment", "logsegment")
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -92,11 +93,20 @@ def _check_writable(path: str) -> None:
     parent = path
     while not os.path.exists(parent):
         parent = os.path.dirname(parent) or "."
-    if not os.access(parent, os.W_OK):
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK) or not _can_create(parent):
         raise WarehouseNotWritable(
             f"cannot create {path}: {parent} is not writable; point BACKFILL_WAREHOUSE at a "
             "folder this user can write, or fix its permissions"
         )
+
+
+def _can_create(folder: str) -> bool:
+    """A real probe (permission bits do not stop root; read-only mounts stop everyone)."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return True
+    except OSError:
+        return False
 
 
 def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
@@ -110,8 +120,11 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
 def commit_properties(mv_name: str, phase: str, vnodes: Sequence[int], version: int,
                 metadata: Mapping[str, str] | None = None) -> CommitProperties:
     txns = [Transaction(txn_id(mv_name, phase, v), version) for v in vnodes]
-    return CommitProperties(app_transactions=txns, custom_metadata=dict(metadata or {}),
-                            max_commit_retries=0)
+    # delta-rs retries a commit that lost the race for the next table version only after its
+    # conflict checker cleared it: a winner that set one of these app ids or touched these
+    # partitions still fails it; runs over disjoint vnodes both commit (with 0 retries they
+    # did not: any two commits at the same moment failed one of them)
+    return CommitProperties(app_transactions=txns, custom_metadata=dict(metadata or {}))
 
 
 def commit_rows(table: DeltaTable, rows: pa.Table, *, key_names: Sequence[str],

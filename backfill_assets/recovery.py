@@ -2,13 +2,16 @@
 
 A step commits the MV first (carrying the progress it made as commit metadata, tagged with the
 app transaction `{mv}/mv/{vnode}`) and the progress table second. If the process dies between
-the two, the MV's app-transaction version for a vnode is newer than the version the progress
-table records; the progress is then taken from that MV commit, so nothing is lost or repeated.
+the two, the MV's last commit for a vnode is ahead of the progress table: its app-transaction
+version is newer, or - for a second barrier at the same upstream version (an idle upstream, a
+re-executed run) - the version is the same but the progress it carries is further. The progress
+is then taken from that MV commit, so nothing is lost or repeated.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -17,7 +20,7 @@ from backfill_assets import mv_store
 from backfill_assets.arrow_types import schema_of
 from backfill_assets.core import codec
 from backfill_assets.core.keys import KeyOrder
-from backfill_assets.core.progress import BackfillState
+from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.delta_store import arrow_schema
 from backfill_assets.errors import CorruptProgressRow
 
@@ -48,30 +51,68 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
     """The committed state of `vnodes`, completed from an MV commit whose progress commit died."""
     recovered = read_progress(progress_table, key_order, vnodes)
     mv_done = mv_store.txn_versions(mv, mv_name, "mv", vnodes)
+    known = {v: recovered.get(v, (NotStarted(), None)) for v in vnodes}
+    # an MV commit at the progress table's own version may still be ahead of it (a second
+    # step at the same upstream version): look at what it carries, not only at its version
+    candidates = {v: ver for v, ver in mv_done.items()
+                  if ver is not None and (known[v][1] is None or ver >= known[v][1])}
+    steps = _last_steps(mv, candidates)
     redone: list[int] = []
-    for vnode, version in mv_done.items():
-        known = recovered.get(vnode, (None, None))[1]
-        if version is None or (known is not None and version <= known):
-            continue
-        step = mv_store.step_metadata(mv, version, vnode)
+    for vnode, version in candidates.items():
+        progress, at = known[vnode]
+        step = steps.get(vnode)
         if step is None:
+            if version == at:
+                continue  # history too short to tell: the table is the newest we can see
             raise CorruptProgressRow(
                 f"{mv.table_uri} was committed for vnode {vnode} at upstream version {version} "
                 "but neither the progress table nor the MV's commit history records that "
                 "step's progress (history cleaned up?); rebuild the MV from scratch"
             )
         row = codec.from_json(step["progress"][str(vnode)], key_order)
-        if row is not None:
-            _, progress, at = codec.decode(row, key_order)
-            recovered[vnode] = (progress, at)
+        carried = codec.decode(row, key_order)[1:] if row is not None else None
+        if version == at and (carried is None or not _ahead(carried[0], progress, key_order)):
+            continue
+        if carried is not None:
+            recovered[vnode] = carried
         redone.append(vnode)
     return BackfillState(key_order, vnodes, recovered), redone
 
 
+def _last_steps(mv: DeltaTable, wanted: Mapping[int, int]) -> dict[int, dict]:
+    """Per vnode, the step carried by the newest MV commit for it at `wanted[vnode]` (one
+    history read; the recent commits first, the last 200 only when needed)."""
+    found: dict[int, dict] = {}
+    if not wanted:
+        return found
+    for limit in (16, 200):
+        for commit in mv.history(limit):
+            raw = commit.get(mv_store.STEP_METADATA_KEY)
+            if not raw:
+                continue
+            step = json.loads(raw)
+            for vnode, version in wanted.items():
+                if vnode not in found and step["version"] == version \
+                        and str(vnode) in step["progress"]:
+                    found[vnode] = step
+        if len(found) == len(wanted):
+            break
+    return found
+
+
+def _ahead(new, old, key_order: KeyOrder) -> bool:
+    """Whether progress `new` is strictly further than `old` (positions only grow)."""
+    rank = {NotStarted: 0, InProgress: 1, Completed: 2}
+    if rank[type(new)] != rank[type(old)]:
+        return rank[type(new)] > rank[type(old)]
+    return isinstance(new, InProgress) and key_order.compare(new.current_pos, old.current_pos) > 0
+
+
 def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder, mv_name: str,
-                   vnodes: Sequence[int], version: int) -> None:
-    """Commit the progress of `vnodes` (one row per started vnode) and mark it committed."""
-    if not state.commit_plan():
+                   vnodes: Sequence[int], version: int, force: bool = False) -> None:
+    """Commit the progress of `vnodes` (one row per started vnode) and mark it committed;
+    `force`: even when nothing moved (progress recovered from an MV commit must land)."""
+    if not state.commit_plan() and not force:
         return
     rows = [codec.encode(v, state.current(v), version, key_order) for v in vnodes]
     rows = [r for r in rows if r is not None]

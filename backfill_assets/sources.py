@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
+from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets import mv_store, spark_ops
+from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.mv_store import MVTables
 from backfill_assets.spark_delta_writer import append_dataframe
 
@@ -77,8 +79,17 @@ class ReplicaSource:
         up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
                                     ctx.upstream_schema, storage_options=ctx.tables.storage_options)
         up = _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
+        # one pk-clustered file per vnode: snapshot reads then scan few, ordered files
+        up = up.repartition("vnode").sortWithinPartitions("vnode", *ctx.key_names)
         props = mv_store.commit_properties(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        return append_dataframe(up, table, props)
+        try:
+            return append_dataframe(up, table, props)
+        except CommitFailedError as exc:
+            raise ConcurrentBackfillRun(
+                f"another run initialised {ctx.tables.replica} for vnodes "
+                f"{vnodes[0]}..{vnodes[-1]} while this one was working ({exc}); nothing of this "
+                "step was written: rerun it, and give concurrent runs disjoint vnode ranges"
+            ) from exc
 
     def _replicate(self, ctx: SourceContext, table, behind: Mapping[int, int],
                    changes: DataFrame) -> int:

@@ -37,7 +37,8 @@ def append_dataframe(df: DataFrame, table: DeltaTable, props: CommitProperties) 
                          for f in schema])
     casted.write.partitionBy("vnode").parquet(os.path.join(root, run_dir))
     actions = list(_add_actions(root, run_dir, schema))
-    shutil.rmtree(os.path.join(root, STAGING), ignore_errors=True)
+    # only this run's folder: another run may be writing its own beside it right now
+    shutil.rmtree(os.path.join(root, run_dir), ignore_errors=True)
     table.create_write_transaction(actions, mode="append", schema=schema,
                                    partition_by=["vnode"], commit_properties=props)
     return sum(json.loads(a.stats)["numRecords"] for a in actions)

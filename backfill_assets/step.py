@@ -28,6 +28,7 @@ from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
+from backfill_assets.key_checks import check_change_keys, check_chunk_keys, check_snapshot_keys
 from backfill_assets.layout import check_run_layout
 from backfill_assets.mv_spark import (
     KEEP,
@@ -113,6 +114,7 @@ class _Step:
     report: StepReport
     hook: Hook
     started: float
+    replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
 
     @classmethod
     def open(cls, spark: SparkSession, req: StepRequest, hook: Hook) -> _Step:
@@ -139,18 +141,27 @@ class _Step:
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
                             d.vnode_count, upstream.schema, plan.v_new)
         report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
+        # a rerun of a barrier killed between its MV and progress commits completes that
+        # barrier (progress commit only) instead of stepping twice at the same version
+        replay = set(recovered) == set(vnodes) and all(
+            state.version(v) == plan.v_new for v in vnodes)
         return cls(req, ctx, plan, state, upstream.strategy, mv, progress_table, mv_schema,
-                   report, hook, started)
+                   report, hook, started, replay)
 
     def run(self, changes: DataFrame | None) -> StepReport:
         """Replicate, forward, read the snapshot chunk, commit the MV, commit progress."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         source = SOURCES[d.mode]
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
+        _check_fresh_keys(self.ctx, [v for v in report.vnodes
+                                     if isinstance(state.current(v), NotStarted)])
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         forward = _forward(changes, state, plan, d)
-        chunk = _snapshot_chunk(self.ctx, source, state, plan, d)
-        self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
+        if self.replay:
+            chunk = _Chunk(pa.table({}), 0, {})
+        else:
+            chunk = _snapshot_chunk(self.ctx, source, state, plan, d)
+            self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
         for vnode in report.vnodes:
             state.advance_version(vnode, plan.v_new)
         report.forwarded_rows, report.snapshot_rows = forward.num_rows, chunk.read
@@ -159,7 +170,7 @@ class _Step:
         _throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
-                       plan.v_new)
+                       plan.v_new, force=bool(report.recovered))
         self.hook("after_progress_commit")
         report.progress = {v: state.current(v) for v in report.vnodes}
         report.versions = {v: plan.v_new for v in report.vnodes}
@@ -207,6 +218,7 @@ def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
         return None
     keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
     raw = raw.select([*keep, "_change_type", "_commit_version"])
+    check_change_keys(raw, ctx.key_names, ctx.tables.upstream)
     df = ctx.spark.createDataFrame(raw, schema=spark_ops.spark_schema(raw.schema))
     df = spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
     return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
@@ -242,11 +254,24 @@ def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: Step
     chunk = select_chunk(source.rows(ctx, readers), positions, state.key_order,
                          plan.chunk_limit, per_vnode=not plan.shared_read)
     arrow = project(chunk, d).toArrow()
+    check_chunk_keys(arrow, state.key_order.names, ctx.tables.upstream, ctx.v_new)
     stats = chunk_stats(arrow, state.key_order.names)
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
     mv_rows = arrow.filter(arrow[KEEP]).drop_columns([KEEP, "_rn"])
     mv_rows = mv_rows.append_column("_op", pa.array(["upsert"] * mv_rows.num_rows, pa.string()))
     return _Chunk(mv_rows, arrow.num_rows, per_vnode)
+
+
+def _check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
+    """Vnodes starting now: no null or duplicate pk in their snapshot (one Spark pass, once
+    per vnode, before their replica or MV rows are written)."""
+    if not vnodes:
+        return
+    rows = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
+                                  storage_options=ctx.tables.storage_options)
+    rows = spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    check_snapshot_keys(rows.where(mv_store.vnode_in(vnodes)), ctx.key_names,
+                        ctx.tables.upstream, ctx.v_new)
 
 
 def _position(progress) -> tuple | None:

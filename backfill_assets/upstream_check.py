@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from backfill_assets import mv_store
+from backfill_assets import delta_store, mv_store
 from backfill_assets.arrow_types import type_name
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
@@ -67,7 +67,7 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
             "with upstream_load_job) or fix `upstream` in the MV definition"
         )
     if version is not None and version != table.version():
-        table = mv_store.open_table(tables.upstream, so, version)
+        table = delta_store.open_table(tables.upstream, version, so)  # HistoryUnavailable
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
         raise ChangeFeedDisabled(
             f"upstream {tables.upstream} has no change data feed, so the MV cannot follow its "
@@ -76,13 +76,13 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
             "DeltaTable.alter.set_table_properties) and rerun"
         )
     schema = arrow_schema(table)
-    columns = {f.name: _type_name(f, tables.upstream) for f in schema if f.name != "vnode"}
-    key_order = _key_order(d, columns)
-    d.validate(columns)
     carried = pa.schema([f for f in schema if f.name != "vnode"])
     pinned = _pinned(tables)
-    if pinned is not None:
-        carried = _against_pin(carried, pinned, d, tables)
+    if pinned is not None:  # first: a dropped column is the upstream's change, not the MV's
+        carried = _against_pin(carried, pinned, d, tables)  # added columns are left out
+    columns = {f.name: _type_name(f, tables.upstream) for f in carried}
+    key_order = _key_order(d, columns)
+    d.validate(columns)
     strategy: PositionStrategy = (
         PerVnodePositions() if d.mode == "arrangement" else SharedPosition())
     if d.mode == "no_shuffle":

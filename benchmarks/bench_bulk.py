@@ -42,6 +42,7 @@ def worker_baselines(args) -> dict:
     out = os.path.join(C.WORK_DIR, f"baseline_{os.getpid()}")
     spark, spark_start = C.start_spark()
     C.warm_read(spark, uri)
+    audit = C.CpuAudit()
     d = C.bench_mv(args.pk, "arrangement", args.vnodes, 1, uri)
     res: dict = {"spark_copy": [], "pyarrow_copy": [], "full_refresh": [],
                  "spark_start": spark_start}
@@ -57,7 +58,17 @@ def worker_baselines(args) -> dict:
         for suffix in ("_spark", "_arrow", "_mv"):
             shutil.rmtree(out + suffix, ignore_errors=True)
     res["upstream"] = info
+    res.update(audit.result())
     return res
+
+
+def _file_count(uri: str) -> int | None:
+    from deltalake import DeltaTable
+
+    try:
+        return len(DeltaTable(uri).file_uris())
+    except Exception:  # noqa: BLE001 - the table may not exist (no_shuffle has no replica)
+        return None
 
 
 def chunk_for(mode: str, barrier_rows: int, vnode_count: int) -> int:
@@ -70,6 +81,8 @@ def chunk_for(mode: str, barrier_rows: int, vnode_count: int) -> int:
 
 def worker_backfill(args) -> dict:
     """One unthrottled backfill to completion under a steady change stream."""
+    import pyarrow as pa
+
     from backfill_assets.barrier import run_barrier
     from backfill_assets.mv_store import MVTables
 
@@ -77,7 +90,7 @@ def worker_backfill(args) -> dict:
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     run_dir = os.path.join(C.WORK_DIR, f"bulk_{os.getpid()}")
     uri = C.work_copy(info["path"], os.path.join(run_dir, "upstream"))
-    barrier_rows = args.barrier_rows or math.ceil(args.rows * 1.25)
+    barrier_rows = args.barrier_rows or math.ceil(args.rows * 1.25)  # 0: one barrier
     chunk = chunk_for(args.mode, barrier_rows, args.vnodes)
     d = C.bench_mv(args.pk, args.mode, args.vnodes, chunk, uri)
     tables = MVTables.under(run_dir, d.name, uri)
@@ -89,10 +102,12 @@ def worker_backfill(args) -> dict:
     prof.jvm = mem.jvm
     C.warm_read(spark, uri)
     mem.snapshot("spark started")
+    audit = C.CpuAudit()
     vnodes = list(range(args.vnodes))
     barriers: list[dict] = []
     phases: dict = {}
     total = 0.0
+    partial = False
     try:
         for n in range(args.max_barriers):
             dml = feeder.apply(changes)
@@ -105,10 +120,13 @@ def worker_backfill(args) -> dict:
             C.add_phases(phases, ph)
             s = mem.snapshot(f"barrier {n}")
             barriers.append({
+                "files": {"replica": _file_count(tables.replica), "mv": _file_count(tables.mv)},
                 "seconds": round(took, 3), "v_new": report.v_new,
                 "snapshot_rows": report.snapshot_rows, "forwarded_rows": report.forwarded_rows,
                 "replicated_rows": report.replicated_rows, "dml_seconds": round(dml["seconds"], 3),
                 "driver_rss_mib": C.mib(s["driver_rss"]), "jvm_rss_mib": C.mib(s["jvm_rss"]),
+                "arrow_allocated_mib": C.mib(pa.total_allocated_bytes()),
+                "arrow_pool": pa.default_memory_pool().backend_name,
                 "phases": C.rounded_phases(ph),
             })
             print(f"  {args.mode} {C.human_rows(args.rows)} {args.pk} barrier {n}: {took:.2f}s "
@@ -118,10 +136,14 @@ def worker_backfill(args) -> dict:
                   f"jvm {C.mib(s['jvm_rss'])} MiB", flush=True)
             if report.finished:
                 break
+            if args.budget and total >= args.budget:
+                partial = True  # bounded run: stop here and project the rest
+                print(f"  budget of {args.budget:.0f}s spent: stopping (partial run)", flush=True)
+                break
         else:
             raise RuntimeError(f"not finished after {args.max_barriers} barriers")
         verified = None
-        if args.verify or (args.verify is None and args.rows <= 200_000):
+        if not partial and (args.verify or (args.verify is None and args.rows <= 200_000)):
             from backfill_assets.oracle import verify
 
             bad = verify(spark, d, tables).failures()
@@ -138,9 +160,13 @@ def worker_backfill(args) -> dict:
             "rows_per_second": round(args.rows / total, 1),
             "dml_seconds": round(feeder.seconds, 3), "spark_start": round(spark_start, 2),
             "mv_rows": row_count(tables.mv), "upstream_rows_final": row_count(uri),
-            "verified": verified, "phases": C.rounded_phases(phases),
-            "per_barrier": barriers,
-            "driver_peak_mib": C.mib(peaks["driver_peak"]), "jvm_peak_mib": C.mib(peaks["jvm_peak"]),
+            "verified": verified, "phases": C.rounded_phases(phases), **audit.result(),
+            "per_barrier": barriers, "partial": partial,
+            "snapshot_rows_done": sum(b["snapshot_rows"] for b in barriers),
+            "projected_seconds": (round(project_total(barriers, args.rows, barrier_rows), 1)
+                                  if partial else None),
+            "driver_peak_mib": C.mib(peaks["driver_peak"]),
+            "jvm_peak_mib": C.mib(peaks["jvm_peak"]),
             "spark_python_workers": peaks["spark_python_workers"],
             "memory_samples": [{k: (C.mib(v) if k != "label" else v) for k, v in s.items()}
                                for s in mem.samples],
@@ -150,6 +176,17 @@ def worker_backfill(args) -> dict:
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def project_total(barriers: list[dict], rows: int, barrier_rows: int) -> float:
+    """A partial run's projected total. The barriers after the first (which also initialises
+    the replica) cost about the same each: every barrier scans all rows of the unfinished
+    vnodes (the position predicate prunes nothing), so the rest costs their mean each."""
+    done = sum(b["snapshot_rows"] for b in barriers)
+    later = [b["seconds"] for b in barriers[1:]] or [barriers[0]["seconds"]]
+    left = max(0, rows - done)
+    return sum(b["seconds"] for b in barriers) + math.ceil(left / barrier_rows) * (
+        sum(later) / len(later))
 
 
 # --------------------------------------------------------------------------- driver
@@ -168,9 +205,8 @@ def run(args) -> dict:
                 out["baselines"].append({"rows": rows, "pk": pk, **base})
             for mode in args.modes:
                 extra = ["--dml-fraction", str(args.dml_fraction),
-                         "--max-barriers", str(args.max_barriers)]
-                if args.barrier_rows:
-                    extra += ["--barrier-rows", str(args.barrier_rows)]
+                         "--max-barriers", str(args.max_barriers), "--budget", str(args.budget)]
+                extra += ["--barrier-rows", str(args.barrier_rows)]
                 if args.verify:
                     extra.append("--verify")
                 try:
@@ -178,6 +214,9 @@ def run(args) -> dict:
                                      ["worker-backfill", *common, "--mode", mode, *extra])
                 except RuntimeError as exc:
                     print(f"  FAILED: {exc}", flush=True)
+                    for name in os.listdir(C.WORK_DIR) if os.path.isdir(C.WORK_DIR) else []:
+                        if name.startswith(("bulk_", "warm_", "baseline_")):  # dead worker's
+                            shutil.rmtree(os.path.join(C.WORK_DIR, name), ignore_errors=True)
                     r = {"rows": rows, "pk": pk, "mode": mode, "vnodes": args.vnodes,
                          "failed": str(exc)}
                 out["runs"].append(r)
@@ -204,7 +243,7 @@ def print_report(out: dict) -> None:
     for r in out["runs"]:
         if "failed" in r:
             rows.append([C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], "FAILED",
-                         "", "", "", "", "", "", ""])
+                         "", "", "", "", "", "", "", ""])
             continue
         b = bases.get((r["rows"], r["pk"]), {})
         sc, pa_, fr = (_best(b, k) for k in ("spark_copy", "pyarrow_copy", "full_refresh"))
@@ -215,10 +254,11 @@ def print_report(out: dict) -> None:
             f"{r['seconds'] / pa_:.2f}x" if pa_ else "-",
             f"{r['seconds'] / fr:.2f}x" if fr else "-",
             r["driver_peak_mib"], r["jvm_peak_mib"],
+            f"{100 * r.get('foreign_cpu_share', 0):.0f}%",
         ])
     C.print_table(["rows", "pk", "mode", "vnodes", "barriers", "seconds", "rows/s",
                    "vs spark copy", "vs pyarrow copy", "vs full refresh",
-                   "driver peak MiB", "JVM peak MiB"], rows)
+                   "driver peak MiB", "JVM peak MiB", "foreign CPU"], rows)
     print("\nWhere the time goes (seconds: wall / driver CPU / JVM CPU, summed over barriers)")
     for r in out["runs"]:
         if "failed" in r:
@@ -236,12 +276,16 @@ def main(argv=None) -> None:
     p.add_argument("--pk", nargs="+", default=["single", "composite"], choices=C.PK_SHAPES)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--vnodes", type=int, default=256)
-    p.add_argument("--barrier-rows", type=int, default=0,
-                   help="snapshot rows per barrier (default 1.25 x rows: one barrier)")
+    p.add_argument("--barrier-rows", type=int, default=1_000_000,
+                   help="snapshot rows per barrier, the same at every size so that memory is "
+                        "compared like for like (0: 1.25 x rows, i.e. one barrier)")
     p.add_argument("--dml-fraction", type=float, default=0.0001,
                    help="changes committed to the upstream before each barrier, x rows")
     p.add_argument("--repeat", type=int, default=2, help="repeats of each baseline")
     p.add_argument("--max-barriers", type=int, default=400)
+    p.add_argument("--budget", type=float, default=900,
+                   help="seconds of barriers per backfill before it stops and projects the "
+                        "rest (0: no bound)")
     p.add_argument("--verify", action="store_true", help="run the oracle after each backfill")
     p.add_argument("--skip-baselines", action="store_true")
     p.add_argument("--name", default="bulk", help="results file benchmarks/results/<name>.json")
@@ -255,6 +299,9 @@ def main(argv=None) -> None:
         w.add_argument("--barrier-rows", type=int, default=0)
         w.add_argument("--dml-fraction", type=float, default=0.0001)
         w.add_argument("--max-barriers", type=int, default=400)
+        w.add_argument("--budget", type=float, default=900,
+                       help="stop a backfill after this many seconds of barriers and project "
+                            "the rest (0: no bound)")
         w.add_argument("--verify", action="store_true", default=None)
         w.add_argument("--keep", action="store_true")
     args = p.parse_args(argv)

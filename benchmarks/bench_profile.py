@@ -39,6 +39,7 @@ def worker(args) -> dict:
     spark, _ = C.start_spark()
     jvm = C.java_pid()
     C.warm_read(spark, uri)
+    audit = C.CpuAudit()
     up = delta_store.open_table(uri, version)
     schema = delta_store.arrow_schema(up)
     carried = pa.schema([f for f in schema if f.name != "vnode"])
@@ -121,6 +122,23 @@ def worker(args) -> dict:
     time_it("K chunk stats in Spark", "groupBy(vnode).agg(count, max(struct(pk)))",
             lambda: read().groupBy("vnode").agg(F.count("*"), F.max(F.struct(*order)))
             .collect())
+    # --- the per-vnode position predicate of a positioned barrier (key > current_pos_k)
+    import random
+
+    from backfill_assets.mv_spark import after_positions_sql
+
+    rng = random.Random(5)
+    positions = {v: tuple(rng.choice(C.REGIONS) if k == "region" else rng.randrange(args.rows)
+                          for k in key_names) for v in vnodes}
+    as_is = F.expr(after_positions_sql(positions, key_order))
+    key = F.struct(*[F.col(k) for k in key_names])
+    lookup = F.create_map(*[x for v, pos in sorted(positions.items())
+                            for x in (F.lit(v), F.struct(*[F.lit(p) for p in pos]))])
+    by_map = key > F.element_at(lookup, F.col("vnode"))
+    time_it(f"P1 position filter as is ({len(vnodes)} OR terms)",
+            "where(after_positions_sql(...)).count()", lambda: read().where(as_is).count())
+    time_it("P2 position filter as a map lookup", "where(struct(pk) > map[vnode]).count()",
+            lambda: read().where(by_map).count())
     # --- MV commit
     mv_arrow = kept.cast(mv_schema) if kept is not None else None
     time_it("L MV commit from the driver (as is)", "write_deltalake(append) of J's rows",
@@ -133,7 +151,8 @@ def worker(args) -> dict:
     time_it("N '_op' column as a Python list", "pa.array(['upsert'] * rows)",
             lambda: pa.array(["upsert"] * n, pa.string()).nbytes)
     shutil.rmtree(run_dir, ignore_errors=True)
-    return {"rows": args.rows, "pk": args.pk, "vnodes": args.vnodes, "ops": results}
+    return {"rows": args.rows, "pk": args.pk, "vnodes": args.vnodes, "ops": results,
+            **audit.result()}
 
 
 def run(args) -> dict:

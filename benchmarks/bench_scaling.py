@@ -6,8 +6,9 @@
 Size scaling is read from benchmarks/results/bulk.json (run `make bench-bulk` first): µs per
 upstream row for each pk shape and mode at each size, and its ratio to the smallest size.
 Vnode scaling runs the bulk benchmark's workers (fresh process each, under the Spark lock) on
-one size with 64, 256 and 1024 vnodes (the upstream is generated with the same vnode count,
-as no_shuffle requires), with the Spark-copy baseline of each layout.
+one size (default 1M rows, one barrier) with 64, 256 and 1024 vnodes (the upstream is
+generated with the same vnode count, as no_shuffle requires), with the Spark-copy baseline of
+each layout.
 """
 
 from __future__ import annotations
@@ -58,9 +59,8 @@ def run(args) -> dict:
                             ["worker-baselines", *common, "--repeat", str(args.repeat)])
         res["baselines"].append({"vnodes": vn, **base})
         for mode in args.modes:
-            extra = ["--mode", mode, "--dml-fraction", str(args.dml_fraction)]
-            if args.barrier_rows:
-                extra += ["--barrier-rows", str(args.barrier_rows)]
+            extra = ["--mode", mode, "--dml-fraction", str(args.dml_fraction),
+                     "--barrier-rows", str(args.barrier_rows)]
             try:
                 r = C.run_worker("benchmarks.bench_bulk", ["worker-backfill", *common, *extra])
             except RuntimeError as exc:
@@ -89,11 +89,13 @@ def print_report(res: dict) -> None:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", type=int, default=5_000_000)
+    p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--vnodes", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--pk", default="single", choices=C.PK_SHAPES)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--barrier-rows", type=int, default=0)
+    p.add_argument("--barrier-rows", type=int, default=0,
+                   help="snapshot rows per barrier (default 0: one barrier, so that the vnode "
+                        "count is the only thing that changes)")
     p.add_argument("--dml-fraction", type=float, default=0.0001)
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--bulk", default=os.path.join(C.RESULTS_DIR, "bulk.json"))

@@ -108,27 +108,53 @@ def human_rows(n: int) -> str:
     return str(n)
 
 
+NOISE = ("WARN ", "log4j", "incubator modules", "setLogLevel", "log level", "\tat ",
+         "\t... ")
+
+
 def run_worker(module: str, args: Sequence[str], *, lock: bool = True,
                timeout: float | None = None) -> dict:
     """Run `python -m module args...` in a fresh process (under the Spark lock); the worker
-    prints one JSON line prefixed `RESULT ` which is returned."""
+    prints one JSON line prefixed `RESULT ` which is returned. A Java OutOfMemoryError (after
+    which Spark jobs can hang forever) or the timeout kills the worker's process group."""
+    import signal
+    import threading
+
     cmd = [sys.executable, "-m", module, *args]
     if lock:
         cmd = ["flock", LOCK, *cmd]
+    timeout = timeout or float(os.environ.get("BENCH_WORKER_TIMEOUT", "2400"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=None, text=True,
-                            env=env)
-    result = None
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env, start_new_session=True)
+    result, why = None, None
+
+    def kill(reason: str) -> None:
+        nonlocal why
+        why = why or reason
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    timer = threading.Timer(timeout, kill, args=(f"timeout after {timeout:.0f}s",))
+    timer.start()
     assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("RESULT "):
-            result = json.loads(line[len("RESULT "):])
-        else:
-            sys.stdout.write("    " + line)
-            sys.stdout.flush()
-    code = proc.wait(timeout=timeout)
-    if code != 0 or result is None:
-        raise RuntimeError(f"worker {module} {' '.join(args)} failed (exit {code})")
+    try:
+        for line in proc.stdout:
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+            elif "java.lang.OutOfMemoryError" in line:
+                sys.stdout.write("    " + line)
+                threading.Timer(10, kill, args=("Spark JVM OutOfMemoryError",)).start()
+            elif not any(n in line for n in NOISE):
+                sys.stdout.write("    " + line)
+                sys.stdout.flush()
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    if why or code != 0 or result is None:
+        raise RuntimeError(why or f"exit {code}")
     return result
 
 
@@ -420,6 +446,32 @@ class Memory:
                 "spark_python_workers": len(workers)}
 
 
+def _busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy since boot (all cores)."""
+    with open("/proc/stat", encoding="utf-8") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+
+
+def _tree_cpu() -> float:
+    me = os.getpid()
+    return cpu_seconds(me) + sum(cpu_seconds(p) for p in descendants(me))
+
+
+class CpuAudit:
+    """How much CPU processes outside this benchmark's process tree used while it measured:
+    figures taken while something else ran are flagged (foreign share of all cores)."""
+
+    def __init__(self) -> None:
+        self.busy0, self.mine0, self.t0 = _busy_seconds(), _tree_cpu(), time.monotonic()
+
+    def result(self) -> dict:
+        wall = time.monotonic() - self.t0
+        foreign = max(0.0, (_busy_seconds() - self.busy0) - (_tree_cpu() - self.mine0))
+        return {"foreign_cpu_s": round(foreign, 1),
+                "foreign_cpu_share": round(foreign / max(wall * (os.cpu_count() or 1), 1e-9), 3)}
+
+
 def mib(b: int | None) -> float | None:
     return None if b is None else round(b / 2**20, 1)
 
@@ -470,7 +522,10 @@ class PhaseProfiler:
                     self.stack[-1].child[i] += incl[i]
 
     def wrap(self, owner, attr: str, name: str | Callable[..., str]) -> None:
-        fn = getattr(owner, attr)
+        fn = getattr(owner, attr, None)
+        if fn is None:  # the step was refactored: profile what still exists
+            print(f"  (profiler: {getattr(owner, '__name__', owner)}.{attr} not found)")
+            return
         prof = self
 
         def wrapper(*args, **kwargs):
@@ -503,6 +558,12 @@ class PhaseProfiler:
         self.wrap(step, "chunk_stats", "chunk stats (pyarrow)")
         self.wrap(mv_store, "commit_rows", _commit_label)
         self.wrap(step, "write_progress", "progress commit (delta-rs)")
+        self.wrap(step, "_check_fresh_keys", "pk check: fresh vnodes (Spark groupBy)")
+        self.wrap(step, "check_chunk_keys", "pk check: chunk (pyarrow)")
+        self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")
+        if hasattr(step, "_Step"):
+            self.wrap(step._Step, "open", "step open: plan + misc")
+            self.wrap(step._Step, "_commit_mv", "MV rows: concat + cast (pyarrow)")
         return self
 
 
@@ -549,7 +610,8 @@ def warm_read(spark, uri: str, warm_rows: int = 500_000) -> None:
 
     table = delta_store.open_table(uri)
     schema = delta_store.arrow_schema(table)
-    rows = sum(n or 0 for n in table.get_add_actions(flatten=True).column("num_records").to_pylist())
+    records = table.get_add_actions(flatten=True).column("num_records").to_pylist()
+    rows = sum(n or 0 for n in records)
     count = int(table.metadata().configuration.get("backfill.vnodeCount", "256"))
     warm = list(range(max(1, min(count, count * warm_rows // max(rows, 1)))))
     out = os.path.join(WORK_DIR, f"warm_{os.getpid()}")

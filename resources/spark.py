@@ -26,6 +26,11 @@ BASE_SPARK_CONF: dict[str, str] = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
+    # per-vnode snapshot chunks are `row_number() <= chunk` per vnode: let Spark apply its
+    # group limit (a top-k per vnode before the shuffle) for chunk sizes above its default 1000
+    "spark.sql.optimizer.windowGroupLimitThreshold": "100000000",
+    # files Spark writes into Delta tables: Delta/delta-rs expect microsecond timestamps
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.default.parallelism": "4",
     "spark.sql.python.filterPushdown.enabled": "true",
     # pandas is not a dependency: plain (pickled) Python UDFs, no arrow-UDF fallback warning

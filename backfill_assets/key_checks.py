@@ -1,0 +1,89 @@
+"""Null or duplicate primary keys another engine wrote into the upstream: refused by name.
+
+The platform's DML writer never writes them (upstream.apply_dml), but an upstream written by
+another engine (a plain deltalake or Spark append) can hold them, and the MV cannot key such
+rows. A step checks what it reads before it writes anything:
+- the change chunk, per version (Arrow, cheap): a null pk, or a key one version inserts twice
+  (or deletes twice);
+- the snapshot of vnodes that start in this step (one Spark pass over their rows, once per
+  vnode, before their replica or MV rows are written);
+- every snapshot chunk (Arrow, cheap): a null pk or twice the same key.
+Not caught: an append of a single row whose key already exists from an earlier version into a
+vnode that already started (that needs a join against the whole upstream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import reduce
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_assets.errors import BadPrimaryKeyInUpstream
+
+_FIX = ("fix those rows in the upstream (or primary_key in the MV definition), then rerun; "
+        "nothing was written")
+
+
+def check_change_keys(raw: pa.Table, key_names: Sequence[str], uri: str) -> None:
+    """Change-feed rows (with `_change_type`, `_commit_version`): no null pk, and no key that
+    one version inserts twice or deletes twice."""
+    _refuse_null_keys(raw, key_names, uri, "its change data feed")
+    new = pc.is_in(raw["_change_type"], pa.array(["insert", "update_postimage"]))
+    sides = raw.select([*key_names, "_commit_version"]).append_column("_new", new)
+    counts = sides.group_by([*key_names, "_commit_version", "_new"]).aggregate(
+        [([], "count_all")])
+    dup = counts.filter(pc.greater(counts["count_all"], 1))
+    if dup.num_rows:
+        row = dup.slice(0, 1).to_pylist()[0]
+        raise BadPrimaryKeyInUpstream(
+            f"upstream {uri} version {row['_commit_version']} writes the primary key "
+            f"{_key_text(row, key_names)} {row['count_all']} times (duplicate rows): the MV "
+            f"needs a unique pk; {_FIX}"
+        )
+
+
+def check_snapshot_keys(rows: DataFrame, key_names: Sequence[str], uri: str,
+                        version: int) -> None:
+    """Spark rows of the upstream at `version`: no null pk, no key twice."""
+    keys = [F.col(f"`{k}`") for k in key_names]
+    null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
+    bad = rows.groupBy(*keys).count().where((F.col("count") > 1) | null).limit(1).collect()
+    if bad:
+        row = bad[0].asDict()
+        what = "a null" if any(row[k] is None for k in key_names) else \
+            f"{row['count']} rows with the"
+        raise BadPrimaryKeyInUpstream(
+            f"upstream {uri} at version {version} has {what} primary key "
+            f"{_key_text(row, key_names)}: the MV needs a unique, non-null pk; {_FIX}"
+        )
+
+
+def check_chunk_keys(chunk: pa.Table, key_names: Sequence[str], uri: str, version: int) -> None:
+    """A snapshot chunk (Arrow, with `vnode`): no null pk, no key twice."""
+    _refuse_null_keys(chunk, key_names, uri, f"version {version}")
+    counts = chunk.select(["vnode", *key_names]).group_by(["vnode", *key_names]).aggregate(
+        [([], "count_all")])
+    dup = counts.filter(pc.greater(counts["count_all"], 1))
+    if dup.num_rows:
+        row = dup.slice(0, 1).to_pylist()[0]
+        raise BadPrimaryKeyInUpstream(
+            f"upstream {uri} at version {version} has {row['count_all']} rows with the primary "
+            f"key {_key_text(row, key_names)}: the MV needs a unique pk; {_FIX}"
+        )
+
+
+def _refuse_null_keys(rows: pa.Table, key_names: Sequence[str], uri: str, where: str) -> None:
+    for k in key_names:
+        if rows[k].null_count:
+            raise BadPrimaryKeyInUpstream(
+                f"upstream {uri} has rows with a null primary-key column {k!r} in {where}: the "
+                f"MV needs a non-null pk; {_FIX}"
+            )
+
+
+def _key_text(row: dict, key_names: Sequence[str]) -> str:
+    return "(" + ", ".join(f"{k}={row[k]!r}" for k in key_names) + ")"

@@ -1,0 +1,129 @@
+"""Crash matrix: SIGKILL a real backfill process at every commit boundary of a step.
+
+One reference chain (in-process, never killed) and one crash chain run the same MV definition
+over the same pre-written upstream with the same pinned barrier script. At each barrier of the
+script that is marked with a kill point, the crash chain runs that barrier in a child process
+(`dagster job execute -j backfill_job` for arrangement: the real wiring; the light child for
+no_shuffle) that SIGKILLs itself at the point (`BACKFILL_TEST_KILL_AT`). Then:
+
+1. the crash state: nothing beyond the boundary was written (Delta versions and rows), and the
+   invariant of DESIGN.md section 4 holds on the recoverable state;
+2. the rerun (the same barrier again, unless the kill came after its progress commit: then the
+   barrier was complete and the chain moves on, as the barrier sensor would);
+3. after the rerun the tables are identical to the reference after that barrier: MV rows (all
+   columns, as a multiset), progress rows, no duplicate key; the oracle is green;
+4. the chain goes on to the end; the final tables are identical and verify_job is green.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.reliability import harness as H
+
+SNAPSHOT_KILLS = ["before_write", "after_replica_commit", "after_mv_commit",
+                  "before_progress_commit", "after_progress_commit"]
+IDLE_KILL = "after_mv_commit"  # on a second barrier at the same upstream version
+CDF_ONLY_KILLS = ["after_mv_commit", "before_progress_commit"]
+CHUNK = {"arrangement": 4, "no_shuffle": 32}  # per vnode / in total: ~8 snapshot barriers
+
+
+def _script(versions: list[int]) -> list[H.Barrier]:
+    """v1..v5, v5 again (an idle barrier: the upstream did not move), v6..v_last."""
+    return [H.Barrier(v) for v in versions[:5]] + [H.Barrier(versions[4])] + \
+        [H.Barrier(v) for v in versions[5:]]
+
+
+def _kill_plan(mode: str, ref: H.Chain) -> dict[int, tuple[str, str]]:
+    """barrier index -> (kill point, phase); change-feed-only kills go on barriers after
+    every vnode finished that forward changes (so the MV commit is not empty)."""
+    kills = SNAPSHOT_KILLS if mode == "arrangement" else \
+        [p for p in SNAPSHOT_KILLS if p != "after_replica_commit"]  # no replica in no_shuffle
+    plan = {i: (p, "snapshot") for i, p in enumerate(kills)}
+    plan[5] = (IDLE_KILL, "snapshot, idle barrier (same version)")
+    finished = next(i for i, r in enumerate(ref.reports) if r.finished)
+    assert finished > 5, "the snapshot phase must outlast the snapshot kills"
+    cdf = [i for i, r in enumerate(ref.reports) if i > finished and r.forwarded_rows > 0]
+    assert len(cdf) >= len(CDF_ONLY_KILLS), "too few change-feed-only barriers with changes"
+    for i, point in zip(cdf, CDF_ONLY_KILLS, strict=False):
+        plan[i] = (point, "change-feed only")
+    for i, (point, _) in plan.items():
+        if point in ("after_mv_commit", "before_progress_commit"):
+            before = ref.states[i - 1].versions["mv"] if i else None
+            assert ref.states[i].versions["mv"] != before, f"barrier {i} makes no MV commit"
+    return plan
+
+
+def _crash_state_ok(point: str, pre: H.TableState, post: H.TableState, ref: H.TableState,
+                    mode: str) -> None:
+    """What a kill at `point` may have left behind: exactly the commits before it."""
+    v0, v1 = pre.versions, post.versions
+
+    def same(name: str) -> bool:
+        return v1[name] == v0[name] or (v0[name] is None and v1[name] == 0)  # created empty
+
+    if point == "before_write":
+        assert all(same(t) for t in v1), f"{point}: something was written {v0} -> {v1}"
+        assert post.mv == pre.mv and post.progress == pre.progress
+    elif point == "after_replica_commit":
+        assert same("mv") and same("progress"), f"{point}: MV/progress written {v0} -> {v1}"
+        assert post.mv == pre.mv and post.progress == pre.progress
+        if mode == "arrangement":
+            assert v1["replica"] != v0["replica"], f"{point}: the replica commit is missing"
+    elif point in ("after_mv_commit", "before_progress_commit"):
+        assert same("progress") and post.progress == pre.progress, f"{point}: progress written"
+        assert post.mv == ref.mv, f"{point}: the MV commit is not the reference's"
+    else:  # after_progress_commit: the barrier is complete
+        assert post.mv == ref.mv and post.progress == ref.progress
+
+
+EMPTY = H.TableState(H.Counter(), (), {"mv": None, "replica": None, "progress": None}, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.parametrize("mode", ["arrangement", "no_shuffle"])
+def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
+    warehouse, dagster_home = str(tmp_path / "warehouse"), str(tmp_path / "dagster_home")
+    live = H.orders(warehouse, seed=11)
+    versions = H.prewrite(live, rows=240, batches=16, changes=12)
+    script = _script(versions)
+    ref = H.Chain(spark, warehouse, H.mv_raw(f"ref_{mode}", mode, CHUNK[mode], live.uri))
+    for barrier in script:
+        ref.run(barrier)
+    H.assert_oracle(spark, ref.d, ref.tables, "reference")
+    plan = _kill_plan(mode, ref)
+
+    crash = H.Chain(spark, warehouse, H.mv_raw(f"crash_{mode}", mode, CHUNK[mode], live.uri))
+    for i, barrier in enumerate(script):
+        if i not in plan:
+            crash.run(barrier)
+            figures["rows_compared"] += H.assert_same_tables(ref.states[i], crash.states[-1],
+                                                             f"barrier {i}")
+            continue
+        point, phase = plan[i]
+        what = f"{mode} barrier {i} @v{barrier.version} ({phase}) killed at {point}"
+        pre = crash.states[-1] if crash.states else EMPTY
+        if mode == "arrangement":
+            child = H.dagster_backfill(warehouse, dagster_home, crash.raw, barrier.version,
+                                       barrier.vnodes, kill_at=point)
+        else:
+            child = H.light_backfill(H.light_args(warehouse, crash.raw, barrier.version,
+                                                  barrier.vnodes, kill_at=point))
+        assert child.killed, f"{what}: child was not SIGKILLed (rc {child.returncode}):\n" \
+                             f"{child.output[-3000:]}"
+        figures["kills_survived"] += 1
+        post = H.snapshot(crash.tables)
+        _crash_state_ok(point, pre, post, ref.states[i], mode)
+        figures["rows_compared"] += H.assert_recovered_invariant(spark, crash.d, crash.tables,
+                                                                 f"{what}, before the rerun")
+        if point == "after_progress_commit":
+            crash.states.append(post)  # complete: the next barrier is the next one
+        else:
+            crash.run(barrier)  # the rerun: the same barrier (same version, same vnodes)
+        figures["rows_compared"] += H.assert_same_tables(ref.states[i], crash.states[-1], what)
+        figures["rows_compared"] += H.assert_oracle(spark, crash.d, crash.tables, what)
+        figures["crash_scenarios"] += 1
+    figures["rows_compared"] += H.assert_same_tables(ref.states[-1], crash.states[-1], "end")
+    figures["rows_compared"] += H.run_verify_job(crash.d, warehouse)
+    figures["mismatches"] += 0

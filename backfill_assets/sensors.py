@@ -7,6 +7,7 @@ table's version so the same state never yields two runs.
 """
 
 
+import datetime
 import json
 
 import dagster as dg
@@ -16,6 +17,8 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.partitions import range_tags, vnode_ranges
 from resources.mv import mv_tables
 from resources.settings import Settings
+
+STALE_AFTER = datetime.timedelta(minutes=30)
 
 
 def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
@@ -56,8 +59,14 @@ def _unfinished(progress, vnode_count: int) -> bool:
 
 
 def _in_flight(instance: dg.DagsterInstance, job_name: str, tags: dict[str, str]) -> bool:
-    """A run for this vnode range is queued or running: wait for it (never overlap ranges)."""
+    """A run for this vnode range is queued or running: wait for it (never overlap ranges).
+
+    Only runs created in the last STALE_AFTER count: a run whose process was killed stays
+    STARTED in the instance (unless run monitoring is on), and must not block its range forever.
+    """
     statuses = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
                 dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]
+    since = datetime.datetime.now(datetime.timezone.utc) - STALE_AFTER
     return bool(instance.get_run_records(
-        dg.RunsFilter(job_name=job_name, statuses=statuses, tags=tags), limit=1))
+        dg.RunsFilter(job_name=job_name, statuses=statuses, tags=tags, created_after=since),
+        limit=1))

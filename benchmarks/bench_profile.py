@@ -158,12 +158,13 @@ def worker(args) -> dict:
 def run(args) -> dict:
     res: dict = {"machine": C.machine_info(), "args": vars(args), "runs": []}
     for rows in args.rows:
-        common = ["--rows", str(rows), "--pk", args.pk, "--vnodes", str(args.vnodes)]
-        C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
-        r = C.run_worker("benchmarks.bench_profile",
-                         ["worker", *common, "--repeat", str(args.repeat)])
-        res["runs"].append(r)
-        path = C.save_results(args.name, res)
+        for pk in args.pk:
+            common = ["--rows", str(rows), "--pk", pk, "--vnodes", str(args.vnodes)]
+            C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
+            r = C.run_worker("benchmarks.bench_profile",
+                             ["worker", *common, "--repeat", str(args.repeat)])
+            res["runs"].append(r)
+            path = C.save_results(args.name, res)
     for r in res["runs"]:
         print(f"\nOperations on {C.human_rows(r['rows'])} rows ({r['pk']} pk, {r['vnodes']} "
               "vnodes), best of repeats")
@@ -180,8 +181,9 @@ def main(argv=None) -> None:
     sub = p.add_subparsers(dest="cmd")
     w = sub.add_parser("worker")
     w.add_argument("--rows", type=int, required=True)
+    w.add_argument("--pk", default="single", choices=C.PK_SHAPES)
+    p.add_argument("--pk", nargs="+", default=["single", "composite"], choices=C.PK_SHAPES)
     for parser in (p, w):
-        parser.add_argument("--pk", default="single", choices=C.PK_SHAPES)
         parser.add_argument("--vnodes", type=int, default=256)
         parser.add_argument("--repeat", type=int, default=2)
     p.add_argument("--rows", type=int, nargs="+", default=[5_000_000])

@@ -9,6 +9,8 @@ Environment:
   BENCH_DATA     cache of generated upstream tables (default /tmp/bench_data)
   BENCH_WORK     scratch folder for per-run copies and outputs (default /tmp/bench_work)
   BENCH_LOCK     the lock file shared by every Spark workload (default /tmp/spark.lock)
+  BENCH_RESULTS  where results/<name>.json go (default benchmarks/results)
+  BENCH_WORKER_TIMEOUT  seconds before a worker process is killed (default 2400)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS_DIR = os.path.join(ROOT, "benchmarks", "results")
+RESULTS_DIR = os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "benchmarks", "results"))
 DATA_DIR = os.environ.get("BENCH_DATA", "/tmp/bench_data")
 WORK_DIR = os.environ.get("BENCH_WORK", "/tmp/bench_work")
 LOCK = os.environ.get("BENCH_LOCK", "/tmp/spark.lock")
@@ -69,7 +71,36 @@ def machine_info() -> dict:
         "kernel": platform.release(), "python": platform.python_version(),
         "java": java.splitlines()[0] if java else "?", **versions,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "code": code_version(),
     }
+
+
+def code_version() -> dict:
+    """Which production code the figures are for: the git commit (and whether the working
+    tree differs from it) or, in a frozen copy made by benchmarks/freeze.sh, its BENCH_SOURCE
+    file; plus a hash of the production sources, so figures of different code never mix."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for folder in ("backfill_assets", "resources", "jobs"):
+        for base, _, files in sorted(os.walk(os.path.join(ROOT, folder))):
+            for name in sorted(files):
+                if name.endswith((".py", ".yaml")):
+                    with open(os.path.join(base, name), "rb") as f:
+                        digest.update(name.encode() + f.read())
+    out = {"source_sha1": digest.hexdigest()[:12]}
+    marker = os.path.join(ROOT, "BENCH_SOURCE")
+    if os.path.exists(marker):
+        with open(marker, encoding="utf-8") as f:
+            out["commit"] = f.read().strip()
+        return out
+    git = ["git", "-C", ROOT]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "backfill_assets", "resources", "jobs"],
+                           capture_output=True, text=True)
+    out["commit"] = head.stdout.strip() + (" + uncommitted changes" if dirty.stdout.strip()
+                                           else "")
+    return out
 
 
 def save_results(name: str, payload: dict) -> str:
@@ -159,6 +190,7 @@ def run_worker(module: str, args: Sequence[str], *, lock: bool = True,
 
 
 def emit(result: dict) -> None:
+    result.setdefault("code", code_version())
     print("RESULT " + json.dumps(result, default=str), flush=True)
 
 

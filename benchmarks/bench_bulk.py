@@ -200,7 +200,7 @@ def run(args) -> dict:
             print(f"== {C.human_rows(rows)} rows, {pk} pk, {args.vnodes} vnodes", flush=True)
             C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
             if not args.skip_baselines:
-                base = C.run_worker("benchmarks.bench_bulk",
+                base = C.run_clean("benchmarks.bench_bulk",
                                     ["worker-baselines", *common, "--repeat", str(args.repeat)])
                 out["baselines"].append({"rows": rows, "pk": pk, **base})
             for mode in args.modes:
@@ -210,8 +210,8 @@ def run(args) -> dict:
                 if args.verify:
                     extra.append("--verify")
                 try:
-                    r = C.run_worker("benchmarks.bench_bulk",
-                                     ["worker-backfill", *common, "--mode", mode, *extra])
+                    r = C.run_clean("benchmarks.bench_bulk",
+                                    ["worker-backfill", *common, "--mode", mode, *extra])
                 except RuntimeError as exc:
                     print(f"  FAILED: {exc}", flush=True)
                     for name in os.listdir(C.WORK_DIR) if os.path.isdir(C.WORK_DIR) else []:

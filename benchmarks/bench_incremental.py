@@ -114,7 +114,7 @@ def run(args) -> dict:
             extra = ["--repeat", str(args.repeat), "--mode", mode,
                      "--fractions", *map(str, args.fractions)]
             extra += ["--barrier-rows", str(args.barrier_rows)]
-            res["runs"].append(C.run_worker("benchmarks.bench_incremental",
+            res["runs"].append(C.run_clean("benchmarks.bench_incremental",
                                             ["worker", *common, *extra]))
             path = C.save_results(args.name, res)
     print_report(res)

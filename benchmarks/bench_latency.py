@@ -191,6 +191,7 @@ def run(args) -> dict:
         weights = LoadParams().weights()
         commits: list[int] = []
         first_mv = len(_mv_commits(mv_uri))
+        audit = C.CpuAudit()
         t_measure = time.monotonic()
         next_at = t_measure
         while True:
@@ -215,6 +216,7 @@ def run(args) -> dict:
                 break
             time.sleep(1)
         result["measure_seconds"] = round(time.monotonic() - t_measure, 1)
+        result.update(audit.result())
     finally:
         _stop(proc)
         log.close()
@@ -273,7 +275,8 @@ def print_report(r: dict) -> None:
     print(f"\nCommit-to-MV latency under dagster dev ({r['commits']} upstream commits every "
           f"{r['args']['interval']}s, {r['barriers']} barriers, {r['args']['vnodes']} vnodes, "
           f"{r['runs']} runs, {r['failed_runs']} failed, "
-          f"{len(r['missed_commits'])} commits never reached the MV)")
+          f"{len(r['missed_commits'])} commits never reached the MV; "
+          f"{100 * r.get('foreign_cpu_share', 0):.0f}% of the CPU used by other processes)")
     if lat.get("n"):
         C.print_table(["n", "median s", "p95 s", "min s", "max s"],
                       [[lat["n"], lat["median"], lat["p95"], lat["min"], lat["max"]]])

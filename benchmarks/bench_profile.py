@@ -161,7 +161,7 @@ def run(args) -> dict:
         for pk in args.pk:
             common = ["--rows", str(rows), "--pk", pk, "--vnodes", str(args.vnodes)]
             C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
-            r = C.run_worker("benchmarks.bench_profile",
+            r = C.run_clean("benchmarks.bench_profile",
                              ["worker", *common, "--repeat", str(args.repeat)])
             res["runs"].append(r)
             path = C.save_results(args.name, res)

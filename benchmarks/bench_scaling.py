@@ -55,14 +55,14 @@ def run(args) -> dict:
         common = ["--rows", str(args.rows), "--pk", args.pk, "--vnodes", str(vn)]
         print(f"== {C.human_rows(args.rows)} rows, {vn} vnodes", flush=True)
         C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
-        base = C.run_worker("benchmarks.bench_bulk",
+        base = C.run_clean("benchmarks.bench_bulk",
                             ["worker-baselines", *common, "--repeat", str(args.repeat)])
         res["baselines"].append({"vnodes": vn, **base})
         for mode in args.modes:
             extra = ["--mode", mode, "--dml-fraction", str(args.dml_fraction),
                      "--barrier-rows", str(args.barrier_rows)]
             try:
-                r = C.run_worker("benchmarks.bench_bulk", ["worker-backfill", *common, *extra])
+                r = C.run_clean("benchmarks.bench_bulk", ["worker-backfill", *common, *extra])
             except RuntimeError as exc:
                 r = {"rows": args.rows, "pk": args.pk, "mode": mode, "vnodes": vn,
                      "failed": str(exc)}

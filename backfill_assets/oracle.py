@@ -56,14 +56,19 @@ class Verdict:
 
 
 def verify(spark: SparkSession, d: MVDefinition, tables: MVTables,
-           vnodes: Sequence[int] | None = None) -> Verdict:
-    """Compare every vnode of the MV with f(upstream@v_k, key <= current_pos_k)."""
+           vnodes: Sequence[int] | None = None, progress: dict | None = None) -> Verdict:
+    """Compare every vnode of the MV with f(upstream@v_k, key <= current_pos_k).
+
+    `progress` (vnode -> (progress, version)) defaults to the progress table; the crash tests
+    pass the progress a rerun would recover instead.
+    """
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
-    key_order = upstream.key_order
     so = tables.storage_options
-    progress_table = mv_store.open_table(tables.progress, so)
-    progress = read_progress(progress_table, key_order, vnodes) if progress_table else {}
+    if progress is None:
+        progress_table = mv_store.open_table(tables.progress, so)
+        progress = (read_progress(progress_table, upstream.key_order, vnodes)
+                    if progress_table else {})
     mv = mv_store.open_table(tables.mv, so)
     actual_rows = mv_store.read_rows(mv, vnodes).to_pylist() if mv else []
     actual = defaultdict(Counter)

@@ -91,11 +91,17 @@ def worker(args) -> dict:
     time_it("C collect all rows to the driver", "read_version().toArrow()",
             lambda: read().toArrow().num_rows)
     # --- replica initialisation (arrangement)
-    time_it("D replica init as is", "with_vnode + vnode IN (...) + append_dataframe",
-            lambda t: append_dataframe(
-                spark_ops.with_vnode(read(), key_names, key_types, args.vnodes)
-                .where(mv_store.vnode_in(vnodes)), t, props()),
-            setup=lambda: new_table(rschema))
+    from backfill_assets.mv_store import MVTables
+    from backfill_assets.sources import ReplicaSource, SourceContext
+
+    def init_as_is(t) -> int:
+        tables = MVTables(upstream=uri, replica=t.table_uri, progress="", mv="")
+        ctx = SourceContext(spark, "p", tables, key_names, key_types, args.vnodes, carried,
+                            version)
+        return ReplicaSource()._initialise(ctx, t, vnodes)
+
+    time_it("D replica init as is", "sources.ReplicaSource._initialise (the step's code)",
+            init_as_is, setup=lambda: new_table(rschema))
     time_it("E replica init, no vnode recompute", "append_dataframe(read_version())",
             lambda t: append_dataframe(read(), t, props()), setup=lambda: new_table(rschema))
     time_it("F replica init, pk-clustered", "sortWithinPartitions(vnode, pk) + append",

@@ -196,30 +196,16 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     from backfill_assets.core.progress import Completed
     from backfill_assets.core.vnode import vnode_of
     from backfill_assets.mv_store import read_rows, txn_versions
-    from backfill_assets.oracle import _expected_rows
+    from backfill_assets.oracle import verify
     from backfill_assets.upstream_check import checked_upstream
 
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
     progress = recovered_progress(d, tables, vnodes)
     check = Check()
-    mv = _open(tables.mv)
-    actual = defaultdict(Counter)
-    for row in (read_rows(mv, vnodes).to_pylist() if mv is not None else []):
-        actual[row["vnode"]][_frozen(row)] += 1
-    by_version = defaultdict(list)
-    for vnode, (_, version) in progress.items():
-        by_version[version].append(vnode)
-    expected = defaultdict(Counter)
-    for version, group in by_version.items():
-        for row in _expected_rows(spark, d, tables, upstream, version, group, progress):
-            expected[row["vnode"]][_frozen(row)] += 1
-    for vnode in vnodes:
-        exp, act = expected[vnode], actual[vnode]
-        check.rows_compared += sum(exp.values())
-        if exp != act:
-            check.failures.append(("mv", vnode, sum((exp - act).values()),
-                                   sum((act - exp).values())))
+    verdict = verify(spark, d, tables, vnodes, progress=progress)
+    check.rows_compared += verdict.rows_compared
+    check.failures += [("mv", v.vnode, v.missing, v.unexpected) for v in verdict.failures()]
     replica = _open(tables.replica)
     if d.mode != "arrangement" or replica is None:
         return check

@@ -82,11 +82,15 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str]
         _check_writable(uri)
     config = {"delta.enableChangeDataFeed": "true"} if cdf else None
     try:
-        return DeltaTable.create(uri, schema, partition_by=["vnode"], mode="ignore",
-                                 configuration=config, description=description,
-                                 storage_options=dict(storage_options) or None)
+        # no retries: a create that lost the race must not be retried as a second metadata
+        # commit (that made the winner's later commits fail with "Metadata changed")
+        DeltaTable.create(uri, schema, partition_by=["vnode"], mode="ignore",
+                          configuration=config, description=description,
+                          commit_properties=CommitProperties(max_commit_retries=0),
+                          storage_options=dict(storage_options) or None)
     except CommitFailedError:  # another run created it first: use theirs
-        return DeltaTable(uri, storage_options=dict(storage_options) or None)
+        pass
+    return DeltaTable(uri, storage_options=dict(storage_options) or None)
 
 
 def _check_writable(path: str) -> None:

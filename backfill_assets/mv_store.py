@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
@@ -177,6 +178,47 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
             f"another run wrote {table.table_uri} for vnodes {_span(vnodes)} at the same time "
             f"({exc}); rerun, and give concurrent runs disjoint vnode ranges"
         ) from exc
+
+
+def files_holding(table: DeltaTable, keys: pa.Table, key_names: Sequence[str]) -> list[dict]:
+    """The data files of `table` that may hold one of `keys` (`vnode` + key columns): files of
+    the keys' vnode partitions whose min/max stats admit the key. Only exact stats prune (int,
+    date, strings under 32 characters); timestamps (millisecond stats), decimals (float stats)
+    and files without stats are always kept, so a file holding a key is never missed.
+    Returns dicts with path, size_bytes, vnode."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    if keys.num_rows == 0 or files.num_rows == 0:
+        return []
+    cols = {"_file": files["path"], "_size": files["size_bytes"],
+            "vnode": files["partition.vnode"].cast(pa.int32())}
+    for k in key_names:
+        for side in ("min", "max"):
+            name = f"{side}.{k}"
+            if name in files.column_names and _exact_stats(files[name].type):
+                cols[f"_{side}_{k}"] = _trusted(files[name])
+    keys = keys.select(["vnode", *key_names])
+    keys = keys.set_column(0, "vnode", keys["vnode"].cast(pa.int32()))
+    pairs = pa.table(cols).join(keys, "vnode", join_type="inner")
+    hit = pa.array([True] * pairs.num_rows, pa.bool_())
+    for k in key_names:
+        for side, bound in (("min", pc.less_equal), ("max", pc.greater_equal)):
+            if f"_{side}_{k}" in pairs.column_names:
+                stat = pairs[f"_{side}_{k}"]
+                hit = pc.and_(hit, pc.fill_null(bound(stat, pairs[k].cast(stat.type)), True))
+    touched = pairs.filter(hit).group_by(["_file", "_size", "vnode"]).aggregate([])
+    return [{"path": r["_file"], "size_bytes": r["_size"], "vnode": r["vnode"]}
+            for r in touched.to_pylist()]
+
+
+def _exact_stats(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_string(t)
+
+
+def _trusted(stat: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Null (no bound) where a string stat may be a truncated prefix."""
+    if not pa.types.is_string(stat.type):
+        return stat
+    return pc.if_else(pc.less(pc.utf8_length(stat), 32), stat, pa.scalar(None, stat.type))
 
 
 def read_rows(table: DeltaTable, vnodes: Iterable[int] | None = None,

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
-from deltalake.exceptions import CommitFailedError
 from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets import mv_store, spark_ops
-from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.mv_store import MVTables
-from backfill_assets.spark_delta_writer import append_dataframe
+from backfill_assets.spark_delta_writer import append_dataframe, merge_dataframe
+
+REPLICA_FILE_ROWS = 8192
 
 
 @dataclass
@@ -79,17 +79,11 @@ class ReplicaSource:
         up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
                                     ctx.upstream_schema, storage_options=ctx.tables.storage_options)
         up = _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
-        # one pk-clustered file per vnode: snapshot reads then scan few, ordered files
+        # pk-sorted files of at most REPLICA_FILE_ROWS rows per vnode, each holding one key
+        # range: a replicated change then rewrites one small file (see files_holding)
         up = up.repartition("vnode").sortWithinPartitions("vnode", *ctx.key_names)
         props = mv_store.commit_properties(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        try:
-            return append_dataframe(up, table, props)
-        except CommitFailedError as exc:
-            raise ConcurrentBackfillRun(
-                f"another run initialised {ctx.tables.replica} for vnodes "
-                f"{vnodes[0]}..{vnodes[-1]} while this one was working ({exc}); nothing of this "
-                "step was written: rerun it, and give concurrent runs disjoint vnode ranges"
-            ) from exc
+        return append_dataframe(up, table, props, max_rows_per_file=REPLICA_FILE_ROWS)
 
     def _replicate(self, ctx: SourceContext, table, behind: Mapping[int, int],
                    changes: DataFrame) -> int:
@@ -98,11 +92,13 @@ class ReplicaSource:
 
         rows = spark_ops.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
         cols = [f.name for f in replica_schema(ctx.upstream_schema)]
-        arrow = rows.select(*[f"`{c}`" for c in cols], "_op").toArrow()
-        mv_store.commit_rows(table, arrow, key_names=ctx.key_names, mv_name=ctx.mv_name,
-                             phase="replica", vnodes=sorted(behind), version=ctx.v_new,
-                             append_only=False)
-        return arrow.num_rows
+        rows = rows.select(*[f"`{c}`" for c in cols], "_op").cache()
+        try:
+            props = mv_store.commit_properties(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
+            merge_dataframe(rows, table, ctx.key_names, props)
+            return rows.count()
+        finally:
+            rows.unpersist()
 
     def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
         schema = replica_schema(ctx.upstream_schema)

@@ -28,20 +28,22 @@ from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
-from backfill_assets.key_checks import check_change_keys, check_chunk_keys, check_snapshot_keys
+from backfill_assets.key_checks import check_change_keys, check_snapshot_keys
 from backfill_assets.layout import check_run_layout
 from backfill_assets.mv_spark import (
     KEEP,
+    RN,
     chunk_stats,
     project,
     select_chunk,
     validate_expressions,
-    visible_sql,
+    visible_rows,
     with_vnode_versions,
 )
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.sources import SOURCES, SourceContext
+from backfill_assets.spark_delta_writer import append_dataframe, merge_dataframe
 from backfill_assets.upstream_check import checked_upstream
 
 Hook = Callable[[str], None]
@@ -157,15 +159,20 @@ class _Step:
                                      if isinstance(state.current(v), NotStarted)])
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         forward = _forward(changes, state, plan, d)
-        if self.replay:
-            chunk = _Chunk(pa.table({}), 0, {})
-        else:
-            chunk = _snapshot_chunk(self.ctx, source, state, plan, d)
-            self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
-        for vnode in report.vnodes:
-            state.advance_version(vnode, plan.v_new)
-        report.forwarded_rows, report.snapshot_rows = forward.num_rows, chunk.read
-        self._commit_mv(forward, chunk.rows)
+        chunk = _Chunk(None, 0, {}) if self.replay else _snapshot_chunk(
+            self.ctx, source, state, plan, d)
+        try:
+            if not self.replay:
+                self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
+            for vnode in report.vnodes:
+                state.advance_version(vnode, plan.v_new)
+            report.forwarded_rows = forward.count() if forward is not None else 0
+            report.snapshot_rows = chunk.read
+            self._commit_mv(forward if report.forwarded_rows else None, chunk.rows)
+        finally:
+            for df in (forward, chunk.rows):
+                if df is not None:
+                    df.unpersist()
         self.hook("after_mv_commit")
         _throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
@@ -177,18 +184,19 @@ class _Step:
         report.seconds = time.monotonic() - self.started
         return report
 
-    def _commit_mv(self, forward: pa.Table, chunk: pa.Table) -> None:
+    def _commit_mv(self, forward: DataFrame | None, chunk: DataFrame | None) -> None:
         """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make."""
-        target = self.mv_schema.append(pa.field("_op", pa.string()))
-        parts = [t.select(target.names).cast(target) for t in (forward, chunk) if t.num_rows]
-        if not parts:
+        if forward is None and chunk is None:
             return
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
-        mv_store.commit_rows(self.mv, pa.concat_tables(parts), key_names=key_order.names,
-                             mv_name=self.req.definition.name, phase="mv", vnodes=vnodes,
-                             version=v_new, metadata=metadata,
-                             append_only=forward.num_rows == 0)
+        props = mv_store.commit_properties(self.req.definition.name, "mv", vnodes, v_new,
+                                           metadata)
+        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN) if chunk is not None else None
+        if forward is None:
+            append_dataframe(rows, self.mv, props)
+        else:
+            merge_dataframe(forward, self.mv, key_order.names, props, inserts=rows)
 
 
 def _unfinished(progress_table, key_order, vnodes: set[int]) -> set[int]:
@@ -225,41 +233,44 @@ def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
 
 
 def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
-             d: MVDefinition) -> pa.Table:
-    """Netted changes each vnode's current position covers, projected to MV rows with `_op`."""
+             d: MVDefinition) -> DataFrame | None:
+    """Netted changes each vnode's current position covers, projected to MV rows with `_op`
+    (cached: it is counted, its keys collected and its rows written)."""
     since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
     progress = {v: state.current(v) for v in since}
     if changes is None or all(isinstance(p, NotStarted) for p in progress.values()):
-        return pa.table({})
+        return None
     net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
-    visible = project(net.where(F.expr(visible_sql(progress, state.key_order))), d)
+    visible = project(visible_rows(net, progress, state.key_order), d)
     op = F.when((F.col("_op") == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
-    return visible.withColumn("_op", op).drop(KEEP).toArrow()
+    return visible.withColumn("_op", op).drop(KEEP).cache()
 
 
 @dataclass
 class _Chunk:
-    rows: pa.Table
+    rows: DataFrame | None  # projected rows with `_keep` and `_rn`, cached; None: nothing read
     read: int
     stats: dict
 
 
 def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
                     d: MVDefinition) -> _Chunk:
-    """Read the next chunk after each unfinished vnode's position; MV rows + per-vnode stats."""
+    """Select the next chunk after each unfinished vnode's position (in Spark: the rows never
+    pass through the driver); per-vnode stats (rows read, last key) come back to the driver."""
     readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
     if not readers or plan.chunk_limit == 0:
-        return _Chunk(pa.table({}), 0, {})
+        return _Chunk(None, 0, {})
     positions = {v: _position(state.current(v)) for v in readers}
-    chunk = select_chunk(source.rows(ctx, readers), positions, state.key_order,
-                         plan.chunk_limit, per_vnode=not plan.shared_read)
-    arrow = project(chunk, d).toArrow()
-    check_chunk_keys(arrow, state.key_order.names, ctx.tables.upstream, ctx.v_new)
-    stats = chunk_stats(arrow, state.key_order.names)
+    chunk = project(select_chunk(source.rows(ctx, readers), positions, state.key_order,
+                                 plan.chunk_limit, per_vnode=not plan.shared_read), d).cache()
+    check_snapshot_keys(chunk, state.key_order.names, ctx.tables.upstream, ctx.v_new)
+    stats = chunk_stats(chunk, state.key_order.names)
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
-    mv_rows = arrow.filter(arrow[KEEP]).drop_columns([KEEP, "_rn"])
-    mv_rows = mv_rows.append_column("_op", pa.array(["upsert"] * mv_rows.num_rows, pa.string()))
-    return _Chunk(mv_rows, arrow.num_rows, per_vnode)
+    read = sum(n for n, _ in stats.values())
+    if not read:
+        chunk.unpersist()
+        return _Chunk(None, 0, per_vnode)
+    return _Chunk(chunk, read, per_vnode)
 
 
 def _check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:

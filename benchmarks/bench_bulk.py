@@ -194,21 +194,29 @@ def project_total(barriers: list[dict], rows: int, barrier_rows: int) -> float:
 
 def run(args) -> dict:
     out: dict = {"machine": C.machine_info(), "args": vars(args), "baselines": [], "runs": []}
+    prev = C.Previous(args.name, args.fresh)
     for rows in args.rows:
         for pk in args.pk:
             common = ["--rows", str(rows), "--pk", pk, "--vnodes", str(args.vnodes)]
             print(f"== {C.human_rows(rows)} rows, {pk} pk, {args.vnodes} vnodes", flush=True)
             C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
             if not args.skip_baselines:
-                base = C.run_clean("benchmarks.bench_bulk",
-                                    ["worker-baselines", *common, "--repeat", str(args.repeat)])
-                out["baselines"].append({"rows": rows, "pk": pk, **base})
+                base = prev.find("baselines", rows=rows, pk=pk) or {
+                    "rows": rows, "pk": pk,
+                    **C.run_clean("benchmarks.bench_bulk",
+                                  ["worker-baselines", *common, "--repeat", str(args.repeat)])}
+                out["baselines"].append(base)
             for mode in args.modes:
                 extra = ["--dml-fraction", str(args.dml_fraction),
                          "--max-barriers", str(args.max_barriers), "--budget", str(args.budget)]
                 extra += ["--barrier-rows", str(args.barrier_rows)]
                 if args.verify:
                     extra.append("--verify")
+                r = prev.find("runs", rows=rows, pk=pk, mode=mode, vnodes=args.vnodes,
+                              barrier_rows=args.barrier_rows or math.ceil(rows * 1.25))
+                if r:
+                    out["runs"].append(r)
+                    continue
                 try:
                     r = C.run_clean("benchmarks.bench_bulk",
                                     ["worker-backfill", *common, "--mode", mode, *extra])
@@ -220,6 +228,7 @@ def run(args) -> dict:
                     r = {"rows": rows, "pk": pk, "mode": mode, "vnodes": args.vnodes,
                          "failed": str(exc)}
                 out["runs"].append(r)
+                path = C.save_results(args.name, out)
             path = C.save_results(args.name, out)
     print_report(out)
     print(f"\nresults: {path}")
@@ -288,6 +297,9 @@ def main(argv=None) -> None:
                         "rest (0: no bound)")
     p.add_argument("--verify", action="store_true", help="run the oracle after each backfill")
     p.add_argument("--skip-baselines", action="store_true")
+    p.add_argument("--fresh", action="store_true",
+                   help="measure everything again (default: reuse results of an interrupted "
+                        "earlier invocation on the same code)")
     p.add_argument("--name", default="bulk", help="results file benchmarks/results/<name>.json")
     for name in ("worker-prepare", "worker-baselines", "worker-backfill"):
         w = sub.add_parser(name)

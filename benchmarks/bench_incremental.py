@@ -107,10 +107,15 @@ def worker(args) -> dict:
 
 def run(args) -> dict:
     res: dict = {"machine": C.machine_info(), "args": vars(args), "runs": []}
+    prev = C.Previous(args.name, args.fresh)
     for pk in args.pk:
         common = ["--rows", str(args.rows), "--pk", pk, "--vnodes", str(args.vnodes)]
         C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
         for mode in args.modes:
+            again = prev.find("runs", rows=args.rows, pk=pk, mode=mode)
+            if again:
+                res["runs"].append(again)
+                continue
             extra = ["--repeat", str(args.repeat), "--mode", mode,
                      "--fractions", *map(str, args.fractions)]
             extra += ["--barrier-rows", str(args.barrier_rows)]
@@ -156,6 +161,7 @@ def main(argv=None) -> None:
     p.add_argument("--pk", nargs="+", default=["single"], choices=C.PK_SHAPES)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--name", default="incremental")
+    p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run")
     w = sub.choices["worker"]
     w.add_argument("--pk", default="single", choices=C.PK_SHAPES)
     w.add_argument("--mode", default="arrangement", choices=MODES)

@@ -47,6 +47,7 @@ def size_scaling(path: str) -> list[list]:
 def run(args) -> dict:
     res: dict = {"machine": C.machine_info(), "args": vars(args), "vnode_runs": [],
                  "baselines": []}
+    prev = C.Previous(args.name, args.fresh)
     print("Size scaling (from the bulk results)")
     rows = size_scaling(args.bulk)
     C.print_table(["rows", "pk", "mode", "vnodes", "seconds", "µs/row", "vs smallest"], rows)
@@ -55,12 +56,18 @@ def run(args) -> dict:
         common = ["--rows", str(args.rows), "--pk", args.pk, "--vnodes", str(vn)]
         print(f"== {C.human_rows(args.rows)} rows, {vn} vnodes", flush=True)
         C.run_worker("benchmarks.bench_bulk", ["worker-prepare", *common])
-        base = C.run_clean("benchmarks.bench_bulk",
-                            ["worker-baselines", *common, "--repeat", str(args.repeat)])
-        res["baselines"].append({"vnodes": vn, **base})
+        base = prev.find("baselines", vnodes=vn) or {
+            "vnodes": vn, **C.run_clean("benchmarks.bench_bulk",
+                                        ["worker-baselines", *common, "--repeat",
+                                         str(args.repeat)])}
+        res["baselines"].append(base)
         for mode in args.modes:
             extra = ["--mode", mode, "--dml-fraction", str(args.dml_fraction),
                      "--barrier-rows", str(args.barrier_rows)]
+            r = prev.find("vnode_runs", rows=args.rows, pk=args.pk, mode=mode, vnodes=vn)
+            if r:
+                res["vnode_runs"].append(r)
+                continue
             try:
                 r = C.run_clean("benchmarks.bench_bulk", ["worker-backfill", *common, *extra])
             except RuntimeError as exc:
@@ -100,6 +107,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--bulk", default=os.path.join(C.RESULTS_DIR, "bulk.json"))
     p.add_argument("--name", default="scaling")
+    p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run")
     run(p.parse_args(argv))
 
 

@@ -275,6 +275,15 @@ def test_sql_after_and_at_or_before_text() -> None:
     assert one("int").sql_at_or_before((3,)) == "(`c` <= 3)"
 
 
+def test_sql_against_position_columns() -> None:
+    ko = KeyOrder((KeyColumn("a", "int"), KeyColumn("b`x", "string", descending=True)))
+    assert ko.position_columns("_p_") == ["_p_a", "_p_b`x"]
+    assert ko.sql_after_columns("_p_") == (
+        "(`a` > `_p_a` OR (`a` = `_p_a` AND (`b``x` < `_p_b``x`)))"
+    )
+    assert one("int").sql_at_or_before_columns("_p_") == "(`c` <= `_p_c`)"
+
+
 def test_sql_for_missing_and_placeholder_positions() -> None:
     assert KO.sql_after(None) == "TRUE"  # no position: everything is still to read
     assert KO.sql_at_or_before(None) == "FALSE"  # NotStarted: nothing is visible
@@ -367,6 +376,9 @@ def test_sql_predicates_mean_what_compare_says(pair) -> None:
     c = KO.compare(key, pos)
     assert evaluate(KO.sql_after(pos), row) == (c > 0)
     assert evaluate(KO.sql_at_or_before(pos), row) == (c <= 0)
+    joined = {**row, **{f"_p_{n}": v for n, v in zip(KO.names, pos, strict=True)}}
+    assert evaluate(KO.sql_after_columns("_p_"), joined) == (c > 0)
+    assert evaluate(KO.sql_at_or_before_columns("_p_"), joined) == (c <= 0)
     assert evaluate(compute_bounds(pos).predicate(KO), row) == compute_bounds(pos).admits(KO, key)
 
 

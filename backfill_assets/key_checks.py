@@ -7,7 +7,7 @@ rows. A step checks what it reads before it writes anything:
   (or deletes twice);
 - the snapshot of vnodes that start in this step (one Spark pass over their rows, once per
   vnode, before their replica or MV rows are written);
-- every snapshot chunk (Arrow, cheap): a null pk or twice the same key.
+- every snapshot chunk (Spark, on the cached chunk): a null pk or twice the same key.
 Not caught: an append of a single row whose key already exists from an earlier version into a
 vnode that already started (that needs a join against the whole upstream).
 """
@@ -59,20 +59,6 @@ def check_snapshot_keys(rows: DataFrame, key_names: Sequence[str], uri: str,
         raise BadPrimaryKeyInUpstream(
             f"upstream {uri} at version {version} has {what} primary key "
             f"{_key_text(row, key_names)}: the MV needs a unique, non-null pk; {_FIX}"
-        )
-
-
-def check_chunk_keys(chunk: pa.Table, key_names: Sequence[str], uri: str, version: int) -> None:
-    """A snapshot chunk (Arrow, with `vnode`): no null pk, no key twice."""
-    _refuse_null_keys(chunk, key_names, uri, f"version {version}")
-    counts = chunk.select(["vnode", *key_names]).group_by(["vnode", *key_names]).aggregate(
-        [([], "count_all")])
-    dup = counts.filter(pc.greater(counts["count_all"], 1))
-    if dup.num_rows:
-        row = dup.slice(0, 1).to_pylist()[0]
-        raise BadPrimaryKeyInUpstream(
-            f"upstream {uri} at version {version} has {row['count_all']} rows with the primary "
-            f"key {_key_text(row, key_names)}: the MV needs a unique pk; {_FIX}"
         )
 
 

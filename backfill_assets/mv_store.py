@@ -4,8 +4,8 @@ All commits go through deltalake with:
 - application transactions (`{mv}/{phase}/{vnode}` -> upstream version) so a step can tell what
   an earlier, interrupted step already committed, and so two runs that write the same vnode at
   the same time conflict (delta-rs refuses the second commit that sets an app id the winner set);
-- literal partition predicates (`t.vnode IN (...)`), so runs over disjoint vnode ranges commit
-  side by side while runs over overlapping ranges conflict.
+- data commits are copy-on-write transactions made in `spark_delta_writer` (files removed +
+  files added); the progress table is overwritten per vnode partition (`overwrite_vnodes`).
 """
 
 from __future__ import annotations
@@ -130,39 +130,6 @@ def commit_properties(mv_name: str, phase: str, vnodes: Sequence[int], version: 
     # partitions still fails it; runs over disjoint vnodes both commit (with 0 retries they
     # did not: any two commits at the same moment failed one of them)
     return CommitProperties(app_transactions=txns, custom_metadata=dict(metadata or {}))
-
-
-def commit_rows(table: DeltaTable, rows: pa.Table, *, key_names: Sequence[str],
-                mv_name: str, phase: str, vnodes: Sequence[int], version: int,
-                metadata: Mapping[str, str] | None = None, append_only: bool) -> None:
-    """One commit of keyed changes into `table` for `vnodes`, tagged with app transactions.
-
-    `rows` carries the table's columns plus `_op` ('upsert' or 'delete'). Pure inserts of rows
-    that cannot exist yet (snapshot chunks) are appended; anything else is one merge whose
-    predicate names the vnodes literally. `table` must be the snapshot the caller checked the
-    app transactions on: a commit by anyone else since then makes this one fail.
-    """
-    props = commit_properties(mv_name, phase, vnodes, version, metadata)
-    data = rows.drop_columns(["_op"]).cast(arrow_schema(table)) if append_only else rows
-    try:
-        if append_only:
-            write_deltalake(table, data, mode="append", commit_properties=props)
-            return
-        cols = [f.name for f in arrow_schema(table)]
-        updates = {c: f"s.`{c}`" for c in cols}
-        on = " AND ".join([vnode_in(vnodes, "t"), "t.vnode = s.vnode"]
-                          + [f"t.`{k}` = s.`{k}`" for k in key_names])
-        (table.merge(rows, on, source_alias="s", target_alias="t", commit_properties=props)
-         .when_matched_delete(predicate="s._op = 'delete'")
-         .when_matched_update(updates=updates, predicate="s._op = 'upsert'")
-         .when_not_matched_insert(updates=updates, predicate="s._op = 'upsert'")
-         .execute())
-    except CommitFailedError as exc:
-        raise ConcurrentBackfillRun(
-            f"another run committed to {table.table_uri} for vnodes {_span(vnodes)} while this "
-            f"one was working ({exc}); nothing of this step was written: rerun it, and give "
-            "concurrent runs disjoint vnode ranges"
-        ) from exc
 
 
 def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: str,

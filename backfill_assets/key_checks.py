@@ -7,7 +7,9 @@ rows. A step checks what it reads before it writes anything:
   (or deletes twice);
 - the snapshot of vnodes that start in this step (one Spark pass over their rows, once per
   vnode, before their replica or MV rows are written);
-- every snapshot chunk (Spark, on the cached chunk): a null pk or twice the same key.
+- every snapshot chunk: a null pk or twice the same key, flagged by the chunk's own window
+  (`mv_spark.select_chunk`, the row's key against the previous row's) and read with its
+  per-vnode stats, so it costs no extra Spark pass.
 Not caught: an append of a single row whose key already exists from an earlier version into a
 vnode that already started (that needs a join against the whole upstream).
 """
@@ -54,12 +56,28 @@ def check_snapshot_keys(rows: DataFrame, key_names: Sequence[str], uri: str,
     bad = rows.groupBy(*keys).count().where((F.col("count") > 1) | null).limit(1).collect()
     if bad:
         row = bad[0].asDict()
-        what = "a null" if any(row[k] is None for k in key_names) else \
-            f"{row['count']} rows with the"
-        raise BadPrimaryKeyInUpstream(
-            f"upstream {uri} at version {version} has {what} primary key "
-            f"{_key_text(row, key_names)}: the MV needs a unique, non-null pk; {_FIX}"
-        )
+        _refuse_snapshot_key(row, row["count"], key_names, uri, version)
+
+
+def refuse_flagged_chunk_key(chunk: DataFrame, flag: str, key_names: Sequence[str], uri: str,
+                             version: int) -> None:
+    """A chunk whose window flagged a row (`flag`: null pk, or the previous row's pk): name the
+    key and how many rows of the chunk hold it."""
+    row = chunk.where(F.col(flag)).select(*[F.col(f"`{k}`") for k in key_names]).first()
+    if row is None:
+        return
+    key = row.asDict()
+    same = reduce(lambda a, b: a & b, [F.col(f"`{k}`").eqNullSafe(key[k]) for k in key_names])
+    _refuse_snapshot_key(key, chunk.where(same).count(), key_names, uri, version)
+
+
+def _refuse_snapshot_key(row: dict, count: int, key_names: Sequence[str], uri: str,
+                         version: int) -> None:
+    what = "a null" if any(row[k] is None for k in key_names) else f"{count} rows with the"
+    raise BadPrimaryKeyInUpstream(
+        f"upstream {uri} at version {version} has {what} primary key "
+        f"{_key_text(row, key_names)}: the MV needs a unique, non-null pk; {_FIX}"
+    )
 
 
 def _refuse_null_keys(rows: pa.Table, key_names: Sequence[str], uri: str, where: str) -> None:

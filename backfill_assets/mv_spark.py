@@ -7,6 +7,8 @@ pure core (`KeyOrder.sql_after` / `sql_at_or_before`), so Spark and the core agr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -20,6 +22,7 @@ from backfill_assets.errors import InvalidMVDefinition
 
 KEEP = "_keep"
 RN = "_rn"
+BAD_KEY = "_bad_key"  # a null pk, or the same pk as the previous row of the vnode
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
@@ -33,7 +36,7 @@ def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
     if "vnode" not in definition.columns:
         exprs.append(F.col("vnode"))
     keep = F.coalesce(F.expr(definition.filter), F.lit(False)) if definition.filter else F.lit(True)
-    extra = [F.col(c) for c in ("_op", RN) if c in df.columns]
+    extra = [F.col(c) for c in ("_op", RN, BAD_KEY) if c in df.columns]
     return df.select(*exprs, keep.alias(KEEP), *extra)
 
 
@@ -124,25 +127,42 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     per vnode (arrangement) or in total (no-shuffle's one shared position).
 
     Adds `_rn`, the row's rank inside its vnode, so the last row of each vnode is found without
-    sorting again on the driver.
+    sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the previous
+    row's: the duplicate check rides on the window's sort instead of a `groupBy` of its own.
     """
     order = order_columns(key_order)
     pending = rows_after(rows, positions, key_order)
     if not per_vnode:
         pending = pending.orderBy(*order).limit(limit)
-    rank = F.row_number().over(Window.partitionBy("vnode").orderBy(*order))
-    ranked = pending.withColumn(RN, rank)
+    window = Window.partitionBy("vnode").orderBy(*order)
+    keys = [F.col(f"`{name}`") for name in key_order.names]
+    same = reduce(lambda a, b: a & b, [k == F.lag(k).over(window) for k in keys])
+    null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
+    ranked = pending.withColumn(RN, F.row_number().over(window))
+    ranked = ranked.withColumn(BAD_KEY, F.coalesce(same, F.lit(False)) | null)
     return ranked.where(F.col(RN) <= limit) if per_vnode else ranked
 
 
-def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> dict[int, tuple[int, Key]]:
-    """Per vnode of a chunk: (rows read, last key in key order), from the row of highest `_rn`
-    (only those rows reach the driver, as Arrow, so key values keep their exact types)."""
-    top = chunk.groupBy("vnode").agg(F.max(RN).alias("_top"))
+@dataclass(frozen=True)
+class ChunkStats:
+    """Per vnode of a chunk: rows read and the last key in key order; and whether any row of
+    the chunk has a bad key (null or repeated pk)."""
+
+    per_vnode: dict[int, tuple[int, Key]]
+    bad_keys: bool
+
+
+def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> ChunkStats:
+    """One aggregate over the cached chunk: the row of highest `_rn` per vnode (only those rows
+    reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
+    top = chunk.groupBy("vnode").agg(F.max(RN).alias("_top"),
+                                     F.max(F.col(BAD_KEY).cast("int")).alias("_bad"))
     keys = [F.col(f"`{k}`") for k in key_names]
     last = (chunk.join(top, "vnode").where(F.col(RN) == F.col("_top"))
-            .select("vnode", RN, *keys).toArrow())
-    return {row["vnode"]: (row[RN], tuple(row[k] for k in key_names)) for row in last.to_pylist()}
+            .select("vnode", RN, "_bad", *keys).toArrow())
+    rows = last.to_pylist()
+    return ChunkStats({row["vnode"]: (row[RN], tuple(row[k] for k in key_names)) for row in rows},
+                      any(row["_bad"] for row in rows))
 
 
 def order_columns(key_order: KeyOrder) -> list:

@@ -28,9 +28,14 @@ from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
-from backfill_assets.key_checks import check_change_keys, check_snapshot_keys
+from backfill_assets.key_checks import (
+    check_change_keys,
+    check_snapshot_keys,
+    refuse_flagged_chunk_key,
+)
 from backfill_assets.layout import check_run_layout
 from backfill_assets.mv_spark import (
+    BAD_KEY,
     KEEP,
     RN,
     chunk_stats,
@@ -192,7 +197,7 @@ class _Step:
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
         props = mv_store.commit_properties(self.req.definition.name, "mv", vnodes, v_new,
                                            metadata)
-        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN) if chunk is not None else None
+        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         if forward is None:
             append_dataframe(rows, self.mv, props)
         else:
@@ -263,10 +268,12 @@ def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: Step
     positions = {v: _position(state.current(v)) for v in readers}
     chunk = project(select_chunk(source.rows(ctx, readers), positions, state.key_order,
                                  plan.chunk_limit, per_vnode=not plan.shared_read), d).cache()
-    check_snapshot_keys(chunk, state.key_order.names, ctx.tables.upstream, ctx.v_new)
     stats = chunk_stats(chunk, state.key_order.names)
-    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
-    read = sum(n for n, _ in stats.values())
+    if stats.bad_keys:
+        refuse_flagged_chunk_key(chunk, BAD_KEY, state.key_order.names, ctx.tables.upstream,
+                                 ctx.v_new)
+    per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None))) for v in readers}
+    read = sum(n for n, _ in stats.per_vnode.values())
     if not read:
         chunk.unpersist()
         return _Chunk(None, 0, per_vnode)

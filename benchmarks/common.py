@@ -628,8 +628,8 @@ class PhaseProfiler:
         self.wrap(sources.ReplicaSource, "_replicate", "replica merge (Spark copy-on-write)")
         self.wrap(step, "_forward", "forward netting (Spark)")
         self.wrap(step, "_snapshot_chunk", "snapshot chunk: select + cache (Spark)")
-        self.wrap(step, "chunk_stats", "chunk stats (Spark -> driver)")
-        self.wrap(step, "check_snapshot_keys", "pk checks (Spark groupBy)")
+        self.wrap(step, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
+        self.wrap(step, "check_snapshot_keys", "pk check: fresh vnodes' snapshot (Spark groupBy)")
         self.wrap(step, "write_progress", "progress commit (delta-rs)")
         self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")
         if hasattr(step, "_Step"):

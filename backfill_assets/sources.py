@@ -19,9 +19,12 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets import mv_store, spark_ops
 from backfill_assets.mv_store import MVTables
-from backfill_assets.spark_delta_writer import append_dataframe, merge_dataframe
-
-REPLICA_FILE_ROWS = 8192
+from backfill_assets.spark_delta_writer import (
+    CLUSTERED_FILE_ROWS,
+    append_dataframe,
+    clustered,
+    merge_dataframe,
+)
 
 
 @dataclass
@@ -79,11 +82,10 @@ class ReplicaSource:
         up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
                                     ctx.upstream_schema, storage_options=ctx.tables.storage_options)
         up = _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
-        # pk-sorted files of at most REPLICA_FILE_ROWS rows per vnode, each holding one key
-        # range: a replicated change then rewrites one small file (see files_holding)
-        up = up.repartition("vnode").sortWithinPartitions("vnode", *ctx.key_names)
+        # small key-range files: a replicated change then rewrites one of them
         props = mv_store.commit_properties(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        return append_dataframe(up, table, props, max_rows_per_file=REPLICA_FILE_ROWS)
+        return append_dataframe(clustered(up, ctx.key_names), table, props,
+                                max_rows_per_file=CLUSTERED_FILE_ROWS)
 
     def _replicate(self, ctx: SourceContext, table, behind: Mapping[int, int],
                    changes: DataFrame) -> int:

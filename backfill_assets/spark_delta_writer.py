@@ -38,6 +38,17 @@ from backfill_assets.spark_ops import spark_schema, spark_type
 
 STAGING = "_spark"
 COMMIT_ATTEMPTS = 5
+# Rows per file of a rewritten (or freshly copied) vnode: small key-sorted files, so the next
+# keyed change rewrites one of them instead of the whole vnode (`files_holding` prunes by their
+# exact key ranges).
+CLUSTERED_FILE_ROWS = 8192
+
+
+def clustered(df: DataFrame, key_names: Sequence[str]) -> DataFrame:
+    """`df` shuffled by vnode and key-sorted inside it: written with CLUSTERED_FILE_ROWS, each
+    vnode gets a few range files instead of one more file per Spark task and vnode."""
+    return df.repartition("vnode").sortWithinPartitions(
+        "vnode", *[F.col(f"`{k}`") for k in key_names])
 
 
 def append_dataframe(df: DataFrame, table: DeltaTable, props: CommitProperties,
@@ -61,13 +72,21 @@ def merge_dataframe(changes: DataFrame, table: DeltaTable, key_names: Sequence[s
                .option("basePath", root)
                .parquet(*[os.path.join(root, unquote(f["path"])) for f in touched]))
         parts.append(old.join(F.broadcast(keys), on=["vnode", *key_names], how="left_anti"))
+    # the rewritten rows are re-clustered (without it every merge adds a file per task and
+    # vnode, and the files it must rewrite next time multiply); a snapshot chunk's inserts
+    # arrive one key-sorted partition per vnode already
+    parts = [clustered(reduce(_union, parts), key_names)]
     if inserts is not None:
         parts.append(inserts)
     now = int(time.time() * 1000)
     removes = [RemoveAction(f["path"], True, now, f["size_bytes"], {"vnode": str(f["vnode"])})
                for f in touched]
-    merged = reduce(lambda a, b: a.unionByName(b, allowMissingColumns=False), parts)
-    return commit_dataframe(merged, table, props, removes)
+    return commit_dataframe(reduce(_union, parts), table, props, removes,
+                            max_rows_per_file=CLUSTERED_FILE_ROWS)
+
+
+def _union(a: DataFrame, b: DataFrame) -> DataFrame:
+    return a.unionByName(b, allowMissingColumns=False)
 
 
 def commit_dataframe(df: DataFrame, table: DeltaTable, props: CommitProperties,

@@ -3,8 +3,9 @@
     make bench-scaling BENCH_SCALE_ROWS=5000000
     .venv/bin/python -m benchmarks.bench_scaling --rows 100000 --vnodes 64 256 1024
 
-Size scaling is read from benchmarks/results/bulk.json (run `make bench-bulk` first): µs per
-upstream row for each pk shape and mode at each size, and its ratio to the smallest size.
+Size scaling is read from the bulk results (benchmarks/results/bulk.json and bulk_20M.json; run
+`make bench-bulk` first): µs per upstream row for each pk shape and mode at each size, and its
+ratio to the smallest size.
 Vnode scaling runs the bulk benchmark's workers (fresh process each, under the Spark lock) on
 one size (default 1M rows, one barrier) with 64, 256 and 1024 vnodes (the upstream is
 generated with the same vnode count, as no_shuffle requires), with the Spark-copy baseline of
@@ -22,13 +23,14 @@ from benchmarks import common as C
 from benchmarks.bench_bulk import MODES
 
 
-def size_scaling(path: str) -> list[list]:
-    if not os.path.exists(path):
-        print(f"(no {path}: run `make bench-bulk` for size scaling)")
-        return []
-    with open(path, encoding="utf-8") as f:
-        bulk = json.load(f)
-    runs = [r for r in bulk["runs"] if "failed" not in r]
+def size_scaling(paths: list[str]) -> list[list]:
+    runs = []
+    for path in paths:
+        if not os.path.exists(path):
+            print(f"(no {path}: run `make bench-bulk` for size scaling)")
+            continue
+        with open(path, encoding="utf-8") as f:
+            runs += [r for r in json.load(f)["runs"] if "failed" not in r]
     out = []
     for pk in sorted({r["pk"] for r in runs}):
         for mode in MODES:
@@ -105,7 +107,9 @@ def main(argv=None) -> None:
                         "count is the only thing that changes)")
     p.add_argument("--dml-fraction", type=float, default=0.0001)
     p.add_argument("--repeat", type=int, default=2)
-    p.add_argument("--bulk", default=os.path.join(C.RESULTS_DIR, "bulk.json"))
+    p.add_argument("--bulk", nargs="+",
+                   default=[os.path.join(C.RESULTS_DIR, f) for f in ("bulk.json", "bulk_20M.json")],
+                   help="bulk results to read the size scaling from (1M/5M and 20M runs)")
     p.add_argument("--name", default="scaling")
     p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run")
     run(p.parse_args(argv))

@@ -118,3 +118,37 @@ def test_merge_of_a_key_in_no_file_range(spark, tmp_path, op) -> None:
     merge_dataframe(changes, t, ["id"], mv_store.commit_properties("m", "mv", [0], 1))
     ids = sorted(DeltaTable(path).to_pyarrow_table()["id"].to_pylist())
     assert ids == ([1, 2, 9] if op == "upsert" else [1, 2])
+
+
+def test_repeated_merges_keep_each_vnode_in_few_key_sorted_files(spark, tmp_path,
+                                                                 monkeypatch) -> None:
+    """Merges re-cluster what they rewrite: a vnode keeps about one file per
+    CLUSTERED_FILE_ROWS rows however many merges ran (files used to multiply by Spark task on
+    every merge, so each barrier had more files to rewrite)."""
+    import random
+
+    from backfill_assets import spark_delta_writer
+
+    monkeypatch.setattr(spark_delta_writer, "CLUSTERED_FILE_ROWS", 50)
+    path = str(tmp_path / "many")
+    expected = {i: "base" for i in range(0, 400, 2)}
+    t = _table(path, [_rows(list(range(v, 400, 4)), 0, v=["base"] * 100) for v in (0, 2)])
+    rng = random.Random(5)
+    for step in range(4):
+        ids = rng.sample(range(400), 60)
+        ops = [rng.choice(["upsert", "delete"]) for _ in ids]
+        changes = spark.createDataFrame(pa.table({
+            "id": pa.array(ids, pa.int64()), "vnode": pa.array([0] * 60, pa.int32()),
+            "v": [f"s{step}"] * 60, "_op": ops})).repartition(4)  # several writer tasks
+        merge_dataframe(changes, t, ["id"], mv_store.commit_properties("m", "mv", [0], step))
+        for i, op in zip(ids, ops, strict=True):
+            if op == "upsert":
+                expected[i] = f"s{step}"
+            else:
+                expected.pop(i, None)
+        t = DeltaTable(path)
+        got = t.to_pyarrow_table()
+        assert dict(zip(got["id"].to_pylist(), got["v"].to_pylist(), strict=True)) == expected
+        files = pa.table(t.get_add_actions(flatten=True)).to_pylist()
+        assert all(f["num_records"] <= 50 for f in files)
+        assert len(files) <= -(-len(expected) // 50) + 2  # a file per 50 rows, two part-filled

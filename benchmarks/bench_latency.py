@@ -117,10 +117,15 @@ def _run_breakdown(home: str) -> list[dict]:
             cfg = run.run_config.get("ops", {}).get("vnode_backfill", {}).get("config", {})
             step_start = mat = None
             step_seconds = None
+            error = None
             for ev in instance.all_logs(run.run_id):
                 de = ev.dagster_event
                 if de is None:
                     continue
+                if de.event_type_value in ("STEP_FAILURE", "RUN_FAILURE") and error is None:
+                    data = de.event_specific_data
+                    err = getattr(data, "error", None)
+                    error = (err.message if err is not None else de.message or "").strip()[:300]
                 if de.event_type_value == "STEP_START" and step_start is None:
                     step_start = ev.timestamp
                 if de.event_type_value == "ASSET_MATERIALIZATION" and mat is None:
@@ -133,7 +138,7 @@ def _run_breakdown(home: str) -> list[dict]:
                         "created": rec.create_timestamp.timestamp(),
                         "start": rec.start_time, "end": rec.end_time,
                         "step_start": step_start, "materialized": mat,
-                        "step_seconds": step_seconds})
+                        "step_seconds": step_seconds, "error": error})
     return sorted(out, key=lambda r: r["created"])
 
 
@@ -260,6 +265,7 @@ def run(args) -> dict:
         "latency": C.summary(latencies), "latencies": [round(x, 2) for x in latencies],
         "breakdown": {k: C.summary(v) for k, v in parts.items()},
         "runs": len(runs), "failed_runs": sum(1 for r in runs if r["status"] == "FAILURE"),
+        "failures": [r["error"] for r in runs if r["status"] == "FAILURE"],
         "log": log_path,
     })
     print_report(result)
@@ -280,6 +286,8 @@ def print_report(r: dict) -> None:
     if lat.get("n"):
         C.print_table(["n", "median s", "p95 s", "min s", "max s"],
                       [[lat["n"], lat["median"], lat["p95"], lat["min"], lat["max"]]])
+    for error in r.get("failures", []):
+        print(f"failed run: {error}")
     print("\nPer barrier run (seconds)")
     C.print_table(["part", "n", "median", "p95"],
                   [[k, v["n"], v.get("median", "-"), v.get("p95", "-")]

@@ -11,7 +11,8 @@ rows. A step checks what it reads before it writes anything:
   (`mv_spark.select_chunk`, the row's key against the previous row's) and read with its
   per-vnode stats, so it costs no extra Spark pass.
 Not caught: an append of a single row whose key already exists from an earlier version into a
-vnode that already started (that needs a join against the whole upstream).
+vnode that already started, when the key is at or before the vnode's position, or in
+arrangement mode (the replica upserts it): that needs a join against the whole upstream.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Spark side of an MV step: projection, visibility, snapshot chunk selection.
 
 Every function here builds a DataFrame from another; the SQL text of positions comes from the
-pure core (`KeyOrder.sql_after` / `sql_at_or_before`), so Spark and the core agree on key order.
+pure core (`KeyOrder.sql_after_columns` / `sql_at_or_before_columns`, compared against a joined
+table of positions), so Spark and the core agree on key order.
 """
 
 from __future__ import annotations

@@ -164,10 +164,10 @@ class _Step:
                                      if isinstance(state.current(v), NotStarted)])
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         forward = _forward(changes, state, plan, d)
-        chunk = _Chunk(None, 0, {}) if self.replay else _snapshot_chunk(
-            self.ctx, source, state, plan, d)
+        chunk = _Chunk(None, 0, {})
         try:
             if not self.replay:
+                chunk = _snapshot_chunk(self.ctx, source, state, plan, d)
                 self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
             for vnode in report.vnodes:
                 state.advance_version(vnode, plan.v_new)
@@ -253,7 +253,7 @@ def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
 
 @dataclass
 class _Chunk:
-    rows: DataFrame | None  # projected rows with `_keep` and `_rn`, cached; None: nothing read
+    rows: DataFrame | None  # projected rows + `_keep`, `_rn`, `_bad_key`, cached; None: no rows
     read: int
     stats: dict
 
@@ -268,10 +268,14 @@ def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: Step
     positions = {v: _position(state.current(v)) for v in readers}
     chunk = project(select_chunk(source.rows(ctx, readers), positions, state.key_order,
                                  plan.chunk_limit, per_vnode=not plan.shared_read), d).cache()
-    stats = chunk_stats(chunk, state.key_order.names)
-    if stats.bad_keys:
-        refuse_flagged_chunk_key(chunk, BAD_KEY, state.key_order.names, ctx.tables.upstream,
-                                 ctx.v_new)
+    try:
+        stats = chunk_stats(chunk, state.key_order.names)
+        if stats.bad_keys:
+            refuse_flagged_chunk_key(chunk, BAD_KEY, state.key_order.names,
+                                     ctx.tables.upstream, ctx.v_new)
+    except Exception:
+        chunk.unpersist()
+        raise
     per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None))) for v in readers}
     read = sum(n for n, _ in stats.per_vnode.values())
     if not read:

@@ -24,13 +24,16 @@ from benchmarks.bench_bulk import MODES
 
 
 def size_scaling(paths: list[str]) -> list[list]:
-    runs = []
+    found: dict = {}  # one run per (rows, pk, mode): a later file wins
     for path in paths:
         if not os.path.exists(path):
             print(f"(no {path}: run `make bench-bulk` for size scaling)")
             continue
         with open(path, encoding="utf-8") as f:
-            runs += [r for r in json.load(f)["runs"] if "failed" not in r]
+            for r in json.load(f)["runs"]:
+                if "failed" not in r:
+                    found[(r["rows"], r["pk"], r["mode"])] = r
+    runs = list(found.values())
     out = []
     for pk in sorted({r["pk"] for r in runs}):
         for mode in MODES:

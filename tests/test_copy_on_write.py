@@ -4,8 +4,10 @@ rewrites only those (spark_delta_writer.merge_dataframe), checked against a plai
 from __future__ import annotations
 
 import datetime as dt
+import random
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
@@ -125,8 +127,6 @@ def test_repeated_merges_keep_each_vnode_in_few_key_sorted_files(spark, tmp_path
     """Merges re-cluster what they rewrite: a vnode keeps about one file per
     CLUSTERED_FILE_ROWS rows however many merges ran (files used to multiply by Spark task on
     every merge, so each barrier had more files to rewrite)."""
-    import random
-
     from backfill_assets import spark_delta_writer
 
     monkeypatch.setattr(spark_delta_writer, "CLUSTERED_FILE_ROWS", 50)
@@ -151,4 +151,7 @@ def test_repeated_merges_keep_each_vnode_in_few_key_sorted_files(spark, tmp_path
         assert dict(zip(got["id"].to_pylist(), got["v"].to_pylist(), strict=True)) == expected
         files = pa.table(t.get_add_actions(flatten=True)).to_pylist()
         assert all(f["num_records"] <= 50 for f in files)
+        for f in files:  # each file holds its rows in key order
+            ids = pq.read_table(f"{path}/{f['path']}", columns=["id"])["id"].to_pylist()
+            assert ids == sorted(ids)
         assert len(files) <= -(-len(expected) // 50) + 2  # a file per 50 rows, two part-filled

@@ -31,7 +31,6 @@ from backfill_assets.core.errors import (
     HistoryUnavailable,
     InvalidVersionRange,
     TableNotFound,
-    UnsupportedTableFeature,
 )
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
@@ -134,34 +133,6 @@ def vnode_predicate(vnodes: Iterable[int], column: str = VNODE_COLUMN) -> str:
     if not values:
         return "FALSE"
     return f"{column} IN ({', '.join(str(v) for v in values)})"
-
-
-def check_readable_as_parquet(dt: DeltaTable, uri: str) -> None:
-    """Refuse tables whose parquet files alone do not give the table's rows."""
-    config = dt.metadata().configuration
-    mode = (config.get("delta.columnMapping.mode") or "none").lower()
-    if mode != "none":
-        raise UnsupportedTableFeature(
-            f"{uri} uses column mapping ({mode}); the platform reads a version's parquet files "
-            "by column name: rewrite the table without column mapping"
-        )
-    features = dt.protocol().reader_features or []
-    if "deletionVectors" in features and dt.deletion_vectors().read_all().num_rows:
-        raise UnsupportedTableFeature(
-            f"{uri} has deletion vectors; the platform reads a version's parquet files as they "
-            "are: purge them (REORG TABLE ... APPLY (PURGE)) or disable deletion vectors"
-        )
-
-
-def version_files(uri: str, version: int | None, vnodes: Iterable[int] | None = None,
-                  storage_options: StorageOptions = None) -> list[str]:
-    """Absolute URIs of the data files of ``version`` (latest when None), pruned to the given
-    vnodes when the table is partitioned by vnode (otherwise all files)."""
-    dt = open_table(uri, version, storage_options)
-    check_readable_as_parquet(dt, uri)
-    if vnodes is not None and VNODE_COLUMN in partition_columns(dt):
-        return dt.file_uris(file_pruning_predicate=vnode_predicate(vnodes))
-    return dt.file_uris()
 
 
 def read_table(uri: str, version: int | None = None, columns: Sequence[str] | None = None,

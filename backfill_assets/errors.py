@@ -43,3 +43,9 @@ class RescaleRefused(BackfillError):
 
 class BadPrimaryKeyInUpstream(BackfillError):
     """The upstream holds a null or duplicate primary key."""
+
+
+class StorageMismatch(BackfillError):
+    """What the store holds is not what the Delta log (or the writer) says it should hold:
+    files an executor wrote that the driver cannot see, a read that returned a different row
+    count than the log records, a log the storage layer cannot replay. Never committed over."""

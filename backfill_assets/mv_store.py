@@ -1,11 +1,11 @@
-"""The Delta tables a backfill owns, and every commit it makes to them.
+"""The Delta tables a backfill owns, and the application transactions of every commit.
 
-All commits go through deltalake with:
-- application transactions (`{mv}/{phase}/{vnode}` -> upstream version) so a step can tell what
-  an earlier, interrupted step already committed, and so two runs that write the same vnode at
-  the same time conflict (delta-rs refuses the second commit that sets an app id the winner set);
-- data commits are copy-on-write transactions made in `spark_delta_writer` (files removed +
-  files added); the progress table is overwritten per vnode partition (`overwrite_vnodes`).
+- Application transactions (`{mv}/{phase}/{vnode}` -> upstream version) let a step tell what an
+  earlier, interrupted step already committed, and make two runs that write the same vnode at
+  the same time conflict (the second commit that sets an app id the winner set is refused).
+- The MV and the replica are merge-on-read tables of the storage layer (`storage`): data
+  commits are `storage.apply_changes` with an `Intent`. The progress table is a small
+  vnode-partitioned delta-rs table, overwritten per vnode partition (`overwrite_vnodes`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from backfill_assets.arrow_types import normalize_schema
-from backfill_assets.delta_store import arrow_schema
+from backfill_assets.delta_store import PK_PROPERTY, VNODE_COUNT_PROPERTY, arrow_schema
 from backfill_assets.errors import ConcurrentBackfillRun, WarehouseNotWritable
+from backfill_assets.storage import Intent, ensure_mor_table
 
 STEP_METADATA_KEY = "backfill.step"
 
@@ -75,7 +75,8 @@ def open_table(uri: str, storage_options: Mapping[str, str], version: int | None
 
 def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str], *,
                  cdf: bool, description: str | None = None) -> DeltaTable:
-    """Open the vnode-partitioned table, creating it empty when missing."""
+    """Open the vnode-partitioned table (the progress table), creating it empty when
+    missing."""
     table = open_table(uri, storage_options)
     if table is not None:
         return table
@@ -122,8 +123,24 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
     return {v: table.transaction_version(txn_id(mv_name, phase, v)) for v in vnodes}
 
 
+def intent(mv_name: str, phase: str, vnodes: Sequence[int], version: int,
+           metadata: Mapping[str, str] | None = None) -> Intent:
+    """What a storage-layer commit of `phase` for `vnodes` at upstream `version` carries."""
+    return Intent({txn_id(mv_name, phase, v): version for v in vnodes}, dict(metadata or {}))
+
+
+def ensure_data_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str], *,
+                      cdf: bool, key_names: Sequence[str], vnode_count: int) -> DeltaTable:
+    """The MV or the replica (merge-on-read, created when missing), recording its primary key
+    and vnode count like a platform upstream, so another MV can be built on it."""
+    if "://" not in uri:
+        _check_writable(uri)
+    config = {PK_PROPERTY: json.dumps(list(key_names)), VNODE_COUNT_PROPERTY: str(vnode_count)}
+    return ensure_mor_table(uri, schema, storage_options, cdf=cdf, configuration=config)
+
+
 def commit_properties(mv_name: str, phase: str, vnodes: Sequence[int], version: int,
-                metadata: Mapping[str, str] | None = None) -> CommitProperties:
+                      metadata: Mapping[str, str] | None = None) -> CommitProperties:
     txns = [Transaction(txn_id(mv_name, phase, v), version) for v in vnodes]
     # delta-rs retries a commit that lost the race for the next table version only after its
     # conflict checker cleared it: a winner that set one of these app ids or touched these
@@ -145,47 +162,6 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
             f"another run wrote {table.table_uri} for vnodes {_span(vnodes)} at the same time "
             f"({exc}); rerun, and give concurrent runs disjoint vnode ranges"
         ) from exc
-
-
-def files_holding(table: DeltaTable, keys: pa.Table, key_names: Sequence[str]) -> list[dict]:
-    """The data files of `table` that may hold one of `keys` (`vnode` + key columns): files of
-    the keys' vnode partitions whose min/max stats admit the key. Only exact stats prune (int,
-    date, strings under 32 characters); timestamps (millisecond stats), decimals (float stats)
-    and files without stats are always kept, so a file holding a key is never missed.
-    Returns dicts with path, size_bytes, vnode."""
-    files = pa.table(table.get_add_actions(flatten=True))
-    if keys.num_rows == 0 or files.num_rows == 0:
-        return []
-    cols = {"_file": files["path"], "_size": files["size_bytes"],
-            "vnode": files["partition.vnode"].cast(pa.int32())}
-    for k in key_names:
-        for side in ("min", "max"):
-            name = f"{side}.{k}"
-            if name in files.column_names and _exact_stats(files[name].type):
-                cols[f"_{side}_{k}"] = _trusted(files[name])
-    keys = keys.select(["vnode", *key_names])
-    keys = keys.set_column(0, "vnode", keys["vnode"].cast(pa.int32()))
-    pairs = pa.table(cols).join(keys, "vnode", join_type="inner")
-    hit = pa.array([True] * pairs.num_rows, pa.bool_())
-    for k in key_names:
-        for side, bound in (("min", pc.less_equal), ("max", pc.greater_equal)):
-            if f"_{side}_{k}" in pairs.column_names:
-                stat = pairs[f"_{side}_{k}"]
-                hit = pc.and_(hit, pc.fill_null(bound(stat, pairs[k].cast(stat.type)), True))
-    touched = pairs.filter(hit).group_by(["_file", "_size", "vnode"]).aggregate([])
-    return [{"path": r["_file"], "size_bytes": r["_size"], "vnode": r["vnode"]}
-            for r in touched.to_pylist()]
-
-
-def _exact_stats(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_string(t)
-
-
-def _trusted(stat: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Null (no bound) where a string stat may be a truncated prefix."""
-    if not pa.types.is_string(stat.type):
-        return stat
-    return pc.if_else(pc.less(pc.utf8_length(stat), 32), stat, pa.scalar(None, stat.type))
 
 
 def read_rows(table: DeltaTable, vnodes: Iterable[int] | None = None,

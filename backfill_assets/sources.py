@@ -17,14 +17,8 @@ from typing import Protocol
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from backfill_assets import mv_store, spark_ops
+from backfill_assets import mv_store, spark_ops, storage
 from backfill_assets.mv_store import MVTables
-from backfill_assets.spark_delta_writer import (
-    CLUSTERED_FILE_ROWS,
-    append_dataframe,
-    clustered,
-    merge_dataframe,
-)
 
 
 @dataclass
@@ -63,15 +57,16 @@ class ReplicaSource:
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
                 changes: DataFrame | None, hook) -> int:
-        table = mv_store.ensure_table(ctx.tables.replica, replica_schema(ctx.upstream_schema),
-                                      ctx.tables.storage_options, cdf=False)
+        table = mv_store.ensure_data_table(
+            ctx.tables.replica, replica_schema(ctx.upstream_schema), ctx.tables.storage_options,
+            cdf=False, key_names=ctx.key_names, vnode_count=ctx.vnode_count)
         done = mv_store.txn_versions(table, ctx.mv_name, "replica", replicate_from)
         fresh = sorted(v for v, d in done.items() if d is None)
         behind = {v: d for v, d in done.items() if d is not None and d < ctx.v_new}
         written = 0
         if fresh:
             written += self._initialise(ctx, table, fresh)
-            table = mv_store.open_table(ctx.tables.replica, ctx.tables.storage_options)
+            table = storage.open_mor_table(ctx.tables.replica, ctx.tables.storage_options)
         if behind and changes is not None:
             written += self._replicate(ctx, table, behind, changes)
         hook("after_replica_commit")
@@ -79,13 +74,13 @@ class ReplicaSource:
 
     def _initialise(self, ctx: SourceContext, table, vnodes: list[int]) -> int:
         """Copy the upstream at v_new for vnodes the replica has never seen."""
-        up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
-                                    ctx.upstream_schema, storage_options=ctx.tables.storage_options)
+        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
+        up = storage.read_snapshot(ctx.spark, snap, ctx.upstream_schema.names)
         up = _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
-        # small key-range files: a replicated change then rewrites one of them
-        props = mv_store.commit_properties(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        return append_dataframe(clustered(up, ctx.key_names), table, props,
-                                max_rows_per_file=CLUSTERED_FILE_ROWS)
+        estimate = sum(f.live_records or 0 for f in snap.files) * len(vnodes) // ctx.vnode_count
+        intent = mv_store.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
+        replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+        return storage.append(ctx.spark, replica, up, ctx.key_names, intent, estimate).rows_written
 
     def _replicate(self, ctx: SourceContext, table, behind: Mapping[int, int],
                    changes: DataFrame) -> int:
@@ -96,8 +91,10 @@ class ReplicaSource:
         cols = [f.name for f in replica_schema(ctx.upstream_schema)]
         rows = rows.select(*[f"`{c}`" for c in cols], "_op").cache()
         try:
-            props = mv_store.commit_properties(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
-            merge_dataframe(rows, table, ctx.key_names, props)
+            intent = mv_store.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
+            replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+            storage.apply_changes(ctx.spark, replica, ctx.key_names, intent, changes=rows,
+                                  rows_hint=0)
             return rows.count()
         finally:
             rows.unpersist()

@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets import delta_store, mv_store, spark_ops
+from backfill_assets import delta_store, mv_store, spark_ops, storage
 from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan, plan_step
@@ -48,7 +48,6 @@ from backfill_assets.mv_spark import (
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.sources import SOURCES, SourceContext
-from backfill_assets.spark_delta_writer import append_dataframe, merge_dataframe
 from backfill_assets.upstream_check import checked_upstream
 
 Hook = Callable[[str], None]
@@ -131,7 +130,8 @@ class _Step:
         upstream = checked_upstream(req.tables, d, req.v_new)
         key_order = upstream.key_order
         mv_schema = validate_expressions(spark, d, upstream.schema)
-        mv = mv_store.ensure_table(req.tables.mv, mv_schema, so, cdf=True)
+        mv = mv_store.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
+                                        key_names=key_order.names, vnode_count=d.vnode_count)
         progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
                                                so, cdf=False, description=upstream.pin(d))
         vnodes = tuple(sorted(req.vnodes))
@@ -195,13 +195,11 @@ class _Step:
             return
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
-        props = mv_store.commit_properties(self.req.definition.name, "mv", vnodes, v_new,
-                                           metadata)
+        intent = mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
-        if forward is None:
-            append_dataframe(rows, self.mv, props)
-        else:
-            merge_dataframe(forward, self.mv, key_order.names, props, inserts=rows)
+        snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+        storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=forward,
+                              inserts=rows, rows_hint=self.report.snapshot_rows)
 
 
 def _unfinished(progress_table, key_order, vnodes: set[int]) -> set[int]:

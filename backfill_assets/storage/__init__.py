@@ -1,0 +1,56 @@
+"""The storage layer: every byte between Spark and Delta goes through this package.
+
+Public surface (everything else in the package is its inside):
+- ``Snapshot.load(uri, version, storage_options)``: a table version (protocol checked, files,
+  typed partition values, deletion vectors);
+- ``read_version`` / ``read_snapshot``: a version's live rows into Spark (DVs applied, column
+  mapping, partition values from the log, row counts checked against the log);
+- ``ensure_mor_table``: the platform's own merge-on-read tables (MV, replica);
+- ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
+  commit of new clustered files, deletion vectors and exact change-data files;
+- ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
+See docs/ARCHITECTURE.md, "The storage layer".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from backfill_assets.storage.commit import Intent
+from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.merge import Applied, append, apply_changes
+from backfill_assets.storage.prune import VNODE, files_in_vnodes
+from backfill_assets.storage.read import read_snapshot
+from backfill_assets.storage.spark_types import spark_type
+from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
+
+__all__ = ["Applied", "DataFile", "Intent", "Snapshot", "append", "apply_changes",
+           "ensure_mor_table", "open_mor_table", "read_snapshot", "read_version"]
+
+
+def read_version(spark: SparkSession, uri: str, version: int | None,
+                 schema: pa.Schema | None = None, vnodes: Iterable[int] | None = None, *,
+                 storage_options: Mapping[str, str] | None = None) -> DataFrame:
+    """The rows of ``version`` (latest when None) of the table at ``uri``: the columns of
+    ``schema`` (default: all) with its types, restricted to ``vnodes`` when given (files pruned
+    by their vnode partition or statistics; the table then needs a ``vnode`` column)."""
+    snap = Snapshot.load(uri, version, storage_options)
+    columns = schema.names if schema is not None else snap.arrow_schema.names
+    files = snap.files
+    wanted = None
+    if vnodes is not None:
+        if VNODE not in columns:
+            raise ValueError(f"read_version of {uri} with vnodes needs a {VNODE!r} column")
+        wanted = sorted({int(v) for v in vnodes})
+        files = files_in_vnodes(files, wanted)
+    df = read_snapshot(spark, snap, columns, files)
+    if schema is not None:
+        df = df.select(*[F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
+                         for f in schema])
+    if wanted is not None:
+        df = df.where(F.col(VNODE).isin(wanted))
+    return df

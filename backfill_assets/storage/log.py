@@ -1,0 +1,239 @@
+"""A table version as the storage layer sees it: protocol, schema and live data files.
+
+delta-rs replays the log for the schema, the configuration and each file's statistics and
+typed partition values (``get_add_actions``). It exposes no deletion-vector descriptors, which
+a reader needs (which rows of a file are deleted) and a writer needs (a ``remove`` must name
+the exact logical file, path + DV id, it replaces). ``dv_descriptors`` replays that part of
+the log itself (last checkpoint, then the JSON commits) and is cross-checked against
+delta-rs' file list, so the two replays can never silently disagree.
+
+Reader features the layer does not implement are refused by name (``check_readable``): a
+silently wrong read is the one failure this layer must never have.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from backfill_assets.core.errors import UnsupportedTableFeature
+from backfill_assets.errors import StorageMismatch
+from backfill_assets.storage import dv, objects
+
+# reader features whose meaning this layer implements (anything else is refused by name)
+SUPPORTED_READER_FEATURES = frozenset({"deletionVectors", "columnMapping", "timestampNtz",
+                                       "vacuumProtocolCheck"})
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+
+
+def log_uri(table_uri: str) -> str:
+    return objects.join(table_uri, "_delta_log")
+
+
+def commit_uri(table_uri: str, version: int) -> str:
+    return objects.join(log_uri(table_uri), f"{version:020d}.json")
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One live (logical) data file of a version."""
+
+    path: str  # as in the log (relative to the table root, URL-encoded) or absolute
+    size: int
+    num_records: int | None  # physical rows (a DV does not change it)
+    partition_values: dict  # typed, from the log
+    stats: dict = field(default_factory=dict)  # min/max per column (exact types where known)
+    deletion_vector: dict | None = None
+    add_action: dict | None = None  # the raw log entry (tables with DVs: what a remove repeats)
+
+    @property
+    def deleted(self) -> int:
+        return int(self.deletion_vector["cardinality"]) if self.deletion_vector else 0
+
+    @property
+    def live_records(self) -> int | None:
+        return None if self.num_records is None else self.num_records - self.deleted
+
+
+@dataclass
+class Snapshot:
+    """One version of one table: what readers and writers of the layer work from."""
+
+    uri: str
+    storage_options: Mapping[str, str]
+    table: DeltaTable
+
+    @classmethod
+    def load(cls, uri: str, version: int | None = None,
+             storage_options: Mapping[str, str] | None = None) -> Snapshot:
+        from backfill_assets.delta_store import open_table
+
+        table = open_table(uri, version, storage_options)
+        return cls(uri.rstrip("/"), dict(storage_options or {}), table)
+
+    @property
+    def version(self) -> int:
+        return self.table.version()
+
+    @cached_property
+    def configuration(self) -> dict[str, str]:
+        return dict(self.table.metadata().configuration)
+
+    @cached_property
+    def partition_columns(self) -> list[str]:
+        return list(self.table.metadata().partition_columns)
+
+    @cached_property
+    def reader_features(self) -> list[str]:
+        return list(self.table.protocol().reader_features or [])
+
+    @cached_property
+    def has_deletion_vectors(self) -> bool:
+        return "deletionVectors" in self.reader_features
+
+    @cached_property
+    def column_mapping(self) -> str:
+        return (self.configuration.get("delta.columnMapping.mode") or "none").lower()
+
+    @cached_property
+    def arrow_schema(self) -> pa.Schema:
+        """Logical columns with plain Arrow types (string, not string_view)."""
+        from backfill_assets.delta_store import arrow_schema
+
+        return arrow_schema(self.table)
+
+    @cached_property
+    def physical_names(self) -> dict[str, str]:
+        """Logical column -> the column name inside the parquet files."""
+        if self.column_mapping == "none":
+            return {f.name: f.name for f in self.arrow_schema}
+        fields = json.loads(self.table.schema().to_json())["fields"]
+        return {f["name"]: f.get("metadata", {}).get("delta.columnMapping.physicalName",
+                                                     f["name"]) for f in fields}
+
+    def check_readable(self) -> None:
+        """Refuse reader features (and column mapping modes) the layer cannot honour."""
+        unknown = sorted(set(self.reader_features) - SUPPORTED_READER_FEATURES)
+        if unknown:
+            raise UnsupportedTableFeature(
+                f"{self.uri} (version {self.version}) needs reader features {unknown}, which "
+                "the platform's Delta reader does not implement; reading it anyway could "
+                "return wrong rows. Rewrite the table without them (or disable them) first"
+            )
+        if self.column_mapping not in ("none", "name", "id"):
+            raise UnsupportedTableFeature(
+                f"{self.uri} uses column mapping mode {self.column_mapping!r}; supported: "
+                "none, name, id")
+
+    @cached_property
+    def files(self) -> list[DataFile]:
+        """The live data files, typed partition values and stats from delta-rs, DVs replayed."""
+        actions = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
+        replayed = self.add_actions if self.has_deletion_vectors else {}
+        logical = {v: k for k, v in self.physical_names.items()}
+        out = []
+        for a in actions:
+            path = a["path"]
+            parts = {k[len("partition."):]: v for k, v in a.items() if k.startswith("partition.")}
+            stats = {}
+            for k, v in a.items():
+                side, _, col = k.partition(".")
+                if side in ("min", "max") and col:
+                    stats[(side, logical.get(col, col))] = v
+            out.append(DataFile(path, int(a["size_bytes"]), a.get("num_records"),
+                                {logical.get(k, k): v for k, v in parts.items()}, stats,
+                                (replayed.get(unquote(path)) or {}).get("deletionVector"),
+                                replayed.get(unquote(path))))
+        return out
+
+    def file_uri(self, path: str) -> str:
+        """Where a file of the log lives (relative paths are URL-encoded in the log)."""
+        if "://" in path or path.startswith("/"):
+            return path
+        return objects.join(self.uri, unquote(path))
+
+    def by_path(self) -> dict[str, DataFile]:
+        return {f.path: f for f in self.files}
+
+    @cached_property
+    def add_actions(self) -> dict[str, dict]:
+        """Replay add/remove actions (checkpoint + commits up to this version): the add entry
+        of each live file, keyed by its decoded path; checked against delta-rs' live set."""
+        live: dict[str, dict] = {}
+        start = self._replay_checkpoint(live)
+        for v in range(start + 1, self.version + 1):
+            raw = objects.read_bytes(commit_uri(self.uri, v), self.storage_options)
+            for line in raw.decode("utf-8").splitlines():
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                _apply(live, action.get("add"), action.get("remove"))
+        expected = {unquote(f["path"]) for f in
+                    pa.table(self.table.get_add_actions(flatten=False)).select(["path"]).to_pylist()}
+        if set(live) != expected:
+            raise StorageMismatch(
+                f"{self.uri} version {self.version}: the log replay found "
+                f"{len(live)} live files, delta-rs {len(expected)} "
+                f"(e.g. {sorted(set(live) ^ expected)[:3]}); the log is not one this layer "
+                "understands: stop and report it")
+        return live
+
+    def _replay_checkpoint(self, live: dict) -> int:
+        """Load the newest classic checkpoint at or before this version; its version (-1)."""
+        names = objects.list_names(log_uri(self.uri), self.storage_options)
+        parts: dict[int, list[str]] = {}
+        for n in names:
+            m = _CHECKPOINT.match(n)
+            if m and int(m.group(1)) <= self.version:
+                parts.setdefault(int(m.group(1)), []).append(n)
+        complete = [v for v, ns in parts.items() if _complete(ns)]
+        if not complete:
+            return -1
+        version = max(complete)
+        for name in sorted(parts[version]):
+            fs, path = objects.filesystem(objects.join(log_uri(self.uri), name),
+                                          self.storage_options)
+            with fs.open_input_file(path) as f:
+                rows = pq.read_table(f, columns=["add", "remove"]).to_pylist()
+            for row in rows:
+                _apply(live, _clean(row.get("add")), None)
+        return version
+
+
+def _apply(live: dict, add: dict | None, remove: dict | None) -> None:
+    if remove:
+        path = unquote(remove["path"])
+        current = (live.get(path) or {}).get("deletionVector")
+        if path in live and dv.unique_id(current) == dv.unique_id(remove.get("deletionVector")):
+            del live[path]
+    if add:
+        live[unquote(add["path"])] = add
+
+
+def _complete(names: list[str]) -> bool:
+    """A single-file checkpoint, or every part of a multi-part one."""
+    total = _CHECKPOINT.match(names[0]).group(3)
+    return len(names) == (int(total) if total else 1)
+
+
+def _clean(add: dict | None) -> dict | None:
+    """A checkpoint's add row as the JSON action it stands for (maps as dicts, no nulls)."""
+    if add is None:
+        return None
+    out = {k: v for k, v in add.items() if v is not None}
+    if isinstance(out.get("partitionValues"), list):
+        out["partitionValues"] = dict(out["partitionValues"])
+    if out.get("deletionVector"):
+        out["deletionVector"] = {k: v for k, v in out["deletionVector"].items() if v is not None}
+    for nested in ("stats_parsed", "partitionValues_parsed", "tags"):
+        out.pop(nested, None)
+    return out

@@ -1,0 +1,167 @@
+"""Merge-on-read: apply keyed changes to a table by deletion vectors and one new file.
+
+A barrier's netted changes (one row per key, ``op`` 'upsert' | 'delete') meet the rows the
+table holds for those keys: only the files whose statistics admit a changed key are read
+(with their row positions). A replaced or deleted row gets a DV bit (OR-ed with the file's DV
+at commit); upserted rows and snapshot-chunk inserts go to new files clustered by (vnode,
+key); an upsert equal to the row already there changes nothing. For a table with a change
+feed, a commit that deletes anything also writes ``_change_data`` files with exact
+``update_preimage`` / ``update_postimage`` / ``insert`` / ``delete`` rows (a version with cdc
+files is read only from them); an insert-only commit needs none (its files read as inserts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyroaring import BitMap64
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from backfill_assets.delta_store import VNODE_COUNT_PROPERTY
+from backfill_assets.storage.commit import Change, Intent, commit
+from backfill_assets.storage.log import Snapshot
+from backfill_assets.storage.prune import VNODE, files_holding
+from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, read_snapshot
+from backfill_assets.storage.write import write_files
+
+OP = "_op"
+CHANGE_TYPE = "_change_type"
+CHANGE_FOLDER = "_change_data"
+FILE_ROWS = 131072  # rows per data file: small enough that a changed key reads little
+MAX_WRITE_TASKS = 64
+
+_OLD, _NEW, _SAME = "__bf_old", "__bf_new", "__bf_same"
+
+
+@dataclass(frozen=True)
+class Applied:
+    version: int | None  # the committed version (None: nothing to commit)
+    rows_written: int
+    rows_deleted: int
+
+
+def _q(name: str) -> Column:
+    return F.col(f"`{name}`")
+
+
+def clustered(df: DataFrame, key_names: Sequence[str], rows: int, vnode_count: int | None,
+              file_rows: int = FILE_ROWS) -> DataFrame:
+    """``df`` in (vnode, key) order, each task holding one contiguous vnode range (about
+    ``rows / file_rows`` tasks): every written file then covers a narrow vnode range with exact
+    bounds. The range of a row is computed from its vnode (no sampling pass over the data)."""
+    order = [_q(VNODE), *[_q(k) for k in key_names]]
+    parts = max(1, min(MAX_WRITE_TASKS, math.ceil(rows / file_rows)))
+    if parts == 1:
+        shaped = df.coalesce(1)
+    elif vnode_count:
+        shaped = df.repartition(parts, F.floor(_q(VNODE) * parts / vnode_count))
+    else:
+        shaped = df.repartitionByRange(parts, *order)
+    return shaped.sortWithinPartitions(*order)
+
+
+def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequence[str],
+           intent: Intent, rows_hint: int, *, file_rows: int = FILE_ROWS) -> Applied:
+    """Commit ``rows`` (keys not in the table yet) as new clustered files."""
+    return apply_changes(spark, snap, key_names, intent, inserts=rows, rows_hint=rows_hint,
+                         file_rows=file_rows)
+
+
+def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
+                  intent: Intent, *, changes: DataFrame | None = None,
+                  inserts: DataFrame | None = None, rows_hint: int = 0,
+                  file_rows: int = FILE_ROWS) -> Applied:
+    """One commit: keyed ``changes`` (table columns + ``_op``) merged on read, plus
+    ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many rows
+    will be written (sizes the files)."""
+    schema = snap.arrow_schema
+    cols = schema.names
+    cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
+    deletes: dict[str, BitMap64] = {}
+    parts: list[DataFrame] = []
+    cdc_parts: list[DataFrame] = []
+    matched = None
+    if changes is not None:
+        matched = _match(spark, snap, changes, key_names, cols).cache()
+        deletes = _deleted_rows(matched)
+        is_up, has_old = F.col(OP) == "upsert", F.col(_OLD).isNotNull()
+        changed = is_up & ~F.col(_SAME)
+        parts.append(matched.where(changed).select(f"{_NEW}.*"))
+        cdc_parts += [
+            _typed(matched.where(changed & has_old), _OLD, "update_preimage"),
+            _typed(matched.where(changed & has_old), _NEW, "update_postimage"),
+            _typed(matched.where(changed & ~has_old), _NEW, "insert"),
+            _typed(matched.where((F.col(OP) == "delete") & has_old), _OLD, "delete"),
+        ]
+    if inserts is not None:
+        rows = inserts.select(*[_q(c) for c in cols])
+        parts.append(rows)
+        cdc_parts.append(rows.withColumn(CHANGE_TYPE, F.lit("insert")))
+    try:
+        adds = []
+        if parts:
+            data = parts[0]
+            for p in parts[1:]:
+                data = data.unionByName(p)
+            vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
+            shaped = clustered(data, key_names, rows_hint,
+                               int(vnode_count) if vnode_count else None, file_rows)
+            adds = write_files(shaped, snap.uri, snap.storage_options, schema,
+                               max_rows_per_file=file_rows)
+        cdc = []
+        if cdf and deletes:
+            feed = cdc_parts[0]
+            for p in cdc_parts[1:]:
+                feed = feed.unionByName(p)
+            cdc_schema = schema.append(pa.field(CHANGE_TYPE, pa.string()))
+            cdc = write_files(feed.coalesce(1), snap.uri, snap.storage_options, cdc_schema,
+                              folder=CHANGE_FOLDER, prefix="cdc")
+        change = Change(adds=[a for a in adds if a.rows], cdc=cdc, deletes=deletes)
+        written = sum(a.rows for a in adds)
+        if change.empty and not intent.txns:
+            return Applied(None, 0, 0)
+        version = commit(snap, change, intent)
+        return Applied(version, written, sum(len(b) for b in deletes.values()))
+    finally:
+        if matched is not None:
+            matched.unpersist()
+
+
+def _match(spark: SparkSession, snap: Snapshot, changes: DataFrame,
+           key_names: Sequence[str], cols: Sequence[str]) -> DataFrame:
+    """Every change with the row the table holds for its key (``__bf_old``, its file and
+    row), and whether the upsert equals it (``__bf_same``)."""
+    new = changes.select(*[_q(k) for k in key_names],
+                         F.struct(*[_q(c) for c in cols]).alias(_NEW), _q(OP))
+    keys = changes.select(_q(VNODE), *[_q(k) for k in key_names]).toArrow()
+    touched = files_holding(snap.files, keys, key_names)
+    if touched:
+        old = read_snapshot(spark, snap, cols, touched, row_ids=True).select(
+            *[_q(k) for k in key_names], F.struct(*[_q(c) for c in cols]).alias(_OLD),
+            _q(FILE_COLUMN), _q(ROW_COLUMN))
+        both = new.join(old, on=list(key_names), how="left")
+    else:
+        null_old = F.lit(None).cast(new.schema[_NEW].dataType)
+        both = (new.withColumn(_OLD, null_old)
+                .withColumn(FILE_COLUMN, F.lit(None).cast("string"))
+                .withColumn(ROW_COLUMN, F.lit(None).cast("long")))
+    same = (F.col(OP) == "upsert") & F.col(_OLD).isNotNull() & F.col(_OLD).eqNullSafe(F.col(_NEW))
+    return both.withColumn(_SAME, same)
+
+
+def _deleted_rows(matched: DataFrame) -> dict[str, BitMap64]:
+    """Rows whose DV bit this commit sets: replaced (changed upserts) and deleted ones."""
+    hit = matched.where(F.col(_OLD).isNotNull() & ~F.col(_SAME)).select(FILE_COLUMN, ROW_COLUMN)
+    table = hit.toArrow()
+    out: dict[str, BitMap64] = {}
+    for path, row in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
+        out.setdefault(path, BitMap64()).add(row)
+    return out
+
+
+def _typed(df: DataFrame, side: str, change_type: str) -> DataFrame:
+    return df.select(f"{side}.*").withColumn(CHANGE_TYPE, F.lit(change_type))

@@ -1,0 +1,146 @@
+"""Reading a Delta version into Spark, the protocol honoured, without Delta jars.
+
+The driver plans from the log (``Snapshot``): which files, their typed partition values and
+their deletion-vector descriptors. Spark tasks (``mapInArrow``) then read each file through the
+store's pyarrow filesystem, check its row count against the log, drop the rows its DV deletes,
+rename physical columns (column mapping) and add the partition values. Rows never pass through
+the driver, and the same code reads a local folder, a cluster's shared store or an object
+store. ``row_ids=True`` adds each row's file and physical row index: what a writer needs to
+delete it with a DV.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from backfill_assets.errors import StorageMismatch
+from backfill_assets.storage import dv, objects
+from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.spark_types import exchange_schema, spark_schema
+
+FILE_COLUMN = "__bf_file"  # the file a row was read from (path as in the log)
+ROW_COLUMN = "__bf_row"  # its physical row index in that file
+MAX_READ_TASKS = 512
+_TASK_SCHEMA = "path string, uri string, dv string, parts binary, rows long"
+
+
+def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | None = None,
+                  files: Sequence[DataFile] | None = None, *, row_ids: bool = False
+                  ) -> DataFrame:
+    """The live rows of ``files`` (default: every file) of ``snap``, ``columns`` (default all).
+    Raises UnsupportedTableFeature for what the layer cannot honour, StorageMismatch (in the
+    Spark job) when a file does not hold the rows its log entry records."""
+    snap.check_readable()
+    schema = snap.arrow_schema
+    wanted = list(columns) if columns is not None else schema.names
+    fields = [schema.field(c) for c in wanted]
+    if row_ids:
+        fields += [pa.field(FILE_COLUMN, pa.string()), pa.field(ROW_COLUMN, pa.int64())]
+    out = exchange_schema(pa.schema(fields))
+    chosen = list(snap.files if files is None else files)
+    if not chosen:
+        return spark.createDataFrame([], spark_schema(out))
+    parts = [c for c in wanted if c in snap.partition_columns]
+    tasks = pa.table({
+        "path": [f.path for f in chosen],
+        "uri": [snap.file_uri(f.path) for f in chosen],
+        "dv": [json.dumps(f.deletion_vector) if f.deletion_vector else None for f in chosen],
+        "parts": [_partition_row(f, parts, out) for f in chosen],
+        "rows": pa.array([f.num_records for f in chosen], pa.int64()),
+    })
+    physical = {c: snap.physical_names.get(c, c) for c in wanted if c not in parts}
+    reader = _FileReader(snap.uri, dict(snap.storage_options), physical, out.serialize(),
+                         row_ids)
+    frame = spark.createDataFrame(tasks, schema=_TASK_SCHEMA)
+    frame = frame.repartition(min(len(chosen), MAX_READ_TASKS))
+    return frame.mapInArrow(reader, spark_schema(out))
+
+
+def _partition_row(f: DataFile, parts: Sequence[str], out: pa.Schema) -> bytes | None:
+    """A file's partition values as a one-row Arrow IPC table of the exact column types."""
+    if not parts:
+        return None
+    row = pa.table({c: pa.array([f.partition_values.get(c)]).cast(out.field(c).type)
+                    for c in parts})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, row.schema) as w:
+        w.write_table(row)
+    return sink.getvalue().to_pybytes()
+
+
+class _FileReader:
+    """The task side (picklable): read, check, apply DV, rename, add partition values."""
+
+    def __init__(self, table_uri: str, options: Mapping[str, str],
+                 physical: Mapping[str, str], out_schema: pa.Buffer, row_ids: bool):
+        self.table_uri, self.options, self.physical = table_uri, options, dict(physical)
+        self.out_schema, self.row_ids = out_schema.to_pybytes(), row_ids
+
+    def __call__(self, batches):
+        out = pa.ipc.read_schema(pa.py_buffer(self.out_schema))
+        for batch in batches:
+            for task in batch.to_pylist():
+                yield from self._read(task, out)
+
+    def _read(self, task: dict, out: pa.Schema):
+        import pyarrow.parquet as pq
+
+        fs, path = objects.filesystem(task["uri"], self.options)
+        with fs.open_input_file(path) as handle:
+            pf = pq.ParquetFile(handle)
+            rows = pf.metadata.num_rows
+            if task["rows"] is not None and rows != task["rows"]:
+                raise StorageMismatch(
+                    f"{task['uri']} holds {rows} rows but the Delta log of {self.table_uri} "
+                    f"records {task['rows']}: the store is not what the log says; stop")
+            present = set(pf.schema_arrow.names)
+            cols = [p for p in self.physical.values() if p in present]
+            table = pf.read(columns=cols)
+        deleted = self._deleted(task)
+        if deleted is not None and len(deleted) and deleted.max() >= rows:
+            raise StorageMismatch(f"the DV of {task['uri']} deletes row {deleted.max()} of "
+                                  f"{rows}: the DV belongs to another file")
+        data = {}
+        for logical, phys in self.physical.items():
+            col = table.column(phys) if phys in present else pa.nulls(rows)
+            data[logical] = col
+        if task["parts"] is not None:
+            part = pa.ipc.open_stream(pa.py_buffer(task["parts"])).read_all()
+            for name in part.column_names:
+                data[name] = pa.repeat(part.column(name)[0], rows)
+        if self.row_ids:
+            data["__bf_file"] = pa.repeat(pa.scalar(task["path"]), rows)
+            data["__bf_row"] = pa.array(range(rows), pa.int64())
+        result = pa.table({f.name: _cast(data[f.name], f.type) for f in out}, schema=out)
+        if deleted is not None and len(deleted):
+            keep = _mask(rows, deleted)
+            result = result.filter(keep)
+        yield from result.to_batches(max_chunksize=65536)
+
+    def _deleted(self, task: dict):
+        if not task["dv"]:
+            return None
+        descriptor = json.loads(task["dv"])
+        if descriptor["storageType"] == "i":
+            return dv.decode_inline(descriptor)
+        rel = dv.relative_path(descriptor)
+        uri = objects.join(self.table_uri, rel) if rel else descriptor["pathOrInlineDv"]
+        offset, size = dv.file_span(descriptor)
+        return dv.decode_stored(objects.read_bytes(uri, self.options, offset, size), descriptor)
+
+
+def _cast(col, t: pa.DataType):
+    return col if col.type == t else col.cast(t)
+
+
+def _mask(rows: int, deleted) -> pa.Array:
+    """Keep-mask of ``rows`` rows with the DV's rows false."""
+    import numpy as np
+
+    keep = np.ones(rows, dtype=bool)
+    keep[np.fromiter(deleted, dtype=np.int64, count=len(deleted))] = False
+    return pa.array(keep)

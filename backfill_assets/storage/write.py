@@ -1,0 +1,163 @@
+"""Rows from Spark into new data files of a table, without passing through the driver.
+
+Spark tasks (``mapInArrow``) write parquet through the store's pyarrow filesystem straight to
+the file's final place (no staging folder, no move), compute the Delta statistics while they
+write, and return one manifest row per file. The driver then checks every file of the manifest
+is in the store with the size the task wrote, before any commit names it: an executor that
+wrote to a disk the driver cannot see fails the barrier instead of committing nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame
+
+from backfill_assets.errors import StorageMismatch
+from backfill_assets.storage import objects
+
+_MANIFEST = "path string, size long, rows long, stats string"
+DEFAULT_FILE_ROWS = 1 << 20
+STAT_STRING_LIMIT = 32  # longer strings get no min/max (a truncated bound would not be exact)
+
+
+@dataclass(frozen=True)
+class NewFile:
+    """A data file a task wrote: path relative to the table root, as the log will name it."""
+
+    path: str
+    size: int
+    rows: int
+    stats: str
+
+
+def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str],
+                schema: pa.Schema, *, folder: str = "", prefix: str = "part",
+                max_rows_per_file: int = DEFAULT_FILE_ROWS) -> list[NewFile]:
+    """Write ``df`` (columns of ``schema``, cast to its types) as parquet files under
+    ``table_uri/folder``, each task's rows in order, at most ``max_rows_per_file`` per file."""
+    columns = [f"`{f.name}`" for f in schema]
+    writer = _FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
+    manifest = df.selectExpr(*columns).mapInArrow(writer, _MANIFEST).collect()
+    files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest]
+    check_written(table_uri, storage_options, files)
+    return files
+
+
+def check_written(table_uri: str, storage_options: Mapping[str, str],
+                  files: list[NewFile]) -> None:
+    """Every file of the manifest is in the store at its written size."""
+    for f in files:
+        found = objects.size(objects.join(table_uri, f.path), storage_options)
+        if found != f.size:
+            raise StorageMismatch(
+                f"a Spark task wrote {f.path} ({f.size} bytes) but the driver finds "
+                f"{'no file' if found is None else f'{found} bytes'} at {table_uri}: executors "
+                "and driver do not share this store (a local folder on a cluster?); point "
+                "BACKFILL_WAREHOUSE at storage every node reaches. Nothing was committed")
+
+
+class _FileWriter:
+    """The task side (picklable): rolling parquet files with Delta stats."""
+
+    def __init__(self, table_uri: str, options: Mapping[str, str], schema: bytes,
+                 folder: str, prefix: str, max_rows: int):
+        self.table_uri, self.options, self.schema = table_uri, options, schema
+        self.folder, self.prefix, self.max_rows = folder.strip("/"), prefix, max_rows
+
+    def __call__(self, batches):
+        import pyarrow.parquet as pq
+
+        schema = pa.ipc.read_schema(pa.py_buffer(self.schema))
+        current = None
+        for batch in batches:
+            table = pa.Table.from_batches([batch]).rename_columns(schema.names).cast(schema)
+            offset = 0
+            while offset < table.num_rows:
+                if current is None:
+                    current = _OpenFile(self, schema, pq)
+                take = min(self.max_rows - current.rows, table.num_rows - offset)
+                current.write(table.slice(offset, take))
+                offset += take
+                if current.rows >= self.max_rows:
+                    yield current.close()
+                    current = None
+        if current is not None:
+            yield current.close()
+
+
+class _OpenFile:
+    def __init__(self, spec: _FileWriter, schema: pa.Schema, pq):
+        name = f"{spec.prefix}-{uuid.uuid4()}.parquet"
+        self.path = f"{spec.folder}/{name}" if spec.folder else name
+        uri = objects.join(spec.table_uri, self.path)
+        fs, path = objects.filesystem(uri, spec.options)
+        if objects.is_local(uri):
+            fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        self.stream = fs.open_output_stream(path)
+        self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy")
+        self.fs, self.fs_path, self.rows = fs, path, 0
+        self.stats = _Stats(schema)
+
+    def write(self, table: pa.Table) -> None:
+        self.writer.write_table(table)
+        self.stats.add(table)
+        self.rows += table.num_rows
+
+    def close(self) -> pa.RecordBatch:
+        self.writer.close()
+        self.stream.close()
+        size = self.fs.get_file_info(self.fs_path).size
+        return pa.RecordBatch.from_pylist([{"path": self.path, "size": size, "rows": self.rows,
+                                            "stats": self.stats.json(self.rows)}])
+
+
+class _Stats:
+    """numRecords, exact min/max (ints, floats, dates, short strings) and null counts."""
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.mins: dict = {}
+        self.maxs: dict = {}
+        self.nulls: dict = {f.name: 0 for f in schema}
+
+    def add(self, table: pa.Table) -> None:
+        for f in self.schema:
+            col = table.column(f.name)
+            self.nulls[f.name] += col.null_count
+            if not _has_exact_stats(f.type) or col.null_count == len(col):
+                continue
+            mm = pc.min_max(col)
+            lo, hi = mm["min"].as_py(), mm["max"].as_py()
+            if lo is None:
+                continue
+            self.mins[f.name] = lo if f.name not in self.mins else min(self.mins[f.name], lo)
+            self.maxs[f.name] = hi if f.name not in self.maxs else max(self.maxs[f.name], hi)
+
+    def json(self, rows: int) -> str:
+        mins, maxs = {}, {}
+        for name in self.mins:
+            lo, hi = self.mins[name], self.maxs[name]
+            if isinstance(lo, str) and max(len(lo), len(hi)) > STAT_STRING_LIMIT:
+                continue
+            if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
+                continue
+            mins[name], maxs[name] = _jsonable(lo), _jsonable(hi)
+        return json.dumps({"numRecords": rows, "minValues": mins, "maxValues": maxs,
+                           "nullCount": self.nulls})
+
+
+def _has_exact_stats(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_date32(t)
+            or pa.types.is_string(t))
+
+
+def _jsonable(value):
+    return value.isoformat() if hasattr(value, "isoformat") else value

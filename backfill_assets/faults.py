@@ -3,7 +3,8 @@
 `BACKFILL_TEST_KILL_AT=<point>[@<n>]` (read by settings) makes the process SIGKILL itself the
 n-th time (default 1st) it reaches `<point>`; unset, the hook is a no-op function. Points:
 before_write, after_replica_commit, after_mv_commit, before_progress_commit,
-after_progress_commit.
+after_progress_commit, and inside the MV's storage-layer commit: mv_data_files_written,
+mv_change_files_written, mv_dv_file_written (just before its log entry is published).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import signal
 
 from backfill_assets.step import Hook, no_hook
 
+STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_dv_file_written")
 KILL_POINTS = ("before_write", "after_replica_commit", "after_mv_commit",
-               "before_progress_commit", "after_progress_commit")
+               "before_progress_commit", "after_progress_commit", *STORAGE_KILL_POINTS)
 
 
 def kill_hook(spec: str | None) -> Hook:

@@ -48,6 +48,7 @@ from backfill_assets.mv_spark import (
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.sources import SOURCES, SourceContext
+from backfill_assets.storage import maintain
 from backfill_assets.upstream_check import checked_upstream
 
 Hook = Callable[[str], None]
@@ -184,6 +185,7 @@ class _Step:
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered))
         self.hook("after_progress_commit")
+        _compact(self.ctx, report.vnodes, d.mode)
         report.progress = {v: state.current(v) for v in report.vnodes}
         report.versions = {v: plan.v_new for v in report.vnodes}
         report.seconds = time.monotonic() - self.started
@@ -199,7 +201,17 @@ class _Step:
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
         storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=forward,
-                              inserts=rows, rows_hint=self.report.snapshot_rows)
+                              inserts=rows, rows_hint=self.report.snapshot_rows,
+                              hook=lambda point: self.hook(f"mv_{point}"))
+
+
+def _compact(ctx: SourceContext, vnodes: Sequence[int], mode: str) -> None:
+    """Compaction inside the barrier, after its commits, when the MV's (or replica's) files
+    in this run's vnode span passed a threshold (storage.maintain.files_to_compact)."""
+    uris = [ctx.tables.mv] + ([ctx.tables.replica] if mode == "arrangement" else [])
+    for uri in uris:
+        snap = storage.Snapshot.load(uri, None, ctx.tables.storage_options)
+        maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)
 
 
 def _unfinished(progress_table, key_order, vnodes: set[int]) -> set[int]:

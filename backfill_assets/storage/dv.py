@@ -5,8 +5,7 @@ A DV file ``[<prefix>/]deletion_vector_<uuid>.bin`` is one version byte (1) foll
 covers magic + bitmap and the CRC too. A descriptor (the ``deletionVector`` of an ``add``)
 points at one DV: ``storageType`` 'u' (UUID-named file relative to the table, path = prefix +
 Z85 of the UUID), 'p' (absolute path) or 'i' (inline, Z85 of magic + bitmap). Measured facts:
-../shared/reference/deletion_vectors.md. This module only encodes and decodes; reading the
-bytes from the store is the caller's (``objects``).
+../shared/reference/deletion_vectors.md. ``load`` reads one descriptor's rows from the store.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pyroaring import BitMap64
+
+from backfill_assets.storage import objects
 
 MAGIC = 1681511377
 FORMAT_VERSION = 1
@@ -128,3 +129,16 @@ def encode_file(bitmaps: Iterable[BitMap64], prefix: str = "") -> DvFile:
                             "sizeInBytes": len(payload), "cardinality": len(bitmap)})
     name = f"deletion_vector_{file_id}.bin"
     return DvFile(f"{prefix}/{name}" if prefix else name, bytes(body), descriptors)
+
+
+def load(table_uri: str, descriptor: Mapping | None,
+         storage_options: Mapping[str, str] | None) -> BitMap64:
+    """The rows a descriptor deletes (empty without one), read from the table's store."""
+    if not descriptor:
+        return BitMap64()
+    if descriptor["storageType"] == "i":
+        return decode_inline(descriptor)
+    rel = relative_path(descriptor)
+    uri = objects.join(table_uri, rel) if rel else descriptor["pathOrInlineDv"]
+    offset, size = file_span(descriptor)
+    return decode_stored(objects.read_bytes(uri, storage_options, offset, size), descriptor)

@@ -22,7 +22,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets.delta_store import VNODE_COUNT_PROPERTY
-from backfill_assets.storage.commit import Change, Intent, commit
+from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.prune import VNODE, files_holding
 from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, read_snapshot
@@ -74,10 +74,12 @@ def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequ
 def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
                   intent: Intent, *, changes: DataFrame | None = None,
                   inserts: DataFrame | None = None, rows_hint: int = 0,
-                  file_rows: int = FILE_ROWS) -> Applied:
+                  file_rows: int = FILE_ROWS, hook: Hook = _no_hook) -> Applied:
     """One commit: keyed ``changes`` (table columns + ``_op``) merged on read, plus
     ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many rows
-    will be written (sizes the files)."""
+    will be written (sizes the files). ``hook`` is called between the writes (the crash tests
+    kill the process there): ``data_files_written``, ``change_files_written``, then
+    ``dv_file_written`` just before the log entry is published."""
     schema = snap.arrow_schema
     cols = schema.names
     cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
@@ -112,6 +114,7 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
                                int(vnode_count) if vnode_count else None, file_rows)
             adds = write_files(shaped, snap.uri, snap.storage_options, schema,
                                max_rows_per_file=file_rows)
+            hook("data_files_written")
         cdc = []
         if cdf and deletes:
             feed = cdc_parts[0]
@@ -120,11 +123,12 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
             cdc_schema = schema.append(pa.field(CHANGE_TYPE, pa.string()))
             cdc = write_files(feed.coalesce(1), snap.uri, snap.storage_options, cdc_schema,
                               folder=CHANGE_FOLDER, prefix="cdc")
+            hook("change_files_written")
         change = Change(adds=[a for a in adds if a.rows], cdc=cdc, deletes=deletes)
         written = sum(a.rows for a in adds)
         if change.empty and not intent.txns:
             return Applied(None, 0, 0)
-        version = commit(snap, change, intent)
+        version = commit(snap, change, intent, hook)
         return Applied(version, written, sum(len(b) for b in deletes.values()))
     finally:
         if matched is not None:

@@ -124,13 +124,7 @@ class _FileReader:
     def _deleted(self, task: dict):
         if not task["dv"]:
             return None
-        descriptor = json.loads(task["dv"])
-        if descriptor["storageType"] == "i":
-            return dv.decode_inline(descriptor)
-        rel = dv.relative_path(descriptor)
-        uri = objects.join(self.table_uri, rel) if rel else descriptor["pathOrInlineDv"]
-        offset, size = dv.file_span(descriptor)
-        return dv.decode_stored(objects.read_bytes(uri, self.options, offset, size), descriptor)
+        return dv.load(self.table_uri, json.loads(task["dv"]), self.options)
 
 
 def _cast(col, t: pa.DataType):

@@ -24,7 +24,9 @@ from tests.reliability import harness as H
 SNAPSHOT_KILLS = ["before_write", "after_replica_commit", "after_mv_commit",
                   "before_progress_commit", "after_progress_commit"]
 IDLE_KILL = "after_mv_commit"  # on a second barrier at the same upstream version
-CDF_ONLY_KILLS = ["after_mv_commit", "before_progress_commit"]
+# inside the MV's merge-on-read commit: after its data files, its change files, its DV file
+STORAGE_KILLS = ["mv_data_files_written", "mv_change_files_written", "mv_dv_file_written"]
+CDF_ONLY_KILLS = [*STORAGE_KILLS, "after_mv_commit", "before_progress_commit"]
 CHUNK = {"arrangement": 4, "no_shuffle": 32}  # per vnode / in total: ~8 snapshot barriers
 
 
@@ -64,6 +66,9 @@ def _crash_state_ok(point: str, pre: H.TableState, post: H.TableState, ref: H.Ta
 
     if point == "before_write":
         assert all(same(t) for t in v1), f"{point}: something was written {v0} -> {v1}"
+        assert post.mv == pre.mv and post.progress == pre.progress
+    elif point in STORAGE_KILLS:  # files written, no log entry: invisible
+        assert same("mv") and same("progress"), f"{point}: MV/progress written {v0} -> {v1}"
         assert post.mv == pre.mv and post.progress == pre.progress
     elif point == "after_replica_commit":
         assert same("mv") and same("progress"), f"{point}: MV/progress written {v0} -> {v1}"

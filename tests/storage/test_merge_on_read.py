@@ -94,8 +94,8 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
         applied, expected = _apply(spark, uri, model, ops, fresh, step, file_rows)
         dt = DeltaTable(uri)
         assert dt.transaction_version("t/mv/0") == step
-        assert _rows(pa.table(QueryBuilder().register("t", dt).execute("select * from t").read_all())) \
-            == _model_rows(model)
+        query = QueryBuilder().register("t", dt).execute("select * from t").read_all()
+        assert _rows(pa.table(query)) == _model_rows(model)
         assert _rows(pl.read_delta(uri).to_arrow()) == _model_rows(model)
         assert _rows(read_snapshot(spark, Snapshot.load(uri)).toArrow()) == _model_rows(model)
         feed = pa.table(dt.load_cdf(starting_version=applied.version,
@@ -122,7 +122,8 @@ def test_two_writers_sharing_a_file_are_rebased_and_a_same_vnode_race_is_fenced(
     assert len(planned.files) == 1
 
     def delete(key: int, app: str):
-        ch = spark.createDataFrame([(key, None, key % 4, "delete")], SPARK_SCHEMA + ", _op string")
+        ch = spark.createDataFrame([(key, None, key % 4, "delete")],
+                                   SPARK_SCHEMA + ", _op string")
         return apply_changes(spark, planned, ["id"], Intent({app: 1}), changes=ch)
 
     delete(1, "t/mv/1")

@@ -173,18 +173,20 @@ def read_raw_changes(
     end: int,
     columns: Sequence[str] | None = None,
     *,
-    predicate: str | None = None,
+    vnodes: Iterable[int] | None = None,
     storage_options: StorageOptions = None,
 ) -> pa.Table:
     """The change data feed rows with ``start_exclusive < _commit_version <= end``.
 
     Columns: the table's columns (or ``columns``) plus ``_change_type`` and
     ``_commit_version`` (and ``_commit_timestamp`` unless ``columns`` is given); strings as
-    ``string`` (not ``string_view``). ``predicate`` is a SQL filter evaluated by delta-rs
-    (``vnode IN (...)`` on a platform table). Raises ChangeFeedDisabled when the change data
-    feed is off at either end of the range, HistoryUnavailable when a version of the range is
-    out of the table's history or its files were vacuumed, InvalidVersionRange when
-    ``end < start_exclusive`` or ``start_exclusive < -1``.
+    ``string`` (not ``string_view``). ``vnodes`` keeps the rows of those vnodes (a platform
+    table with a ``vnode`` column). Read by the storage layer from the log
+    (``storage.changes``), not by delta-rs ``load_cdf`` (it mis-encodes some partition paths).
+    Raises ChangeFeedDisabled when the change data feed is off at either end of the range,
+    HistoryUnavailable when a version of the range is out of the table's history or its files
+    were vacuumed, InvalidVersionRange when ``end < start_exclusive`` or
+    ``start_exclusive < -1``.
     """
     if start_exclusive < -1 or end < start_exclusive:
         raise InvalidVersionRange(
@@ -216,10 +218,12 @@ def read_raw_changes(
             f"({start_exclusive}, {end}] cannot be read; start from a version written after "
             f"{CDF_PROPERTY} was set to true"
         )
+    from backfill_assets.storage.changes import read_change_range
+    from backfill_assets.storage.log import Snapshot
+
     try:
-        reader = dt.load_cdf(starting_version=start_exclusive + 1, ending_version=end,
-                             columns=wanted, predicate=predicate)
-        table = pa.table(reader)
+        table = read_change_range(Snapshot(uri.rstrip("/"), dict(storage_options or {}), dt),
+                                  start_exclusive, end, wanted, vnodes)
     except (DeltaError, OSError, pa.ArrowException) as exc:
         if _is_missing_history(exc):
             raise HistoryUnavailable(

@@ -82,11 +82,9 @@ def read_changes(
         and [str(k) for k in key_names] == _json_list(config[delta_store.PK_PROPERTY])
         and str(config.get(delta_store.VNODE_COUNT_PROPERTY)) == str(vnode_count)
     )
-    predicate = None
-    if platform_vnodes and vnode_list is not None:
-        predicate = delta_store.vnode_predicate(vnode_list)
-    raw = delta_store.read_raw_changes(uri, start_exclusive, end, predicate=predicate,
-                                       storage_options=storage_options)
+    raw = delta_store.read_raw_changes(
+        uri, start_exclusive, end, vnodes=vnode_list if platform_vnodes else None,
+        storage_options=storage_options)
     raw = raw.drop_columns([c for c in ("_commit_timestamp",) if c in raw.column_names])
     df = spark.createDataFrame(raw, schema=spark_schema(raw.schema))
     if not platform_vnodes:

@@ -123,6 +123,10 @@ class Snapshot:
     def check_readable(self) -> None:
         """Refuse reader features (and column mapping modes) the layer cannot honour."""
         unknown = sorted(set(self.reader_features) - SUPPORTED_READER_FEATURES)
+        if '"variant"' not in self.table.schema().to_json():
+            # delta-rs switches this feature on with any property change; without a variant
+            # column there is nothing a reader must do for it
+            unknown = [f for f in unknown if not f.startswith("variantType")]
         if unknown:
             raise UnsupportedTableFeature(
                 f"{self.uri} (version {self.version}) needs reader features {unknown}, which "

@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.errors import StorageMismatch
@@ -87,44 +88,57 @@ class _FileReader:
                 yield from self._read(task, out)
 
     def _read(self, task: dict, out: pa.Schema):
-        import pyarrow.parquet as pq
+        deleted = None
+        if task["dv"]:
+            deleted = dv.load(self.table_uri, json.loads(task["dv"]), self.options)
+        parts = pa.ipc.open_stream(pa.py_buffer(task["parts"])).read_all() \
+            if task["parts"] is not None else None
+        ids = task["path"] if self.row_ids else None
+        table = file_rows(task["uri"], self.options, self.physical, out, rows=task["rows"],
+                          deleted=deleted, partition=parts, row_ids_for=ids)
+        yield from table.to_batches(max_chunksize=65536)
 
-        fs, path = objects.filesystem(task["uri"], self.options)
-        with fs.open_input_file(path) as handle:
-            pf = pq.ParquetFile(handle)
-            rows = pf.metadata.num_rows
-            if task["rows"] is not None and rows != task["rows"]:
-                raise StorageMismatch(
-                    f"{task['uri']} holds {rows} rows but the Delta log of {self.table_uri} "
-                    f"records {task['rows']}: the store is not what the log says; stop")
-            present = set(pf.schema_arrow.names)
-            cols = [p for p in self.physical.values() if p in present]
-            table = pf.read(columns=cols)
-        deleted = self._deleted(task)
-        if deleted is not None and len(deleted) and deleted.max() >= rows:
-            raise StorageMismatch(f"the DV of {task['uri']} deletes row {deleted.max()} of "
-                                  f"{rows}: the DV belongs to another file")
-        data = {}
-        for logical, phys in self.physical.items():
-            col = table.column(phys) if phys in present else pa.nulls(rows)
-            data[logical] = col
-        if task["parts"] is not None:
-            part = pa.ipc.open_stream(pa.py_buffer(task["parts"])).read_all()
-            for name in part.column_names:
-                data[name] = pa.repeat(part.column(name)[0], rows)
-        if self.row_ids:
-            data["__bf_file"] = pa.repeat(pa.scalar(task["path"]), rows)
-            data["__bf_row"] = pa.array(range(rows), pa.int64())
-        result = pa.table({f.name: _cast(data[f.name], f.type) for f in out}, schema=out)
-        if deleted is not None and len(deleted):
-            keep = _mask(rows, deleted)
-            result = result.filter(keep)
-        yield from result.to_batches(max_chunksize=65536)
 
-    def _deleted(self, task: dict):
-        if not task["dv"]:
-            return None
-        return dv.load(self.table_uri, json.loads(task["dv"]), self.options)
+def file_rows(uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+              out: pa.Schema, *, rows: int | None = None, deleted=None, only=None,
+              partition: pa.Table | None = None, constants: Mapping[str, object] | None = None,
+              row_ids_for: str | None = None) -> pa.Table:
+    """The rows of one data file as ``out``: its physical row count checked against ``rows``
+    (the log's), the rows of ``deleted`` dropped (or only those of ``only`` kept: the rows a
+    new DV deletes), logical names for physical ones, partition values and ``constants``
+    added."""
+    import pyarrow.parquet as pq
+
+    fs, path = objects.filesystem(uri, options)
+    with fs.open_input_file(path) as handle:
+        pf = pq.ParquetFile(handle)
+        count = pf.metadata.num_rows
+        if rows is not None and count != rows:
+            raise StorageMismatch(
+                f"{uri} holds {count} rows but the Delta log records {rows}: the store is not "
+                "what the log says; stop")
+        present = set(pf.schema_arrow.names)
+        table = pf.read(columns=[p for p in physical.values() if p in present])
+    for bitmap in (deleted, only):
+        if bitmap is not None and len(bitmap) and bitmap.max() >= count:
+            raise StorageMismatch(f"a DV of {uri} names row {bitmap.max()} of {count}: the DV "
+                                  "belongs to another file")
+    data = {logical: table.column(phys) if phys in present else pa.nulls(count)
+            for logical, phys in physical.items()}
+    if partition is not None:
+        for name in partition.column_names:
+            data[name] = pa.repeat(partition.column(name)[0], count)
+    for name, value in (constants or {}).items():
+        data[name] = pa.repeat(pa.scalar(value, out.field(name).type), count)
+    if row_ids_for is not None:
+        data[FILE_COLUMN] = pa.repeat(pa.scalar(row_ids_for), count)
+        data[ROW_COLUMN] = pa.array(range(count), pa.int64())
+    result = pa.table({f.name: _cast(data[f.name], f.type) for f in out}, schema=out)
+    if only is not None:
+        return result.filter(pc.invert(_mask(count, only)))
+    if deleted is not None and len(deleted):
+        return result.filter(_mask(count, deleted))
+    return result
 
 
 def _cast(col, t: pa.DataType):

@@ -26,11 +26,10 @@ def worker(args) -> dict:
     from deltalake import write_deltalake
     from pyspark.sql import functions as F
 
-    from backfill_assets import delta_store, mv_store, spark_ops
+    from backfill_assets import delta_store, mv_store, spark_ops, storage
     from backfill_assets.core.keys import KeyColumn, KeyOrder
     from backfill_assets.mv_spark import KEEP, project, select_chunk, validate_expressions
     from backfill_assets.sources import replica_schema
-    from backfill_assets.spark_delta_writer import append_dataframe
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     uri, version = info["path"], info["version"]
@@ -58,11 +57,14 @@ def worker(args) -> dict:
 
     def new_table(schema_: pa.Schema) -> object:
         n_table[0] += 1
-        return mv_store.ensure_table(os.path.join(run_dir, f"t{n_table[0]}"), schema_, {},
-                                     cdf=False)
+        return mv_store.ensure_data_table(os.path.join(run_dir, f"t{n_table[0]}"), schema_, {},
+                                          cdf=False, key_names=key_names,
+                                          vnode_count=args.vnodes)
 
-    def props():
-        return mv_store.commit_properties("p", "x", vnodes, version)
+    def append_dataframe(df, table) -> int:
+        snap = storage.Snapshot(table.table_uri.removeprefix("file://"), {}, table)
+        intent = mv_store.intent("p", "x", vnodes, version)
+        return storage.append(spark, snap, df, key_names, intent, args.rows).rows_written
 
     def read():
         return spark_ops.read_version(spark, uri, version, schema)
@@ -103,12 +105,12 @@ def worker(args) -> dict:
     time_it("D replica init as is", "sources.ReplicaSource._initialise (the step's code)",
             init_as_is, setup=lambda: new_table(rschema))
     time_it("E replica init, no vnode recompute", "append_dataframe(read_version())",
-            lambda t: append_dataframe(read(), t, props()), setup=lambda: new_table(rschema))
+            lambda t: append_dataframe(read(), t), setup=lambda: new_table(rschema))
     time_it("F replica init, pk-clustered", "sortWithinPartitions(vnode, pk) + append",
-            lambda t: append_dataframe(read().sortWithinPartitions("vnode", *key_names), t,
-                                       props()), setup=lambda: new_table(rschema))
+            lambda t: append_dataframe(read().sortWithinPartitions("vnode", *key_names), t),
+            setup=lambda: new_table(rschema))
     replica = new_table(rschema)
-    append_dataframe(read(), replica, props())
+    append_dataframe(read(), replica)
 
     def replica_rows():
         return spark_ops.read_version(spark, replica.table_uri, None, rschema, vnodes=vnodes)
@@ -144,12 +146,12 @@ def worker(args) -> dict:
             lambda: rows_after(read(), positions, key_order).count())
     # --- MV commit
     mv_arrow = kept.cast(mv_schema) if kept is not None else None
-    time_it("L MV commit from the driver (as is)", "write_deltalake(append) of J's rows",
-            lambda t: write_deltalake(t, mv_arrow, mode="append", commit_properties=props()),
+    time_it("L MV commit from the driver", "write_deltalake(append) of J's rows",
+            lambda t: write_deltalake(t, mv_arrow, mode="append"),
             setup=lambda: new_table(mv_schema))
-    time_it("M MV write off the driver", "project + where(_keep) + append_dataframe",
-            lambda t: append_dataframe(project(read(), d).where(F.col(KEEP)).drop(KEEP), t,
-                                       props()), setup=lambda: new_table(mv_schema))
+    time_it("M MV write off the driver (as is)", "project + where(_keep) + storage.append",
+            lambda t: append_dataframe(project(read(), d).where(F.col(KEEP)).drop(KEEP), t),
+            setup=lambda: new_table(mv_schema))
     n = args.rows
     time_it("N '_op' column as a Python list", "pa.array(['upsert'] * rows)",
             lambda: pa.array(["upsert"] * n, pa.string()).nbytes)

@@ -611,7 +611,8 @@ class PhaseProfiler:
 
     def install(self) -> PhaseProfiler:
 
-        from backfill_assets import barrier, mv_store, sources, spark_delta_writer, step
+        from backfill_assets import barrier, mv_store, sources, step
+        from backfill_assets.storage import maintain, merge
 
         self.wrap(barrier, "run_step", "step glue (other)")
         self.wrap(step, "checked_upstream", "check upstream + pin")
@@ -622,10 +623,12 @@ class PhaseProfiler:
         self.wrap(step, "recover_state", "recover progress")
         self.wrap(step, "_change_chunk", "change read (CDF delta-rs -> Spark)")
         self.wrap(sources.ReplicaSource, "_initialise", "replica init (Spark read + write)")
-        self.wrap(spark_delta_writer, "_stats", "parquet footer stats")
-        self.wrap(spark_delta_writer, "_commit", "Delta commit (delta-rs)")
-        self.wrap(spark_delta_writer, "files_holding", "copy-on-write: files to rewrite")
-        self.wrap(sources.ReplicaSource, "_replicate", "replica merge (Spark copy-on-write)")
+        self.wrap(merge, "write_files", "data + change files (Spark mapInArrow)")
+        self.wrap(merge, "commit", "Delta commit (log entry, DVs)")
+        self.wrap(merge, "_match", "merge-on-read: changed keys meet held rows")
+        self.wrap(merge, "_deleted_rows", "merge-on-read: positions to the driver")
+        self.wrap(maintain, "compact", "compaction")
+        self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
         self.wrap(step, "_forward", "forward netting (Spark)")
         self.wrap(step, "_snapshot_chunk", "snapshot chunk: select + cache (Spark)")
         self.wrap(step, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
@@ -634,7 +637,7 @@ class PhaseProfiler:
         self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")
         if hasattr(step, "_Step"):
             self.wrap(step._Step, "open", "step open: plan + misc")
-            self.wrap(step._Step, "_commit_mv", "MV write (Spark copy-on-write / append)")
+            self.wrap(step._Step, "_commit_mv", "MV write (merge-on-read / append)")
         return self
 
 

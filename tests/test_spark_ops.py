@@ -46,8 +46,11 @@ def test_read_version_matches_delta(spark, table):
 def test_read_version_prunes_vnodes(spark, table):
     from backfill_assets.spark_ops import read_version
 
-    files_all = delta_store.version_files(table, 2)
-    files_some = delta_store.version_files(table, 2, [1, 2])
+    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage.prune import files_in_vnodes
+
+    files_all = Snapshot.load(table, 2).files
+    files_some = files_in_vnodes(files_all, [1, 2])
     assert 0 < len(files_some) < len(files_all)
     rows = _rows(read_version(spark, table, 2, vnodes=[1, 2]))
     assert rows and {r["vnode"] for r in rows} <= {1, 2}

@@ -45,7 +45,6 @@ def test_read_version_matches_delta(spark, table):
 
 def test_read_version_prunes_vnodes(spark, table):
     from backfill_assets.spark_ops import read_version
-
     from backfill_assets.storage import Snapshot
     from backfill_assets.storage.prune import files_in_vnodes
 

@@ -88,7 +88,7 @@ def _actions(snap: Snapshot, v: int) -> list[dict]:
         raise HistoryUnavailable(
             f"changes of {snap.uri} are no longer available: version {v} is no longer in the "
             "table's log (log retention cleaned it up); rebuild from a later version or keep "
-            "the log longer (delta.logRetentionDuration)") from None
+            "history longer (delta.logRetentionDuration)") from None
     return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
 
 
@@ -98,7 +98,7 @@ def _read(snap: Snapshot, action: Mapping, physical: Mapping[str, str], out: pa.
     if not objects.exists(uri, snap.storage_options):
         raise HistoryUnavailable(
             f"changes of {snap.uri} are no longer available: {uri}, which its change feed "
-            "needs, is gone (vacuumed); rebuild from the latest version or keep removed files "
+            "needs, is gone (vacuumed); rebuild from the latest version or keep history "
             "longer (delta.deletedFileRetentionDuration)")
     parts = _partition_row(action.get("partitionValues") or {}, out)
     return file_rows(uri, snap.storage_options, physical, out, partition=parts,

@@ -88,7 +88,7 @@ bench-quick: env
 		--bulk benchmarks/results/bulk_quick.json --name scaling_quick
 	$(PY) -m benchmarks.bench_profile --rows $(BENCH_QUICK_ROWS) --repeat 1 --name profile_quick
 	flock $(BENCH_LOCK) $(PY) -m benchmarks.bench_latency --rows $(BENCH_QUICK_ROWS) \
-		--barriers 5 --max-seconds 240 --name latency_quick
+		--vnodes 16 --intervals 5 --commits 5 --max-seconds 240 --name latency_quick
 
 # ---------------------------------------------------------------------------- reliability
 # The long randomized soak (docs/RELIABILITY.md): SOAK_SECONDS of random DML, barriers,

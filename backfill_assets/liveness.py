@@ -22,7 +22,8 @@ MV_TAG = "backfill/mv"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
              dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
              dg.DagsterRunStatus.CANCELING]
-RESTART_BACKOFF = datetime.timedelta(seconds=10)  # doubled per consecutive failure ...
+FREE_RESTARTS = 3  # consecutive failures restarted at once (kills, lost races) ...
+RESTART_BACKOFF = datetime.timedelta(seconds=10)  # ... then this, doubled per failure ...
 MAX_BACKOFF = datetime.timedelta(minutes=5)  # ... up to this
 
 
@@ -80,7 +81,8 @@ def follower_restart(instance: dg.DagsterInstance, first: int, last: int) -> Res
     if failures == 0:
         return Restart(True, f"follower {last_run.dagster_run.run_id[:8]} ended "
                              f"({last_run.dagster_run.status.value})", last_run.dagster_run.run_id)
-    wait = min(MAX_BACKOFF, RESTART_BACKOFF * (2 ** (failures - 1))) if failures > 1 else None
+    extra = failures - FREE_RESTARTS
+    wait = min(MAX_BACKOFF, RESTART_BACKOFF * (2 ** (extra - 1))) if extra > 0 else None
     ended = last_run.end_time
     if wait is not None and ended is not None:
         remaining = ended + wait.total_seconds() - time.time()

@@ -94,7 +94,7 @@ def _caught_up(tables, upstream_uri: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures):
+def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures, monkeypatch):
     warehouse, home = str(tmp_path / "warehouse"), str(tmp_path / "dagster_home")
     env = _env(tmp_path, warehouse, home)
     upstream = f"{warehouse}/upstream"
@@ -105,7 +105,7 @@ def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures):
     rng = random.Random(15)
     killed: list[str] = []
     try:
-        os.environ["DAGSTER_HOME"] = home  # this process reads the same instance
+        monkeypatch.setenv("DAGSTER_HOME", home)  # this process reads the same instance
         instance = dg.DagsterInstance.get()
         writer.start()
         for _ in range(KILLS):

@@ -12,9 +12,11 @@ import time
 import uuid
 
 import dagster as dg
+import pytest
 from dagster._core.events import EngineEventData
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
+from backfill_assets.errors import InvalidSettings
 from backfill_assets.follower import clear_stop, request_stop
 from backfill_assets.liveness import FOLLOWER_JOB, VNODES_TAG
 from backfill_assets.load_generator import LoadParams, run_load
@@ -89,3 +91,10 @@ def test_run_monitoring_marks_a_killed_worker_failed(dagster_home):
     time.sleep(0.1)
     monitor_started_run(instance, None, record, log)
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+
+
+def test_continuous_setting_is_a_flag():
+    assert load_settings({"BACKFILL_CONTINUOUS": "1"}).continuous
+    assert not load_settings({}).continuous
+    with pytest.raises(InvalidSettings, match="BACKFILL_CONTINUOUS"):
+        load_settings({"BACKFILL_CONTINUOUS": "maybe"})

@@ -144,3 +144,45 @@ def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures, mo
     assert_verified(spark, d, tables, stats)  # nothing lost, nothing duplicated
     figures["follower_kills"] += KILLS
     figures["rows_compared"] += stats["verified_rows"]
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeypatch):
+    """Ctrl-C of `dagster job execute -j follower_job`, the same signal Dagster's Terminate
+    sends a run worker: the barrier in flight commits, the run ends CANCELED, and a stop
+    request keeps the sensor from restarting it."""
+    warehouse, home = str(tmp_path / "warehouse"), str(tmp_path / "dagster_home")
+    env = _env(tmp_path, warehouse, home)
+    dagster_dev.install_instance(home)
+    upstream = f"{warehouse}/upstream"
+    run_load(upstream, LoadParams(seed=12, initial_rows=800, versions=0), vnode_count=VNODES)
+    log = tmp_path / "follower.log"
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dagster", "job", "execute", "-m",
+             "backfill_assets.definitions", "-j", FOLLOWER_JOB], cwd=ROOT, env=env,
+            stdout=out, stderr=subprocess.STDOUT)
+    monkeypatch.setenv("DAGSTER_HOME", home)
+    instance = dg.DagsterInstance.get()
+    writer = _Writer(upstream)
+    writer.start()
+    try:
+        run = _wait("two barriers", lambda: next(
+            (r for r in _followers(instance) if _barriers_done(instance, r.run_id) >= 2), None),
+            proc, str(log), seconds=180)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(120) is not None
+    finally:
+        writer.halt.set()
+        writer.join()
+        if proc.poll() is None:
+            proc.kill()
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED
+    settings = load_settings(env)
+    d = load_mv_definition(settings)
+    tables = mv_tables(d, settings)
+    from backfill_assets.follower import stop_request
+
+    assert "terminated" in stop_request(tables)["reason"]
+    assert_verified(spark, d, tables)

@@ -171,6 +171,18 @@ def _run_phases(instance, commits: list[int], up_times: dict) -> dict:
     return parts
 
 
+def _stop_followers(env: dict, proc) -> None:
+    """A stop request, so the follower ends SUCCESS instead of being killed with the server."""
+    from backfill_assets.follower import request_stop
+    from resources.mv import load_mv_definition, mv_tables
+    from resources.settings import load_settings
+
+    if env.get("BACKFILL_CONTINUOUS") == "1" and proc.poll() is None:
+        settings = load_settings(env)
+        request_stop(mv_tables(load_mv_definition(settings), settings), "benchmark over")
+        time.sleep(5)
+
+
 def measure(args, path: str, interval: float) -> dict:
     """One `dagster dev` session: initial backfill, then commits every `interval` seconds."""
     import dagster as dg
@@ -229,6 +241,7 @@ def measure(args, path: str, interval: float) -> dict:
         result["measure_seconds"] = round(time.monotonic() - t0, 1)
         result.update(audit.result())
     finally:
+        _stop_followers(env, proc)
         dagster_dev.stop(proc)
     up_times, mv = _upstream_times(uri), _mv_commits(mv_uri)
     latencies, missed = [], []
@@ -292,7 +305,8 @@ def main(argv=None) -> None:
     p.add_argument("--commits", type=int, default=60, help="upstream commits to measure")
     p.add_argument("--max-seconds", type=float, default=900, help="bound on the measuring")
     p.add_argument("--drain", type=float, default=120, help="wait for the last commits")
-    p.add_argument("--settle", type=float, default=5)
+    p.add_argument("--settle", type=float, default=20,
+                   help="after the initial backfill (its events take seconds at 256 vnodes)")
     p.add_argument("--backfill-timeout", type=float, default=900)
     p.add_argument("--keep", action="store_true", help="keep the temp folder (logs, tables)")
     p.add_argument("--name", default="latency")

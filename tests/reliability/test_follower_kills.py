@@ -149,9 +149,10 @@ def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures, mo
 @pytest.mark.slow
 @pytest.mark.spark
 def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeypatch):
-    """Ctrl-C of `dagster job execute -j follower_job`, the same signal Dagster's Terminate
-    sends a run worker: the barrier in flight commits, the run ends CANCELED, and a stop
-    request keeps the sensor from restarting it."""
+    """What Dagster's Terminate does to a run worker (DefaultRunLauncher.terminate: record
+    CANCELING, then interrupt the process), here on `dagster job execute -j follower_job`: the
+    barrier in flight commits, the run ends CANCELED, and a stop request keeps the sensor from
+    restarting it. (A bare Ctrl-C does the same, but Dagster records FAILURE.)"""
     warehouse, home = str(tmp_path / "warehouse"), str(tmp_path / "dagster_home")
     env = _env(tmp_path, warehouse, home)
     dagster_dev.install_instance(home)
@@ -171,6 +172,7 @@ def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeyp
         run = _wait("two barriers", lambda: next(
             (r for r in _followers(instance) if _barriers_done(instance, r.run_id) >= 2), None),
             proc, str(log), seconds=180)
+        instance.report_run_canceling(run)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(120) is not None
     finally:
@@ -179,6 +181,7 @@ def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeyp
         if proc.poll() is None:
             proc.kill()
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.CANCELED
+    assert "follower stopped (interrupt) after" in log.read_text()
     settings = load_settings(env)
     d = load_mv_definition(settings)
     tables = mv_tables(d, settings)

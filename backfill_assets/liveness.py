@@ -51,9 +51,14 @@ def writers_over(instance: dg.DagsterInstance, vnodes: Sequence[int], vnode_coun
     records = instance.get_run_records(
         dg.RunsFilter(job_name=None, statuses=IN_FLIGHT), limit=200)
     return [r.dagster_run for r in records
-            if r.dagster_run.job_name in (BACKFILL_JOB, FOLLOWER_JOB)
+            if _writes_vnodes(r.dagster_run.job_name)
             and r.dagster_run.run_id != exclude_run_id
             and wanted.intersection(run_vnodes(r.dagster_run, vnode_count))]
+
+
+def _writes_vnodes(job_name: str) -> bool:
+    """Barrier runs, followers, and asset-page materializations (Dagster's implicit job)."""
+    return job_name in (BACKFILL_JOB, FOLLOWER_JOB) or job_name.startswith("__ASSET_JOB")
 
 
 @dataclass(frozen=True)

@@ -6,25 +6,29 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env test demo ui lint clean-demo
+.PHONY: env test demo ui lint clean-demo instance
 
 env: $(STAMP)
+
+# the project's Dagster instance config (run monitoring, see dagster.yaml) in DAGSTER_HOME
+instance: $(DAGSTER_HOME)/dagster.yaml
+
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+	@mkdir -p $(DAGSTER_HOME)
+	cp dagster.yaml $@
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-test: env
-	@mkdir -p $(DAGSTER_HOME)
+test: env instance
 	$(PY) -m pytest
 
-demo: env
-	@mkdir -p $(DAGSTER_HOME)
+demo: env instance
 	$(PY) -m jobs.demo
 
-ui: env
-	@mkdir -p $(DAGSTER_HOME)
+ui: env instance
 	$(PY) -m dagster dev -w workspace.yaml
 
 lint: env
@@ -84,7 +88,7 @@ bench-quick: env
 		--bulk benchmarks/results/bulk_quick.json --name scaling_quick
 	$(PY) -m benchmarks.bench_profile --rows $(BENCH_QUICK_ROWS) --repeat 1 --name profile_quick
 	flock $(BENCH_LOCK) $(PY) -m benchmarks.bench_latency --rows $(BENCH_QUICK_ROWS) \
-		--barriers 5 --max-seconds 240 --name latency_quick
+		--vnodes 16 --intervals 5 --commits 5 --max-seconds 240 --name latency_quick
 
 # ---------------------------------------------------------------------------- reliability
 # The long randomized soak (docs/RELIABILITY.md): SOAK_SECONDS of random DML, barriers,

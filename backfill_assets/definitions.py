@@ -14,6 +14,7 @@ from backfill_assets.partitions import vnode_partitions
 from backfill_assets.sensors import build_barrier_sensor
 from jobs.backfill import build_backfill_job
 from jobs.controls import build_controls_job
+from jobs.follower import build_follower_jobs
 from jobs.maintain import build_maintain_job
 from jobs.upstream_load import upstream_load_job
 from jobs.verify import build_verify_job
@@ -30,7 +31,8 @@ defs = dg.Definitions(
     assets=build_assets(mv, settings, hook=kill_hook(settings.test_kill_at)),
     asset_checks=[build_oracle_check(mv, settings)],
     jobs=[upstream_load_job, backfill_job, build_verify_job(mv, settings),
-          build_controls_job(mv, settings), build_maintain_job(mv, settings)],
+          build_controls_job(mv, settings), build_maintain_job(mv, settings),
+          *build_follower_jobs(mv, settings, hook=kill_hook(settings.test_kill_at))],
     sensors=[build_barrier_sensor(mv, settings, "backfill_job", settings.run_ranges)],
     resources={
         "spark": spark_resource(settings),

@@ -13,6 +13,10 @@ class ConcurrentBackfillRun(BackfillError):
     """Another run wrote the same vnodes at the same time; this one wrote nothing more."""
 
 
+class FollowerAlreadyRunning(BackfillError):
+    """A follower run already follows some of these vnodes; two would only fence each other."""
+
+
 class WarehouseNotWritable(BackfillError):
     """The warehouse folder cannot be written by this user."""
 

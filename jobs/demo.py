@@ -6,8 +6,10 @@
 3. `backfill_job` runs barrier after barrier (in this process, on the real Dagster instance
    under DAGSTER_HOME, so every run shows in `dagster dev`) until every vnode is finished,
 4. a few more barriers of pure change-feed maintenance follow, the writer stops, one last
-   barrier catches up, and
-5. `verify_job` recomputes the MV independently and compares row for row.
+   barrier catches up,
+5. continuous mode: `follower_job` follows a new writer for DEMO_CONTINUOUS_SECONDS (15; 0
+   skips it) in one run on a warm Spark session, then `stop_follower_job` stops it, and
+6. `verify_job` recomputes the MV independently and compares row for row.
 A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo).
 """
 
@@ -24,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_ROWS = int(os.environ.get("DEMO_ROWS", "300000"))
 DEMO_VNODES = os.environ.get("DEMO_VNODES", "64")
 MAINTENANCE_BARRIERS = 3
+CONTINUOUS_SECONDS = int(os.environ.get("DEMO_CONTINUOUS_SECONDS", "15"))
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the UI has the full log
 
 
@@ -104,6 +107,7 @@ def main() -> int:
               f"{meta['percent_done']:5.1f}% done, vnodes finished {meta['vnodes_finished']}")
         if after_finish is None and meta["percent_done"] >= 100.0:
             after_finish = barriers
+    _continuous_phase(defs, instance, mv_tables(mv).upstream)
     seconds = time.monotonic() - started
     verify = defs.resolve_job_def("verify_job").execute_in_process(
         instance=instance, raise_on_error=False, run_config=QUIET)
@@ -116,6 +120,39 @@ def main() -> int:
     print(f"verify_job: {verdict}")
     print(f"tables under {mv_root(mv_tables(mv))}; watch the runs with `make ui`")
     return 0 if verify.success else 1
+
+
+def _continuous_phase(defs, instance, upstream_uri: str) -> None:
+    """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
+    committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
+    import dagster as dg
+
+    if CONTINUOUS_SECONDS <= 0:
+        return
+    print(f"\ncontinuous mode: follower_job follows a writer for {CONTINUOUS_SECONDS} s")
+    follower, result = defs.resolve_job_def("follower_job"), {}
+    config = {**QUIET, "ops": {"follow_upstream": {"config": {"poll_seconds": 0.5}}}}
+    thread = threading.Thread(target=lambda: result.update(run=follower.execute_in_process(
+        instance=instance, run_config=config, raise_on_error=False)), daemon=True)
+    writer = _Writer(upstream_uri)
+    thread.start()
+    writer.start()
+    deadline, shown = time.monotonic() + CONTINUOUS_SECONDS, None
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        runs = instance.get_runs(dg.RunsFilter(job_name="follower_job"), limit=1)
+        tags = runs[0].tags if runs else {}
+        if tags.get("follower/barriers") not in (None, shown):
+            shown = tags["follower/barriers"]
+            print(f"  follower barrier {shown:>3} @v{tags['follower/version']:<4} lag "
+                  f"{tags['follower/lag_versions']} versions / {tags['follower/lag_seconds']} s")
+    writer.stop.set()
+    writer.join()
+    time.sleep(2)  # let the follower take the writer's last version
+    defs.resolve_job_def("stop_follower_job").execute_in_process(instance=instance,
+                                                                   run_config=QUIET)
+    thread.join()
+    print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}")
 
 
 def _run_metadata(result) -> dict:

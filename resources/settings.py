@@ -19,6 +19,10 @@ BACKFILL_STORAGE_OPTIONS   object-store options, a JSON object of   ``{}``
 BACKFILL_MV_CONFIG         YAML file of the MV definition           ``jobs/configs/mv.yaml``
 BACKFILL_RUN_RANGES        vnode ranges the barrier sensor starts   1
                            one run for each (1..vnode count)
+BACKFILL_CONTINUOUS        1: the barrier sensor keeps one          0
+                           ``follower_job`` alive per vnode range
+                           (continuous mode) instead of starting
+                           one ``backfill_job`` run per barrier
 BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
                            SIGKILL itself at that commit boundary
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset
@@ -49,6 +53,7 @@ ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
 ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
 ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
 ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
+ENV_CONTINUOUS = "BACKFILL_CONTINUOUS"
 _MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|sc|mesos)://\S+)$")
 
 
@@ -63,6 +68,7 @@ class Settings:
     storage_options_env: Mapping[str, str] = field(default_factory=dict)
     mv_config: str | None = None  # path of the MV definition YAML (None: the default)
     run_ranges: int = 1  # vnode ranges the barrier sensor requests one run each for
+    continuous: bool = False  # the sensor keeps followers alive instead of per-barrier runs
     test_kill_at: str | None = None  # fault injection for the crash tests (never in production)
     dagster_home: str | None = None
 
@@ -130,6 +136,15 @@ def _warehouse_root(environ: Mapping[str, str]) -> str:
     return os.path.abspath(os.path.expanduser(raw))
 
 
+def _flag(environ: Mapping[str, str], var: str) -> bool:
+    raw = environ.get(var, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise InvalidSettings(f"{var}={raw!r} is not allowed: use 1 (on) or 0 (off)")
+
+
 def _optional_path(environ: Mapping[str, str], var: str) -> str | None:
     raw = environ.get(var, "").strip()
     return os.path.abspath(os.path.expanduser(raw)) if raw else None
@@ -161,6 +176,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         storage_options_env=storage_env,
         mv_config=_optional_path(env, ENV_MV_CONFIG),
         run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),
+        continuous=_flag(env, ENV_CONTINUOUS),
         test_kill_at=env.get(ENV_TEST_KILL_AT) or None,
         dagster_home=env.get("DAGSTER_HOME") or None,
     )

@@ -1,0 +1,167 @@
+"""follower_job (continuous mode) and the two buttons that stop and start it.
+
+    # one long-running run that keeps the MV seconds behind (the sensor starts it when
+    # BACKFILL_CONTINUOUS=1; launching it by hand works too)
+    dagster job execute -m backfill_assets.definitions -j follower_job
+    # stop every follower of the MV after its barrier in flight; stays stopped ...
+    dagster job execute -m backfill_assets.definitions -j stop_follower_job
+    # ... until started again (the sensor restarts the followers within seconds)
+    dagster job execute -m backfill_assets.definitions -j start_follower_job
+
+Terminating a follower run in the UI is a stop request as well (the barrier in flight commits
+first; terminate twice to abandon it, which recovery repairs at the next barrier).
+"""
+
+import threading
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+
+from backfill_assets.assets import MV, OWNED
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.errors import FollowerAlreadyRunning
+from backfill_assets.follower import (
+    DEFAULT_POLL_SECONDS,
+    BarrierRecord,
+    clear_stop,
+    follow,
+    request_stop,
+    stop_on_interrupt,
+)
+from backfill_assets.liveness import FOLLOWER_JOB, MV_TAG, run_vnodes, vnodes_tag, writers_over
+from backfill_assets.partitions import vnode_key
+from backfill_assets.progress_view import run_metadata, vnode_metadata
+from backfill_assets.step import Hook, no_hook
+from resources.mv import mv_tables
+from resources.settings import Settings
+from resources.warehouse import WarehouseResource
+
+
+class FollowerConfig(dg.Config):
+    """Leave the vnodes unset for the whole MV (or start the run with a `backfill/vnodes` tag,
+    "first-last", as the sensor does)."""
+
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    first_vnode: int | None = None
+    last_vnode: int | None = None
+    max_barriers: int | None = None  # stop after this many barriers (tests, benchmarks)
+
+
+def build_follower_jobs(d: MVDefinition, settings: Settings,
+                        hook: Hook = no_hook) -> list[dg.JobDefinition]:
+    return [_follower_job(d, settings, hook), _stop_job(d, settings), _start_job(d, settings)]
+
+
+def _follower_job(d: MVDefinition, settings: Settings, hook: Hook) -> dg.JobDefinition:
+    @dg.op(name="follow_upstream",
+           description="Barrier after barrier on a warm Spark session until stopped.")
+    def follow_upstream(context: dg.OpExecutionContext, config: FollowerConfig,
+                        spark: LazyPySparkResource, warehouse: WarehouseResource) -> dg.Output:
+        vnodes = _vnodes(context.run, config, d.vnode_count)
+        tables = mv_tables(d, settings, warehouse.options())
+        others = [r for r in writers_over(context.instance, vnodes, d.vnode_count, context.run_id)
+                  if r.job_name == FOLLOWER_JOB]
+        if others:
+            raise FollowerAlreadyRunning(
+                f"follower run {others[0].run_id} already follows vnodes of "
+                f"{vnodes[0]}..{vnodes[-1]}: stop it first (stop_follower_job or Terminate), or, "
+                "if its process is gone, let run monitoring mark it failed")
+        context.instance.add_run_tags(context.run_id, {**vnodes_tag(vnodes[0], vnodes[-1]),
+                                                       MV_TAG: d.name})
+        session = spark.spark_session  # before our signal handler: Spark installs its own
+        stop = threading.Event()
+        emit = _Emitter(context, d)
+        with stop_on_interrupt(stop, lambda: request_stop(
+                tables, f"run {context.run_id} was terminated")):
+            summary = follow(session, d, tables, vnodes, on_barrier=emit, stop=stop,
+                             poll_seconds=config.poll_seconds, max_barriers=config.max_barriers,
+                             log=context.log.warning, hook=hook)
+        context.log.info(f"follower stopped ({summary.stopped_by}) after {summary.barriers} "
+                         f"barriers, {summary.conflicts} lost races")
+        if summary.stopped_by == "interrupt":
+            raise dg.DagsterExecutionInterruptedError()
+        return dg.Output(summary.barriers, metadata={"barriers": summary.barriers,
+                                                     "stopped_by": summary.stopped_by})
+
+    @dg.job(name=FOLLOWER_JOB, executor_def=dg.in_process_executor,
+            description="Continuous mode: keeps the MV seconds behind the upstream in one run.")
+    def follower_job():
+        follow_upstream()
+
+    return follower_job
+
+
+def _vnodes(run: dg.DagsterRun, config: FollowerConfig, vnode_count: int) -> list[int]:
+    if config.first_vnode is None and config.last_vnode is None:
+        return list(run_vnodes(run, vnode_count))
+    first = config.first_vnode or 0
+    last = vnode_count - 1 if config.last_vnode is None else config.last_vnode
+    return list(range(first, last + 1))
+
+
+class _Emitter:
+    """Per barrier: a log line, materializations of the vnodes whose progress moved, one
+    observation of `downstream_mv` with the run figures and lag, and run tags (the run page's
+    header) with barriers done, lag and rows/s. Unchanged vnodes emit nothing: a follower at
+    256 vnodes must not spend seconds per barrier on events."""
+
+    def __init__(self, context: dg.OpExecutionContext, d: MVDefinition) -> None:
+        self.context, self.d = context, d
+        self.seen: dict = {}
+
+    def __call__(self, rec: BarrierRecord) -> None:
+        ctx, report, figs = self.context, rec.report, rec.figures
+        moved = [v for v in report.vnodes if self.seen.get(v) != report.progress[v]]
+        self.seen.update(report.progress)
+        lag = {"lag_versions": rec.lag_versions, "lag_seconds": round(rec.lag_seconds, 2)}
+        ctx.log.info(
+            f"barrier {rec.number} @v{report.v_new}: {report.snapshot_rows} snapshot rows, "
+            f"{report.forwarded_rows} forwarded, {report.seconds:.2f} s, lag "
+            f"{rec.lag_versions} versions / {rec.lag_seconds:.1f} s, "
+            f"{figs.vnodes_finished}/{self.d.vnode_count} finished")
+        for vnode in moved:
+            key = vnode_key(vnode, self.d.vnode_count)
+            meta = vnode_metadata(report, vnode)
+            for asset in OWNED:
+                ctx.log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
+        to_mv = rec.commit_to_mv_seconds
+        ctx.log_event(dg.AssetObservation(MV, metadata={
+            **run_metadata(report, figs), **lag, "follower_barrier": rec.number,
+            "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}))
+        ctx.instance.add_run_tags(ctx.run_id, {
+            "follower/barriers": str(rec.number), "follower/version": str(report.v_new),
+            "follower/lag_versions": str(rec.lag_versions),
+            "follower/lag_seconds": f"{rec.lag_seconds:.1f}",
+            "follower/rows_per_second": f"{figs.rows_per_second:.0f}"})
+
+
+def _stop_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+    @dg.op(name="request_follower_stop")
+    def request_follower_stop(context: dg.OpExecutionContext) -> None:
+        request_stop(mv_tables(d, settings), f"stop_follower_job run {context.run_id}")
+        context.log.info(f"followers of MV {d.name!r} stop after their barrier in flight; "
+                         "start_follower_job starts them again")
+
+    @dg.job(name="stop_follower_job", executor_def=dg.in_process_executor,
+            description="Stop the MV's followers after their barrier in flight; they stay "
+                        "stopped (no restart) until start_follower_job.")
+    def stop_follower_job():
+        request_follower_stop()
+
+    return stop_follower_job
+
+
+def _start_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+    @dg.op(name="clear_follower_stop")
+    def clear_follower_stop(context: dg.OpExecutionContext) -> None:
+        had = clear_stop(mv_tables(d, settings))
+        context.log.info(("stop request withdrawn" if had else "no stop request was in force")
+                         + "; the barrier sensor starts the followers at its next tick "
+                         "(continuous mode), or launch follower_job")
+
+    @dg.job(name="start_follower_job", executor_def=dg.in_process_executor,
+            description="Withdraw a stop request so the sensor (re)starts the followers.")
+    def start_follower_job():
+        clear_follower_stop()
+
+    return start_follower_job

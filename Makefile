@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env test demo ui lint clean-demo instance
+.PHONY: env test demo ui screenshots lint clean-demo instance
 
 env: $(STAMP)
 
@@ -28,14 +28,26 @@ test: env instance
 demo: env instance
 	$(PY) -m jobs.demo
 
+# `make demo` leaves its settings (warehouse, vnode count, MV definition) in $(DEMO_ENV): the
+# UI then serves the demo's MV. Without that file the UI serves the defaults (./warehouse).
+DEMO_ENV ?= $(CURDIR)/demo.env
+UI_HOST ?= 127.0.0.1
+UI_PORT ?= 3000
+
 ui: env instance
-	$(PY) -m dagster dev -w workspace.yaml
+	@if [ -f "$(DEMO_ENV)" ]; then echo "serving the demo's platform ($(DEMO_ENV))"; fi
+	set -a; if [ -f "$(DEMO_ENV)" ]; then . "$(DEMO_ENV)"; fi; set +a; \
+		exec $(PY) -m dagster dev -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
+
+# screenshots of the main views for README/docs (needs Debian's `chromium`; not used by CI)
+screenshots: env
+	$(PY) -m docs.screenshots.take
 
 lint: env
-	$(PY) -m ruff check backfill_assets resources jobs tests benchmarks
+	$(PY) -m ruff check backfill_assets resources jobs tests benchmarks docs
 
 clean-demo:
-	rm -rf warehouse .dagster_home
+	rm -rf warehouse .dagster_home $(DEMO_ENV)
 
 # ---------------------------------------------------------------------------- benchmarks
 # docs/BENCHMARKS.md has the figures and what each target measures. Every Spark workload runs

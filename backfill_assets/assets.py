@@ -1,14 +1,27 @@
-"""The four vnode-partitioned assets. Wiring only: the work is `run_barrier`."""
+"""The four vnode-partitioned assets. Wiring only: the work is `run_barrier`.
 
+Partition statuses say what is true of each vnode, not merely that a run touched it:
+`backfill_progress` (and `replicated_state`) are materialized for every vnode a barrier
+committed, `downstream_mv` only for vnodes whose backfill is finished. An unfinished vnode of
+the MV gets an observation with its position instead, so the MV's Partitions tab reads
+finished = materialized, in progress = missing with an observation, not started = missing
+(and `backfill_progress` tells the last two apart). The outputs are skippable and never
+yielded, so these runtime events are the only materializations.
+"""
+
+import time
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
 
-from backfill_assets.barrier import figures, run_barrier
+from backfill_assets.barrier import controls_in_force, figures, run_barrier, vnode_states
 from backfill_assets.controls import Controls
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.partitions import vnode_key, vnode_partitions, vnodes_of
-from backfill_assets.progress_view import run_metadata, vnode_metadata
+from backfill_assets.core.progress import Completed
+from backfill_assets.partitions import split, vnode_key, vnode_partitions, vnodes_of
+from backfill_assets.progress_view import barrier_metadata, vnode_metadata
+from backfill_assets.step import Hook, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -17,30 +30,51 @@ UPSTREAM = dg.AssetKey("upstream_table")
 REPLICA = dg.AssetKey("replicated_state")
 MV = dg.AssetKey("downstream_mv")
 PROGRESS = dg.AssetKey("backfill_progress")
-OWNED = (REPLICA, MV, PROGRESS)
+
+# what the barrier log says at each phase boundary (the step's hook points)
+PHASES = {
+    "before_write": "upstream checked, progress recovered, step planned",
+    "after_replica_commit": "replicated_state committed (the change chunk)",
+    "after_mv_commit": "downstream_mv committed (forwarded changes + snapshot chunk)",
+    "after_progress_commit": "backfill_progress committed",
+}
 
 
 class BarrierConfig(dg.Config):
     """Per-run overrides; leave unset to use the controls in force (see set_controls_job)."""
 
-    barrier_version: int | None = None
-    chunk_size: int | None = None
-    rate_limit: int | None = None
+    barrier_version: int | None = Field(
+        default=None, description="Upstream version to step to (unset: the latest). The "
+                                  "barrier sensor sets it so a barrier is idempotent.")
+    chunk_size: int | None = Field(
+        default=None, description="Snapshot rows per vnode for this run only (unset: the "
+                                  "controls in force, else the MV definition's).")
+    rate_limit: int | None = Field(
+        default=None, description="Snapshot rows per second for this run only; 0 pauses the "
+                                  "snapshot side (unset: the controls in force).")
 
 
-def build_assets(d: MVDefinition, settings: Settings, hook=None) -> list:
-    """`upstream_table` (written by upstream_load_job or another engine) and the multi-asset
-    that runs one barrier for the run's vnode range and materializes the three owned tables."""
+def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) -> list:
+    """`upstream_table` (written by upstream_load_job or another engine, so not materializable
+    here) and the multi-asset that runs one barrier for the run's vnode range."""
     parts = vnode_partitions(d.vnode_count)
-    upstream = dg.AssetSpec(UPSTREAM, partitions_def=parts, group_name="backfill",
-                            description=f"The upstream Delta table {d.upstream} (change feed on).")
+    upstream = dg.AssetSpec(
+        UPSTREAM, partitions_def=parts, group_name="backfill",
+        description=f"The upstream Delta table {d.upstream} (change feed on). Written by "
+                    "upstream_load_job or another engine: the platform only reads it, so it "
+                    "is not materialized here; barriers record its version as observations.")
     specs = [
         dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
+                     skippable=True,
                      description="The backfill's arrangement of the upstream, per vnode."),
         dg.AssetSpec(MV, deps=[REPLICA], partitions_def=parts, group_name="backfill",
-                     description=f"MV {d.name!r}: Delta, partitioned by vnode, change feed on."),
+                     skippable=True,
+                     description=f"MV {d.name!r}: Delta, partitioned by vnode, change feed on. "
+                                 "A partition is materialized once its vnode is finished."),
         dg.AssetSpec(PROGRESS, deps=[MV], partitions_def=parts, group_name="backfill",
-                     description="Backfill state: | vnode | pk... | finished | row_count |."),
+                     skippable=True,
+                     description="Backfill state: | vnode | pk... | finished | row_count |; "
+                                 "a partition is materialized once its vnode has started."),
     ]
 
     @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts,
@@ -50,25 +84,46 @@ def build_assets(d: MVDefinition, settings: Settings, hook=None) -> list:
         ranged = context.has_partition_key or context.has_partition_key_range
         vnodes = vnodes_of(context.partition_keys) if ranged else list(range(d.vnode_count))
         tables = mv_tables(d, settings, warehouse.options())
-        overrides = Controls(config.chunk_size, config.rate_limit).validated()
+        controls = controls_in_force(d, tables, Controls(config.chunk_size,
+                                                         config.rate_limit).validated())
+        span = split(vnodes)
+        context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
         report = run_barrier(spark.spark_session, d, tables, vnodes,
-                             version=config.barrier_version, overrides=overrides,
-                             hook=hook or (lambda point: None))
-        figs = figures(d, tables, report)
+                             version=config.barrier_version, overrides=controls,
+                             hook=_phase_log(context, span, hook or no_hook))
+        figs = figures(d, tables, report, controls)
         context.log.info(
-            f"barrier v{report.v_new} vnodes {vnodes[0]}..{vnodes[-1]}: "
+            f"barrier v{report.v_new} vnodes {span}: "
             f"{report.snapshot_rows} snapshot rows, {report.forwarded_rows} forwarded, "
-            f"{figs.percent_done:.1f}% done, {figs.vnodes_finished}/{d.vnode_count} finished")
+            f"{figs.percent_done:.1f}% done, {figs.vnodes_finished}/{d.vnode_count} finished, "
+            f"{figs.state}")
+        context.log_event(dg.AssetObservation(
+            MV, metadata=barrier_metadata(report, figs, controls, vnode_states(tables))))
+        context.log_event(dg.AssetObservation(UPSTREAM, metadata={
+            "version": figs.upstream_version, "rows_at_barrier": figs.upstream_rows}))
+        owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)
         for vnode in vnodes:
-            meta = vnode_metadata(report, vnode)
             key = vnode_key(vnode, d.vnode_count)
-            for asset in OWNED:
-                if ranged:
-                    context.add_asset_metadata(meta, asset_key=asset, partition_key=key)
-                else:
-                    context.log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
-        summary = run_metadata(report, figs)
-        for asset in OWNED:
-            yield dg.MaterializeResult(asset_key=asset, metadata=summary)
+            meta = vnode_metadata(report, vnode, figs.upstream_version)
+            for asset in owned:
+                context.log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
+            done = isinstance(report.progress[vnode], Completed)
+            event = dg.AssetMaterialization if done else dg.AssetObservation
+            context.log_event(event(MV, partition=key, metadata=meta))
+        yield from ()
 
     return [upstream, vnode_backfill]
+
+
+def _phase_log(context: dg.AssetExecutionContext, span: str, then: Hook) -> Hook:
+    """A step hook that logs each phase boundary (so a running barrier is not silent), then
+    calls `then` (the kill points of the crash tests)."""
+    started = time.monotonic()
+
+    def hook(point: str) -> None:
+        if point in PHASES:
+            context.log.info(f"barrier for vnodes {span}: {PHASES[point]} "
+                             f"({time.monotonic() - started:.1f} s)")
+        then(point)
+
+    return hook

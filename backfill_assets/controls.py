@@ -11,10 +11,20 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, replace
+from enum import Enum
 
 from backfill_assets.errors import InvalidControl
 
 UNSET = "unset"
+
+
+class SnapshotSide(str, Enum):
+    """What a controls change does to the snapshot side. Dagster's launchpad offers the member
+    *names* as the choices, hence lower case."""
+
+    keep = "keep"  # leave paused / running as it is
+    pause = "pause"  # rate 0: no snapshot rows; started vnodes still receive their changes
+    resume = "resume"  # read again from the same positions (unlimited unless a rate is given)
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,36 @@ class Controls:
                 "(0 pauses the snapshot side), or 'unlimited'"
             )
         return self
+
+    def describe(self) -> str:
+        """`chunk 2000 rows/vnode, rate unlimited` (or `..., paused`) for logs."""
+        chunk = "the definition's" if self.chunk_size is None else str(self.chunk_size)
+        rate = ("unlimited" if self.rate_limit is None else
+                "0, paused" if self.rate_limit == 0 else f"{self.rate_limit} rows/s")
+        return f"chunk {chunk} rows/vnode, rate {rate}"
+
+
+def requested(current: Controls, snapshot: SnapshotSide, rate_limit: int | None = None,
+              chunk_size: int | None = None, reset_chunk_size: bool = False) -> Controls:
+    """The controls after a change asked for from the launchpad; InvalidControl (nothing
+    written) when the request contradicts itself or a value is out of range."""
+    if snapshot is SnapshotSide.pause and rate_limit not in (None, 0):
+        raise InvalidControl(
+            f"snapshot: pause with rate_limit: {rate_limit} contradict each other: pause "
+            "alone stops the snapshot; give resume (or keep) with a rate to throttle instead")
+    if reset_chunk_size and chunk_size is not None:
+        raise InvalidControl(
+            f"chunk_size: {chunk_size} with reset_chunk_size: true contradict each other: "
+            "give one of them")
+    rate = current.rate_limit
+    if snapshot is SnapshotSide.pause:
+        rate = 0
+    elif snapshot is SnapshotSide.resume:
+        rate = rate_limit
+    elif rate_limit is not None:
+        rate = rate_limit
+    chunk = None if reset_chunk_size else current.chunk_size if chunk_size is None else chunk_size
+    return Controls(chunk, rate).validated()
 
 
 def controls_path(mv_root: str) -> str:
@@ -65,7 +105,17 @@ def update_controls(mv_root: str, *, chunk_size: int | str | None = None,
     current = read_controls(mv_root)
     changes: dict = {}
     if chunk_size is not None:
-        changes["chunk_size"] = None if chunk_size == UNSET else int(chunk_size)
+        changes["chunk_size"] = None if chunk_size == UNSET else _whole(chunk_size, "chunk_size")
     if rate_limit is not None:
-        changes["rate_limit"] = None if rate_limit in (UNSET, "unlimited") else int(rate_limit)
+        changes["rate_limit"] = (None if rate_limit in (UNSET, "unlimited")
+                                 else _whole(rate_limit, "rate_limit"))
     return write_controls(mv_root, replace(current, **changes))
+
+
+def _whole(value: int | str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        words = "'unset' or 'unlimited'" if name == "rate_limit" else "'unset'"
+        raise InvalidControl(
+            f"{name} {value!r} is not a whole number: give e.g. 5000, or {words}") from None

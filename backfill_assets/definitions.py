@@ -1,6 +1,8 @@
 """Dagster definitions (wiring only): assets, jobs, the barrier sensor and resources.
 
 Loading this module never starts a JVM (the Spark resource is lazy) and never touches a table.
+The default executor is in-process, so a vnode range materialized from the asset pages runs
+the same single-process barrier as backfill_job, with the same resources.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ defs = dg.Definitions(
           build_controls_job(mv, settings), build_maintain_job(mv, settings),
           *build_follower_jobs(mv, settings, hook=kill_hook(settings.test_kill_at))],
     sensors=[build_barrier_sensor(mv, settings, "backfill_job", settings.run_ranges)],
+    executor=dg.in_process_executor,
     resources={
         "spark": spark_resource(settings),
         "warehouse": warehouse_resource(settings),

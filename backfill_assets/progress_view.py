@@ -1,60 +1,81 @@
-"""What people watch: per-vnode and per-run progress as Dagster metadata values."""
+"""What people watch: per-vnode and per-barrier progress as Dagster metadata values.
+
+Per-vnode events carry only that vnode's facts (a few hundred bytes), so a barrier's event
+volume grows linearly with the vnodes it touched; the MV-wide figures go into ONE observation
+per barrier (the asset's Plots tab draws them over barriers).
+"""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from backfill_assets.barrier import BarrierFigures
+from backfill_assets.controls import Controls
+from backfill_assets.core.figures import MVFigures, state_ranges
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.step import StepReport
 
 
-def vnode_metadata(report: StepReport, vnode: int) -> dict:
-    """current_pos, row_count, finished and version of one vnode partition."""
+def vnode_metadata(report: StepReport, vnode: int, upstream_version: int) -> dict:
+    """state, current_pos, row_count, version and lag of one vnode partition."""
     p = report.progress[vnode]
     pos = p.current_pos if isinstance(p, (InProgress, Completed)) else None
+    version = report.versions[vnode]
     return {
+        "state": dg.MetadataValue.text("finished" if isinstance(p, Completed) else "in progress"),
         "current_pos": dg.MetadataValue.text(_pos(pos)),
         "row_count": dg.MetadataValue.int(p.row_count),
         "finished": dg.MetadataValue.bool(isinstance(p, Completed)),
-        "version": dg.MetadataValue.int(report.versions[vnode]),
+        "version": dg.MetadataValue.int(version),
+        "lag_versions": dg.MetadataValue.int(max(0, upstream_version - version)),
     }
 
 
-def run_metadata(report: StepReport, figures: BarrierFigures) -> dict:
-    """Per-run figures plus a compact table of all the run's vnodes."""
-    eta = figures.eta_seconds
+def controls_metadata(controls: Controls) -> dict:
+    """The controls a barrier runs with (rate None = unlimited, 0 = paused)."""
+    rate = controls.rate_limit
     return {
+        "controls_rate_limit": dg.MetadataValue.text(
+            "unlimited" if rate is None else "0 (paused)" if rate == 0 else f"{rate} rows/s"),
+        "controls_chunk_size": dg.MetadataValue.int(controls.chunk_size or 0),
+        "paused": dg.MetadataValue.bool(rate == 0),
+    }
+
+
+def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
+                     states: dict[int, str]) -> dict:
+    """The whole MV after a barrier: state, percent done, rows/s, ETA, lag, vnode states."""
+    eta = figures.eta_seconds
+    lag = figures.lag_versions
+    meta = {
+        "state": dg.MetadataValue.text(figures.state),
+        "percent_done": dg.MetadataValue.float(round(figures.percent_done, 2)),
+        "vnodes_finished": dg.MetadataValue.int(figures.vnodes_finished),
+        "vnodes_in_progress": dg.MetadataValue.int(
+            figures.vnodes_started - figures.vnodes_finished),
+        "vnodes_not_started": dg.MetadataValue.int(figures.vnode_count - figures.vnodes_started),
+        "vnode_states": dg.MetadataValue.text(state_ranges(states, figures.vnode_count)),
+        "rows_per_second": dg.MetadataValue.float(round(figures.rows_per_second, 1)),
+        "eta": dg.MetadataValue.text(
+            "paused" if figures.paused and eta is None else
+            "unknown yet" if eta is None else f"{eta:.0f} s"),
+        "lag_versions": dg.MetadataValue.int(lag if lag is not None else 0),
+        "lag_seconds": dg.MetadataValue.float(round(figures.lag_seconds, 1)),
+        "upstream_version": dg.MetadataValue.int(figures.upstream_version),
+        "snapshot_rows_done": dg.MetadataValue.int(figures.snapshot_rows_done),
+        "upstream_rows": dg.MetadataValue.int(figures.upstream_rows),
         "barrier_version": dg.MetadataValue.int(report.v_new),
         "vnodes": dg.MetadataValue.text(f"{report.vnodes[0]}..{report.vnodes[-1]}"),
         "rows_read_from_snapshot": dg.MetadataValue.int(report.snapshot_rows),
         "rows_forwarded_from_change_feed": dg.MetadataValue.int(report.forwarded_rows),
         "rows_replicated": dg.MetadataValue.int(report.replicated_rows),
         "chunk_limit": dg.MetadataValue.int(report.chunk_limit),
-        "paused": dg.MetadataValue.bool(report.paused),
         "recovered_vnodes": dg.MetadataValue.int(len(report.recovered)),
-        "percent_done": dg.MetadataValue.float(round(figures.percent_done, 2)),
-        "vnodes_finished": dg.MetadataValue.text(
-            f"{figures.vnodes_finished}/{figures.vnode_count}"),
-        "rows_per_second": dg.MetadataValue.float(round(figures.rows_per_second, 1)),
-        "rows_per_second_since_start": dg.MetadataValue.float(
-            round(figures.average_rows_per_second, 1)),
-        "eta_seconds": dg.MetadataValue.float(round(eta, 1) if eta is not None else -1.0),
         "step_seconds": dg.MetadataValue.float(round(report.seconds, 3)),
-        "vnode_progress": dg.MetadataValue.md(progress_table(report)),
+        **controls_metadata(controls),
     }
-
-
-def progress_table(report: StepReport) -> str:
-    """All of the run's vnodes at a glance: one Markdown row each."""
-    lines = ["| vnode | state | current_pos | rows | version |", "|---|---|---|---|---|"]
-    for vnode in report.vnodes:
-        p = report.progress[vnode]
-        state = type(p).__name__
-        pos = p.current_pos if isinstance(p, (InProgress, Completed)) else None
-        lines.append(f"| {vnode} | {state} | {_pos(pos)} | {p.row_count} | "
-                     f"{report.versions[vnode]} |")
-    return "\n".join(lines)
+    if eta is not None:  # a number only when there is one: plots skip the paused barriers
+        meta["eta_seconds"] = dg.MetadataValue.float(round(eta, 1))
+    return meta
 
 
 def _pos(pos) -> str:

@@ -1,6 +1,10 @@
-"""set_controls_job: change the rate limit / chunk size of the running backfill.
+"""set_controls_job: pause, resume, throttle or re-chunk the running backfill.
 
-Takes effect at the next barrier; nothing restarts.
+Takes effect at the next barrier; nothing restarts. The launchpad shows typed fields with
+descriptions (snapshot is a choice, numbers are numbers); a contradictory or out-of-range
+request fails with InvalidControl and writes nothing. The controls now in force are recorded
+at once as an observation of `downstream_mv`, so the asset page shows them before the next
+barrier runs.
 
     dagster job execute -m backfill_assets.definitions -j set_controls_job \
         -c jobs/configs/pause.yaml
@@ -8,33 +12,53 @@ Takes effect at the next barrier; nothing restarts.
 
 
 import dagster as dg
+from pydantic import Field
 
-from backfill_assets.barrier import mv_root
-from backfill_assets.controls import update_controls
+from backfill_assets.assets import MV
+from backfill_assets.barrier import controls_in_force, mv_root
+from backfill_assets.controls import SnapshotSide, read_controls, requested, write_controls
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.progress_view import controls_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
 
 
 class ControlsConfig(dg.Config):
-    """Give a value to change it: rate_limit rows/s ("0" pauses, "unlimited" resumes),
-    chunk_size rows ("unset" restores the MV definition's)."""
+    """Give only what should change; the rest stays as it is."""
 
-    rate_limit: str | None = None
-    chunk_size: str | None = None
+    snapshot: SnapshotSide = Field(
+        default=SnapshotSide.keep,
+        description="pause: read no snapshot rows from the next barrier on (started vnodes "
+                    "still receive their changes); resume: read again from the same positions, "
+                    "unlimited unless rate_limit is given; keep: leave it as it is.")
+    rate_limit: int | None = Field(
+        default=None,
+        description="Snapshot rows per second for a run (>= 1; 0 pauses). Unset: unchanged.")
+    chunk_size: int | None = Field(
+        default=None, description="Snapshot rows per vnode per barrier (>= 1). Unset: unchanged.")
+    reset_chunk_size: bool = Field(
+        default=False, description="Go back to the chunk size of the MV definition.")
 
 
 def build_controls_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="set_controls")
     def set_controls(context: dg.OpExecutionContext, config: ControlsConfig) -> dg.Output:
-        controls = update_controls(mv_root(mv_tables(d, settings)),
-                                   chunk_size=config.chunk_size, rate_limit=config.rate_limit)
-        context.log.info(f"controls of MV {d.name!r} now: {controls}")
+        tables = mv_tables(d, settings)
+        root = mv_root(tables)
+        controls = write_controls(root, requested(
+            read_controls(root), config.snapshot, config.rate_limit, config.chunk_size,
+            config.reset_chunk_size))
+        in_force = controls_in_force(d, tables)
+        context.log.info(f"controls of MV {d.name!r} from the next barrier: "
+                         f"{in_force.describe()}")
+        meta = controls_metadata(in_force)
+        context.log_event(dg.AssetObservation(MV, metadata={
+            **meta, "state": dg.MetadataValue.text(
+                "paused (from the next barrier)" if controls.rate_limit == 0 else
+                "controls changed (from the next barrier)")}))
         return dg.Output(None, metadata={
-            "rate_limit": "unlimited" if controls.rate_limit is None else controls.rate_limit,
-            "paused": controls.rate_limit == 0,
-            "chunk_size": "definition" if controls.chunk_size is None else controls.chunk_size,
-        })
+            **meta, "chunk_size": "definition" if controls.chunk_size is None
+            else controls.chunk_size})
 
     @dg.job(name="set_controls_job", executor_def=dg.in_process_executor,
             description="Pause, resume or throttle the backfill; applies at the next barrier.")

@@ -10,12 +10,15 @@
 5. continuous mode: `follower_job` follows a new writer for DEMO_CONTINUOUS_SECONDS (15; 0
    skips it) in one run on a warm Spark session, then `stop_follower_job` stops it, and
 6. `verify_job` recomputes the MV independently and compares row for row.
-A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo).
+A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo)
+and leaves its settings in `demo.env` (warehouse, vnode count, MV definition), which `make ui`
+loads, so the UI serves the demo's MV: its partitions, lineage, runs and check results.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -25,6 +28,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_ROWS = int(os.environ.get("DEMO_ROWS", "300000"))
 DEMO_VNODES = os.environ.get("DEMO_VNODES", "64")
+DEMO_ENV = os.path.join(ROOT, "demo.env")  # what `make ui` loads (see Makefile)
 MAINTENANCE_BARRIERS = 3
 CONTINUOUS_SECONDS = int(os.environ.get("DEMO_CONTINUOUS_SECONDS", "15"))
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the UI has the full log
@@ -39,6 +43,29 @@ def _setup_env() -> str:
     os.environ.setdefault("DAGSTER_HOME", os.path.join(ROOT, ".dagster_home"))
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
     return warehouse
+
+
+def _leave_settings() -> None:
+    """Write the settings the demo ran with for `make ui`, so the UI's definitions are the
+    demo's (same warehouse, vnode count and MV), not the defaults over ./warehouse."""
+    from resources.mv import DEFAULT_MV_CONFIG
+    from resources.settings import ENV_MV_CONFIG, ENV_VNODE_COUNT, ENV_WAREHOUSE, load_settings
+
+    settings = load_settings()
+    values = {ENV_WAREHOUSE: settings.warehouse_root,
+              ENV_VNODE_COUNT: str(settings.vnode_count),
+              ENV_MV_CONFIG: settings.mv_config or DEFAULT_MV_CONFIG}
+    with open(DEMO_ENV, "w", encoding="utf-8") as f:
+        f.write("# written by `make demo`; `make ui` loads it (delete it to serve the defaults)\n")
+        f.writelines(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
+
+
+def _forget_old_demo(instance) -> None:
+    """The demo recreates its tables, so partition statuses recorded by an earlier demo would
+    claim vnodes that no longer exist: wipe the platform assets' history (runs stay)."""
+    from backfill_assets.assets import MV, PROGRESS, REPLICA, UPSTREAM
+
+    instance.wipe_assets([UPSTREAM, REPLICA, MV, PROGRESS])
 
 
 def _create_upstream(warehouse: str) -> None:
@@ -74,6 +101,7 @@ class _Writer(threading.Thread):
 
 def main() -> int:
     warehouse = _setup_env()
+    _leave_settings()
     started = time.monotonic()
     _create_upstream(warehouse)
 
@@ -85,6 +113,7 @@ def main() -> int:
 
     defs, mv = definitions.defs, definitions.mv
     instance = dg.DagsterInstance.get()
+    _forget_old_demo(instance)
     backfill = defs.resolve_job_def("backfill_job")
     writer = _Writer(mv_tables(mv).upstream)
     writer.start()
@@ -104,7 +133,8 @@ def main() -> int:
         print(f"  barrier {barriers:>2} @v{meta['barrier_version']:<4} "
               f"snapshot +{meta['rows_read_from_snapshot']:<7} "
               f"forwarded {meta['rows_forwarded_from_change_feed']:<5} "
-              f"{meta['percent_done']:5.1f}% done, vnodes finished {meta['vnodes_finished']}")
+              f"{meta['percent_done']:5.1f}% done, vnodes finished {meta['vnodes_finished']}/"
+              f"{mv.vnode_count}, lag {meta['lag_versions']} versions")
         if after_finish is None and meta["percent_done"] >= 100.0:
             after_finish = barriers
     _continuous_phase(defs, instance, mv_tables(mv).upstream)
@@ -118,7 +148,8 @@ def main() -> int:
           f"{forwarded} changes forwarded")
     verdict = f"verified {rows} rows, 0 mismatches" if verify.success else "FAILED"
     print(f"verify_job: {verdict}")
-    print(f"tables under {mv_root(mv_tables(mv))}; watch the runs with `make ui`")
+    print(f"tables under {mv_root(mv_tables(mv))}; settings for the UI in {DEMO_ENV}: "
+          "`make ui` serves this MV")
     return 0 if verify.success else 1
 
 
@@ -156,12 +187,14 @@ def _continuous_phase(defs, instance, upstream_uri: str) -> None:
 
 
 def _run_metadata(result) -> dict:
-    """The per-run figures the backfill recorded on downstream_mv."""
-    for event in result.get_asset_materialization_events():
-        mat = event.step_materialization_data.materialization
-        if mat.asset_key.path == ["downstream_mv"] and "barrier_version" in mat.metadata:
-            return {k: v.value for k, v in mat.metadata.items()}
-    raise RuntimeError("backfill_job recorded no run metadata")
+    """The MV-wide figures the barrier recorded as an observation of downstream_mv."""
+    for event in result.all_events:
+        if event.event_type_value != "ASSET_OBSERVATION":
+            continue
+        observation = event.event_specific_data.asset_observation
+        if observation.asset_key.path == ["downstream_mv"] and observation.partition is None:
+            return {k: v.value for k, v in observation.metadata.items()}
+    raise RuntimeError("backfill_job recorded no barrier observation")
 
 
 if __name__ == "__main__":

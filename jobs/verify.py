@@ -1,11 +1,15 @@
-"""verify_job: recompute the MV independently from the upstream and compare row for row."""
+"""verify_job: recompute the MV independently from the upstream and compare row for row.
+
+Its verdict is recorded as the result of the asset check `downstream_mv/matches_oracle`, so
+the asset page shows when the MV was last verified and how; the run fails on any difference.
+"""
 
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
+from backfill_assets.checks import evaluation, run_oracle
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.oracle import verify
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -15,15 +19,9 @@ def build_verify_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="verify_mv", description="Compare every vnode of the MV with the oracle.")
     def verify_mv(context: dg.OpExecutionContext, spark: LazyPySparkResource,
                   warehouse: WarehouseResource) -> dg.Output:
-        verdict = verify(spark.spark_session, d, mv_tables(d, settings, warehouse.options()))
-        lines = ["| vnode | version | expected | actual | missing | unexpected |",
-                 "|---|---|---|---|---|---|"]
-        lines += [f"| {v.vnode} | {v.version} | {v.expected} | {v.actual} | {v.missing} | "
-                  f"{v.unexpected} |" for v in verdict.vnodes if not v.ok or v.vnode < 16]
-        meta = {"rows_compared": verdict.rows_compared,
-                "vnodes_compared": len(verdict.vnodes),
-                "vnodes_failed": len(verdict.failures()),
-                "per_vnode": dg.MetadataValue.md("\n".join(lines))}
+        verdict, meta = run_oracle(spark.spark_session, d,
+                                   mv_tables(d, settings, warehouse.options()))
+        context.log_event(evaluation(verdict, meta))
         context.log.info(f"verified {verdict.rows_compared} rows over {len(verdict.vnodes)} "
                          f"vnodes: {len(verdict.failures())} vnodes differ")
         if not verdict.ok:
@@ -35,7 +33,8 @@ def build_verify_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
 
     @dg.job(name="verify_job", executor_def=dg.in_process_executor,
             description="Recompute the MV from the upstream at each vnode's recorded version "
-                        "and compare row for row; fails on any difference.")
+                        "and compare row for row; records the asset check "
+                        "downstream_mv/matches_oracle and fails on any difference.")
     def verify_job():
         verify_mv()
 

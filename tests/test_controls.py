@@ -65,21 +65,45 @@ def test_pause_stops_snapshot_while_changes_flow_then_resume(spark, backfill):
     assert_verified(spark, d, tables)
 
 
-def test_set_controls_job_and_bad_values(tmp_path, warehouse, monkeypatch):
+def test_set_controls_job_typed_config_and_bad_values(tmp_path, warehouse, monkeypatch):
     monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
     settings = load_settings()
     d = simple_mv(VNODES)
     job = build_controls_job(d, settings)
     root = mv_root(MVTables.under(warehouse, d.name, d.upstream))
-    config = {"ops": {"set_controls": {"config": {"rate_limit": "0", "chunk_size": "50"}}}}
-    result = job.execute_in_process(run_config=config, instance=dg.DagsterInstance.ephemeral())
-    assert result.success and read_controls(root) == Controls(chunk_size=50, rate_limit=0)
+    instance = dg.DagsterInstance.ephemeral()
+
+    def run(**config):
+        return job.execute_in_process(run_config={"ops": {"set_controls": {"config": config}}},
+                                      instance=instance, raise_on_error=False)
+
+    result = run(snapshot="pause", chunk_size=60)  # ints as ints, pause as a choice
+    assert result.success and read_controls(root) == Controls(chunk_size=60, rate_limit=0)
     output = next(e for e in result.all_events if e.event_type_value == "STEP_OUTPUT")
     meta = output.event_specific_data.metadata
-    assert meta["paused"].value is True and meta["chunk_size"].value == 50
-    with pytest.raises(InvalidControl, match="rows per second >= 0"):
-        update_controls(root, rate_limit=-5)
-    assert read_controls(root) == Controls(chunk_size=50, rate_limit=0)  # nothing written
+    assert meta["paused"].value is True and meta["chunk_size"].value == 60
+    seen = next(e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION")
+    observed = seen.event_specific_data.asset_observation  # on the asset before any barrier
+    assert observed.asset_key == dg.AssetKey("downstream_mv")
+    assert observed.metadata["paused"].value is True
+    assert observed.metadata["controls_chunk_size"].value == 60
+
+    assert run(snapshot="resume", rate_limit=500).success
+    assert read_controls(root) == Controls(chunk_size=60, rate_limit=500)
+    assert run(reset_chunk_size=True).success
+    assert read_controls(root) == Controls(chunk_size=None, rate_limit=500)
+    for bad, words in (({"snapshot": "pause", "rate_limit": 100}, "contradict"),
+                       ({"chunk_size": 0}, "whole number >= 1"),
+                       ({"rate_limit": -5}, "rows per second >= 0")):
+        failed = run(**bad)
+        assert not failed.success
+        error = failed.failure_data_for_node("set_controls").error.cause
+        assert error.cls_name == "InvalidControl" and words in error.message, error.message
+    assert read_controls(root) == Controls(chunk_size=None, rate_limit=500)  # nothing written
+    with pytest.raises(dg.DagsterInvalidConfigError, match="snapshot"):
+        run(snapshot="stop")  # not a choice: refused before the run starts
+    with pytest.raises(InvalidControl, match="not a whole number"):
+        update_controls(root, chunk_size="lots")
 
 
 def test_no_shuffle_refuses_to_rescale_while_in_progress(spark, warehouse):

@@ -87,14 +87,22 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
                                        "warehouse": warehouse_resource(settings)})
     assert result.success
     events = result.asset_materializations_for_node("vnode_backfill")
-    mv_event = next(e for e in events if e.asset_key == dg.AssetKey("downstream_mv"))
-    meta = mv_event.metadata
-    assert mv_event.partition == "3"
+    assert {e.asset_key.path[0] for e in events} == {"replicated_state", "backfill_progress"}
+    progress_event = next(e for e in events if e.asset_key == dg.AssetKey("backfill_progress"))
+    meta = progress_event.metadata
+    assert progress_event.partition == "3"
     assert meta["row_count"].value == 40 and meta["finished"].value is False
     assert meta["version"].value == 2 and meta["current_pos"].value
-    assert meta["rows_read_from_snapshot"].value == 40
-    assert 0 < meta["percent_done"].value < 100
-    assert "| 3 | InProgress |" in meta["vnode_progress"].value
+    assert meta["state"].value == "in progress" and len(meta) <= 8  # per-vnode facts only
+    observed = {(o.asset_key.path[0], o.partition): o.metadata for o in (
+        e.event_specific_data.asset_observation for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION")}
+    assert observed[("downstream_mv", "3")]["row_count"].value == 40  # unfinished: observed
+    barrier = observed[("downstream_mv", None)]
+    assert barrier["rows_read_from_snapshot"].value == 40
+    assert 0 < barrier["percent_done"].value < 100 and barrier["state"].value == "backfilling"
+    assert barrier["vnode_states"].value == "in progress 3; not started 0..2, 4..7"
+    assert observed[("upstream_table", None)]["version"].value == 2
     check = dg.materialize([*assets, build_oracle_check(d, settings)], instance=instance,
                            selection=dg.AssetSelection.checks_for_assets("downstream_mv"),
                            resources={"spark": spark_resource(settings),

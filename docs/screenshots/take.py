@@ -1,0 +1,90 @@
+"""Screenshots of the main UI views after `make demo`, with headless Chromium (Debian's package).
+
+    make demo && make screenshots        # = .venv/bin/python -m docs.screenshots.take
+
+Starts `dagster dev` over the demo's platform (the settings `make demo` left in demo.env and
+the same DAGSTER_HOME) on a free loopback port, saves one PNG per view next to this file, and
+stops the server. Regenerate them whenever the UI or the metadata changes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from jobs.dagster_dev import ROOT, dagster_dev, graphql
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEMO_ENV = os.path.join(ROOT, "demo.env")
+LOCATION = "__repository__@backfill_assets"
+LATEST_BARRIER_RUN = """{ runsOrError(filter: {pipelineName: "__ASSET_JOB"}, limit: 1) {
+  ... on Runs { results { runId } } } }"""
+LATEST_JOB_RUN = """query Runs($job: String!) { runsOrError(filter: {pipelineName: $job}, limit: 1)
+  { ... on Runs { results { runId } } } }"""
+# file name -> path in the UI (what README shows, in reading order)
+VIEWS = {
+    "lineage.png": f"/locations/{LOCATION}/asset-groups/backfill",
+    "mv_partitions.png": "/assets/downstream_mv?view=partitions",
+    "progress_partitions.png": "/assets/backfill_progress?view=partitions",
+    "mv_overview.png": "/assets/downstream_mv",
+    "mv_events.png": "/assets/downstream_mv?view=events",
+    "mv_plots.png": "/assets/downstream_mv?view=plots",
+    "mv_checks.png": "/assets/downstream_mv?view=checks",
+    "controls_launchpad.png": f"/locations/{LOCATION}/jobs/set_controls_job/playground",
+    "runs.png": "/runs",
+}
+
+
+class ScreenshotsNeedTheDemo(RuntimeError):
+    """There is no demo state to show: run `make demo` first."""
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise SystemExit("no Chromium found: `apt-get install chromium` (Debian) and rerun")
+
+
+def demo_env() -> dict[str, str]:
+    """The environment `make ui` would serve: demo.env over this process's environment."""
+    if not os.path.exists(DEMO_ENV):
+        raise ScreenshotsNeedTheDemo(f"{DEMO_ENV} is missing: run `make demo` first")
+    env = dict(os.environ)
+    env.setdefault("DAGSTER_HOME", os.path.join(ROOT, ".dagster_home"))
+    with open(DEMO_ENV, encoding="utf-8") as f:
+        for line in f:
+            if "=" in line and not line.startswith("#"):
+                key, value = line.rstrip("\n").split("=", 1)
+                env[key] = shlex.split(value)[0] if value else ""
+    return env
+
+
+def shoot(browser: str, url: str, path: str, width: int = 1600, height: int = 1000) -> None:
+    """One PNG of `url` once the page has settled (virtual time lets its queries finish)."""
+    cmd = [browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           f"--window-size={width},{height}", "--virtual-time-budget=20000",
+           f"--screenshot={path}", url]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+    print(f"  {os.path.relpath(path, ROOT)}  <- {url}")
+
+
+def main() -> int:
+    browser = chromium()
+    env = demo_env()
+    with dagster_dev(env, os.path.join(HERE, ".dagster_dev.log")) as url:
+        views = dict(VIEWS)
+        runs = graphql(url, LATEST_JOB_RUN, {"job": "backfill_job"})["runsOrError"]["results"]
+        if runs:
+            views["barrier_run.png"] = f"/runs/{runs[0]['runId']}"
+        for name, path in views.items():
+            shoot(browser, url + path, os.path.join(HERE, name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

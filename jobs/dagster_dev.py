@@ -1,0 +1,109 @@
+"""Start `dagster dev` on a free loopback port, talk to its GraphQL API, stop it.
+
+Used by the UI test (what a user sees, asked through GraphQL) and by the screenshot script.
+`dagster dev` started from a script ignores SIGTERM/SIGINT unless the default handlers are
+restored before exec (DESIGN.md section 6); it also starts a webserver, a daemon and a code
+server, so it runs in its own session and the whole process group is stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOCATION_LOADED = "{ workspaceOrError { ... on Workspace { locationEntries { name " \
+                  "locationOrLoadError { __typename } } } } }"
+
+
+class DagsterDevFailed(RuntimeError):
+    """`dagster dev` did not come up; the message carries the end of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextmanager
+def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0) -> Iterator[str]:
+    """Serve `workspace.yaml` with `env` (settings + DAGSTER_HOME); yields the base URL once
+    the code location has loaded, and stops every process of the server afterwards."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml",
+           "-h", "127.0.0.1", "-p", str(port)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_default_signals)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_loaded(url, proc, log_path, timeout)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _wait_loaded(url: str, proc: subprocess.Popen, log_path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        try:
+            entries = graphql(url, LOCATION_LOADED)["workspaceOrError"]["locationEntries"]
+            kinds = [e["locationOrLoadError"] and e["locationOrLoadError"]["__typename"]
+                     for e in entries]
+            if kinds and all(k == "RepositoryLocation" for k in kinds):
+                return
+            if any(k == "PythonError" for k in kinds):
+                break
+        except (OSError, urllib.error.URLError, KeyError, TypeError):
+            pass
+        time.sleep(1.0)
+    with open(log_path, encoding="utf-8", errors="replace") as f:
+        tail = f.read()[-3000:]
+    raise DagsterDevFailed(f"dagster dev did not load the code location at {url}: {tail}")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole group (webserver, daemon, code server), SIGKILL if it lingers."""
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            time.sleep(0.5)  # let the group's children go too
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def graphql(url: str, query: str, variables: Mapping | None = None) -> dict:
+    """POST one GraphQL query to the webserver; its `data`, or an error naming the problem."""
+    body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
+    req = urllib.request.Request(f"{url}/graphql", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        answer = json.loads(resp.read())
+    if answer.get("errors"):
+        raise RuntimeError(f"GraphQL errors: {answer['errors']}")
+    return answer["data"]

@@ -18,7 +18,7 @@ from backfill_assets.errors import InvalidControl
 UNSET = "unset"
 
 
-class SnapshotSide(str, Enum):
+class SnapshotSide(Enum):
     """What a controls change does to the snapshot side. Dagster's launchpad offers the member
     *names* as the choices, hence lower case."""
 

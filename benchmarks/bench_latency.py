@@ -89,11 +89,12 @@ def _run_breakdown(instance) -> list[dict]:
                 error = (err.message if err is not None else de.message or "").strip()[:300]
             if de.event_type_value == "STEP_START" and step_start is None:
                 step_start = ev.timestamp
+            if de.event_type_value == "ASSET_OBSERVATION" and step_seconds is None:
+                meta = de.event_specific_data.asset_observation.metadata
+                if "step_seconds" in meta:  # the barrier's own observation
+                    step_seconds = meta["step_seconds"].value
             if de.event_type_value == "ASSET_MATERIALIZATION" and mat is None:
                 mat = ev.timestamp
-                meta = de.event_specific_data.materialization.metadata
-                if "step_seconds" in meta:
-                    step_seconds = meta["step_seconds"].value
         out.append({"run_id": run.run_id, "status": run.status.value,
                     "barrier_version": cfg.get("barrier_version"),
                     "created": rec.create_timestamp.timestamp(),

@@ -87,7 +87,7 @@ def _small_platform(tmp_path, warehouse: str, dagster_home: str) -> dict:
             "snapshot": "pause"}}}})
     assert controls.success
     tables = mv_tables(d, settings)
-    rows = mv_store.read_rows(mv_store.open_table(tables.progress, None), None,
+    rows = mv_store.read_rows(mv_store.open_table(tables.progress, tables.storage_options), None,
                               [codec.VNODE, codec.FINISHED]).to_pylist()
     env["finished"] = {vnode_key(r[codec.VNODE], VNODES) for r in rows if r[codec.FINISHED]}
     env["started"] = {vnode_key(r[codec.VNODE], VNODES) for r in rows}

@@ -4,6 +4,12 @@ Used by the UI test (what a user sees, asked through GraphQL) and by the screens
 `dagster dev` started from a script ignores SIGTERM/SIGINT unless the default handlers are
 restored before exec (DESIGN.md section 6); it also starts a webserver, a daemon and a code
 server, so it runs in its own session and the whole process group is stopped.
+
+`quiet=True` serves a state without changing it: the barrier sensor is on by default and its
+first tick would queue a barrier (a Spark run) that marks every vnode "materializing". The
+instance gets a run queue that launches nothing, the sensors are stopped once the code
+location has loaded, and any run they queued meanwhile is canceled and deleted (it never
+started, so nothing of it remains).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+SENSOR_TICK_SECONDS = 6  # the daemon evaluates a sensor at most every 5 s
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCATION_LOADED = "{ workspaceOrError { ... on Workspace { locationEntries { name " \
                   "locationOrLoadError { __typename } } } } }"
@@ -40,10 +47,24 @@ def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+SENSORS = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
+  sensors { name sensorState { id status } } } } } }"""
+QUEUED = """{ runsOrError(filter: {statuses: [QUEUED, NOT_STARTED]}) {
+  ... on Runs { results { runId } } } }"""
+STOP_SENSOR = "mutation Stop($id: String!) { stopSensor(id: $id) { __typename } }"
+CANCEL = "mutation Cancel($ids: [String!]!) { terminateRuns(runIds: $ids) { __typename } }"
+DELETE = "mutation Delete($id: String!) { deleteRun(runId: $id) { __typename } }"
+NOTHING_LAUNCHES = "run_queue:\n  max_concurrent_runs: 0  # jobs/dagster_dev.py, quiet\n"
+
+
 @contextmanager
-def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0) -> Iterator[str]:
+def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
+                quiet: bool = False) -> Iterator[str]:
     """Serve `workspace.yaml` with `env` (settings + DAGSTER_HOME); yields the base URL once
     the code location has loaded, and stops every process of the server afterwards."""
+    if quiet:
+        with open(os.path.join(env["DAGSTER_HOME"], "dagster.yaml"), "a", encoding="utf-8") as f:
+            f.write(NOTHING_LAUNCHES)
     port = free_port()
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml",
            "-h", "127.0.0.1", "-p", str(port)]
@@ -54,6 +75,8 @@ def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0) -
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_loaded(url, proc, log_path, timeout)
+        if quiet:
+            _hold_still(url)
         yield url
     finally:
         _stop(proc)
@@ -80,6 +103,20 @@ def _wait_loaded(url: str, proc: subprocess.Popen, log_path: str, timeout: float
     raise DagsterDevFailed(f"dagster dev did not load the code location at {url}: {tail}")
 
 
+def _hold_still(url: str) -> None:
+    """Stop every sensor, let a tick under way finish, drop what the sensors queued."""
+    for repo in graphql(url, SENSORS)["repositoriesOrError"]["nodes"]:
+        for sensor in repo["sensors"]:
+            if sensor["sensorState"]["status"] == "RUNNING":
+                graphql(url, STOP_SENSOR, {"id": sensor["sensorState"]["id"]})
+    time.sleep(SENSOR_TICK_SECONDS)
+    queued = [r["runId"] for r in graphql(url, QUEUED)["runsOrError"]["results"]]
+    if queued:
+        graphql(url, CANCEL, {"ids": queued})
+    for run_id in queued:
+        graphql(url, DELETE, {"id": run_id})
+
+
 def _stop(proc: subprocess.Popen) -> None:
     """SIGTERM to the whole group (webserver, daemon, code server), SIGKILL if it lingers."""
     for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
@@ -102,8 +139,11 @@ def graphql(url: str, query: str, variables: Mapping | None = None) -> dict:
     body = json.dumps({"query": query, "variables": dict(variables or {})}).encode()
     req = urllib.request.Request(f"{url}/graphql", data=body,
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        answer = json.loads(resp.read())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            answer = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # a malformed query: say which and why
+        raise RuntimeError(f"GraphQL {exc.code}: {exc.read()[:2000]!r} for {query}") from None
     if answer.get("errors"):
         raise RuntimeError(f"GraphQL errors: {answer['errors']}")
     return answer["data"]

@@ -3,7 +3,8 @@
 A small platform (8 vnodes) is brought to a mixed state through the UI's own route (asset
 materializations of a vnode range with the asset check added, as both launch dialogs do), then
 verified and paused; `dagster dev` serves it and the test compares the partition statuses with
-the progress table, and looks for the check result and the figures.
+the progress table, and looks for the check result and the figures. `quiet`: the server's
+barrier sensor must not start barriers under the test (see jobs/dagster_dev.py).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, warehouse, dag
     env = _small_platform(tmp_path, warehouse, dagster_home)
     finished, started = env.pop("finished"), env.pop("started")
     assert finished == {"0", "1", "2", "3"} and started == finished | {"4", "5"}
-    with dagster_dev(env, str(tmp_path / "dagster_dev.log")) as url:
+    with dagster_dev(env, str(tmp_path / "dagster_dev.log"), quiet=True) as url:
         keys = [{"path": [k]} for k in ("upstream_table", "replicated_state", "downstream_mv",
                                         "backfill_progress")]
         nodes = {n["assetKey"]["path"][0]: n

@@ -77,6 +77,7 @@ def main() -> int:
     browser = chromium()
     env = demo_env()
     with dagster_dev(env, os.path.join(HERE, ".dagster_dev.log")) as url:
+        graphql(url, "mutation { setNuxSeen }")  # no "join the community" dialog on top
         views = dict(VIEWS)
         runs = graphql(url, LATEST_JOB_RUN, {"job": "backfill_job"})["runsOrError"]["results"]
         if runs:

@@ -16,11 +16,12 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.barrier import controls_in_force, figures, run_barrier, vnode_states
+from backfill_assets.checks import progress_evaluation
 from backfill_assets.controls import Controls
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
 from backfill_assets.partitions import split, vnode_key, vnode_partitions, vnodes_of
-from backfill_assets.progress_view import barrier_metadata, vnode_metadata
+from backfill_assets.progress_view import barrier_metadata, figures_metadata, vnode_metadata
 from backfill_assets.step import Hook, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -91,14 +92,18 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         report = run_barrier(spark.spark_session, d, tables, vnodes,
                              version=config.barrier_version, overrides=controls,
                              hook=_phase_log(context, span, hook or no_hook))
-        figs = figures(d, tables, report, controls)
+        figs = figures(d, tables, controls, report.v_new)
         context.log.info(
             f"barrier v{report.v_new} vnodes {span}: "
             f"{report.snapshot_rows} snapshot rows, {report.forwarded_rows} forwarded, "
             f"{figs.percent_done:.1f}% done, {figs.vnodes_finished}/{d.vnode_count} finished, "
             f"{figs.state}")
+        states = vnode_states(tables)
         context.log_event(dg.AssetObservation(
-            MV, metadata=barrier_metadata(report, figs, controls, vnode_states(tables))))
+            MV, metadata=barrier_metadata(report, figs, controls, states)))
+        context.log_event(progress_evaluation(figs, {
+            **figures_metadata(figs, controls, states),
+            "barrier_version": dg.MetadataValue.int(report.v_new)}))
         context.log_event(dg.AssetObservation(UPSTREAM, metadata={
             "version": figs.upstream_version, "rows_at_barrier": figs.upstream_rows}))
         owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)

@@ -51,16 +51,19 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     return run_step(spark, request, hook)
 
 
-def figures(d: MVDefinition, tables: MVTables, report: StepReport,
-            controls: Controls) -> MVFigures:
-    """Percent done (upstream rows from Delta file statistics), rows/s over the last progress
-    commits (wall clock), ETA, and lag behind the upstream's latest version."""
+def figures(d: MVDefinition, tables: MVTables, controls: Controls,
+            version: int | None = None) -> MVFigures | None:
+    """Percent done (upstream rows at `version`, default latest, from Delta file statistics),
+    rows/s over the last progress commits (wall clock), ETA, and lag behind the upstream's
+    latest version; None before the first barrier."""
     so = tables.storage_options
     progress = mv_store.open_table(tables.progress, so)
+    if progress is None:
+        return None
     rows = mv_store.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
     finished = sum(1 for f in rows[codec.FINISHED].to_pylist() if f)
     versions = [v for v in rows[codec.VERSION].to_pylist() if v is not None]
-    counted = mv_store.open_table(tables.upstream, so, report.v_new)
+    counted = mv_store.open_table(tables.upstream, so, version)
     upstream_rows = sum(n or 0 for n in
                         counted.get_add_actions(flatten=True).column("num_records").to_pylist())
     upstream = mv_store.open_table(tables.upstream, so)

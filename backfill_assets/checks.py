@@ -1,4 +1,9 @@
-"""Asset check `downstream_mv/matches_oracle`: the MV equals the independent oracle, per vnode.
+"""Asset checks of `downstream_mv`: `matches_oracle` (the MV equals the independent oracle,
+per vnode) and `backfill_finished` (passes once every vnode is finished).
+
+`backfill_finished` is evaluated by every barrier with the MV's figures (percent done, rows/s,
+ETA, lag) as metadata, so the check's Plots draw them over barriers and the lineage shows a
+warning until the backfill is done; "Execute" on it reads the tables without a barrier.
 
 Partitioned asset checks run once per ranged run (partition None), so the per-vnode results
 go into one check's metadata. It is not part of a barrier: `vnode_backfill` never yields the MV
@@ -10,13 +15,18 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.oracle import Verdict, verify
+from backfill_assets.progress_view import figures_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
 
 CHECK_NAME = "matches_oracle"
+PROGRESS_CHECK = "backfill_finished"
+MV = dg.AssetKey("downstream_mv")
 SHOWN_VNODES = 16  # vnodes listed in the table besides every failing one
 
 
@@ -37,8 +47,38 @@ def run_oracle(spark: SparkSession, d: MVDefinition, tables) -> tuple[Verdict, d
 
 def evaluation(verdict: Verdict, metadata: dict) -> dg.AssetCheckEvaluation:
     """The check's result as an event any op can log (verify_job does)."""
-    return dg.AssetCheckEvaluation(asset_key=dg.AssetKey("downstream_mv"), check_name=CHECK_NAME,
-                                   passed=verdict.ok, metadata=metadata)
+    return dg.AssetCheckEvaluation(asset_key=MV, check_name=CHECK_NAME, passed=verdict.ok,
+                                   metadata=metadata)
+
+
+def progress_evaluation(figs: MVFigures, metadata: dict) -> dg.AssetCheckEvaluation:
+    """`backfill_finished` as a barrier records it: a warning (not an error) until done."""
+    return dg.AssetCheckEvaluation(
+        asset_key=MV, check_name=PROGRESS_CHECK, passed=figs.finished,
+        severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
+        description=f"{figs.vnodes_finished}/{figs.vnode_count} vnodes finished, "
+                    f"{figs.percent_done:.1f}% done, {figs.state}")
+
+
+def build_progress_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset="downstream_mv", name=PROGRESS_CHECK, blocking=False,
+                    description="Passes once every vnode is finished. Every barrier records it "
+                                "with the MV's percent done, rows/s, ETA and lag (see Plots); "
+                                "Execute reads the tables without running a barrier.")
+    def backfill_finished(warehouse: WarehouseResource) -> dg.AssetCheckResult:
+        tables = mv_tables(d, settings, warehouse.options())
+        controls = controls_in_force(d, tables)
+        figs = figures(d, tables, controls)
+        if figs is None:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       description="no barrier has run yet: run backfill_job")
+        evaluated = progress_evaluation(figs, figures_metadata(figs, controls,
+                                                               vnode_states(tables)))
+        return dg.AssetCheckResult(passed=evaluated.passed, severity=evaluated.severity,
+                                   metadata=evaluated.metadata,
+                                   description=evaluated.description)
+
+    return backfill_finished
 
 
 def build_oracle_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksDefinition:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dagster as dg
 
 from backfill_assets.assets import build_assets
-from backfill_assets.checks import build_oracle_check
+from backfill_assets.checks import build_oracle_check, build_progress_check
 from backfill_assets.faults import kill_hook
 from backfill_assets.partitions import vnode_partitions
 from backfill_assets.sensors import build_barrier_sensor
@@ -31,7 +31,7 @@ backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count))
 
 defs = dg.Definitions(
     assets=build_assets(mv, settings, hook=kill_hook(settings.test_kill_at)),
-    asset_checks=[build_oracle_check(mv, settings)],
+    asset_checks=[build_oracle_check(mv, settings), build_progress_check(mv, settings)],
     jobs=[upstream_load_job, backfill_job, build_verify_job(mv, settings),
           build_controls_job(mv, settings), build_maintain_job(mv, settings),
           *build_follower_jobs(mv, settings, hook=kill_hook(settings.test_kill_at))],

@@ -41,9 +41,8 @@ def controls_metadata(controls: Controls) -> dict:
     }
 
 
-def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
-                     states: dict[int, str]) -> dict:
-    """The whole MV after a barrier: state, percent done, rows/s, ETA, lag, vnode states."""
+def figures_metadata(figures: MVFigures, controls: Controls, states: dict[int, str]) -> dict:
+    """The whole MV: state, percent done, rows/s, ETA, lag, vnode states, controls."""
     eta = figures.eta_seconds
     lag = figures.lag_versions
     meta = {
@@ -63,6 +62,18 @@ def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
         "upstream_version": dg.MetadataValue.int(figures.upstream_version),
         "snapshot_rows_done": dg.MetadataValue.int(figures.snapshot_rows_done),
         "upstream_rows": dg.MetadataValue.int(figures.upstream_rows),
+        **controls_metadata(controls),
+    }
+    if eta is not None:  # a number only when there is one: plots skip the paused barriers
+        meta["eta_seconds"] = dg.MetadataValue.float(round(eta, 1))
+    return meta
+
+
+def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
+                     states: dict[int, str]) -> dict:
+    """The whole MV after a barrier plus what the barrier itself did."""
+    return {
+        **figures_metadata(figures, controls, states),
         "barrier_version": dg.MetadataValue.int(report.v_new),
         "vnodes": dg.MetadataValue.text(f"{report.vnodes[0]}..{report.vnodes[-1]}"),
         "rows_read_from_snapshot": dg.MetadataValue.int(report.snapshot_rows),
@@ -71,11 +82,7 @@ def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
         "chunk_limit": dg.MetadataValue.int(report.chunk_limit),
         "recovered_vnodes": dg.MetadataValue.int(len(report.recovered)),
         "step_seconds": dg.MetadataValue.float(round(report.seconds, 3)),
-        **controls_metadata(controls),
     }
-    if eta is not None:  # a number only when there is one: plots skip the paused barriers
-        meta["eta_seconds"] = dg.MetadataValue.float(round(eta, 1))
-    return meta
 
 
 def _pos(pos) -> str:

@@ -103,6 +103,9 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
     assert 0 < barrier["percent_done"].value < 100 and barrier["state"].value == "backfilling"
     assert barrier["vnode_states"].value == "in progress 3; not started 0..2, 4..7"
     assert observed[("upstream_table", None)]["version"].value == 2
+    progress_check = result.get_asset_check_evaluations()[0]  # a warning until all finished
+    assert progress_check.check_name == "backfill_finished" and not progress_check.passed
+    assert progress_check.metadata["vnodes_finished"].value == 0
     check = dg.materialize([*assets, build_oracle_check(d, settings)], instance=instance,
                            selection=dg.AssetSelection.checks_for_assets("downstream_mv"),
                            resources={"spark": spark_resource(settings),

@@ -17,7 +17,12 @@ import yaml
 
 from backfill_assets import mv_store
 from backfill_assets.assets import build_assets
-from backfill_assets.checks import CHECK_NAME, build_oracle_check
+from backfill_assets.checks import (
+    CHECK_NAME,
+    PROGRESS_CHECK,
+    build_oracle_check,
+    build_progress_check,
+)
 from backfill_assets.core import codec
 from backfill_assets.load_generator import LoadParams, run_load
 from backfill_assets.partitions import range_tags, vnode_key
@@ -70,16 +75,17 @@ def _small_platform(tmp_path, warehouse: str, dagster_home: str) -> dict:
              vnode_count=VNODES)
     instance = dg.DagsterInstance.from_config(dagster_home)
     resources = {"spark": spark_resource(settings), "warehouse": warehouse_resource(settings)}
-    check = build_oracle_check(d, settings)
+    checks = [build_oracle_check(d, settings), build_progress_check(d, settings)]
     ui_selection = (dg.AssetSelection.assets("replicated_state", "downstream_mv",
                                              "backfill_progress")
                     | dg.AssetSelection.checks_for_assets("downstream_mv"))
     for first, last in ((0, 3), (0, 3), (4, 5)):
-        result = dg.materialize([*build_assets(d, settings), check], instance=instance,
+        result = dg.materialize([*build_assets(d, settings), *checks], instance=instance,
                                 selection=ui_selection, resources=resources,
                                 tags=range_tags(first, last, VNODES))
         assert result.success
-        assert not result.get_asset_check_evaluations()  # skipped: not recomputed per barrier
+        names = [e.check_name for e in result.get_asset_check_evaluations()]
+        assert names == [PROGRESS_CHECK]  # the oracle is skipped: not recomputed per barrier
     verify = build_verify_job(d, settings).execute_in_process(instance=instance,
                                                               resources=resources)
     assert verify.success
@@ -108,6 +114,8 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, warehouse, dag
                  for n in graphql(url, ASSETS, {"keys": keys})["assetNodes"]}
         checks = graphql(url, CHECKS, {"key": {"path": ["downstream_mv"]},
                                        "name": CHECK_NAME})["assetCheckExecutions"]
+        progress_checks = graphql(url, CHECKS, {"key": {"path": ["downstream_mv"]},
+                                                "name": PROGRESS_CHECK})["assetCheckExecutions"]
     mv, progress = nodes["downstream_mv"], nodes["backfill_progress"]
     assert set(mv["assetPartitionStatuses"]["materializedPartitions"]) == finished
     assert set(mv["assetPartitionStatuses"]["unmaterializedPartitions"]) == \
@@ -136,3 +144,6 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, warehouse, dag
     assert evaluated[0]["evaluation"]["success"] is True
     assert "rows_compared" in {e["label"] for e in evaluated[0]["evaluation"]["metadataEntries"]}
     assert all(c["status"] == "SKIPPED" for c in checks if not c["evaluation"])
+    assert len(progress_checks) == 3 and progress_checks[0]["status"] == "FAILED"  # a warning
+    latest = {e["label"] for e in progress_checks[0]["evaluation"]["metadataEntries"]}
+    assert {"percent_done", "rows_per_second", "lag_versions", "vnodes_finished"} <= latest

@@ -3,17 +3,21 @@
     make demo && make screenshots        # = .venv/bin/python -m docs.screenshots.take
 
 Starts `dagster dev` over the demo's platform (the settings `make demo` left in demo.env and
-the same DAGSTER_HOME) on a free loopback port, saves one PNG per view next to this file, and
-stops the server. Regenerate them whenever the UI or the metadata changes.
+a copy of its DAGSTER_HOME, so the screenshots change nothing) on a free loopback port, with
+the barrier sensor held still (`quiet`, see jobs/dagster_dev.py), saves one PNG per view next
+to this file, and stops the server. Regenerate them whenever the UI or the metadata changes.
+`--env FILE --home DIR --out DIR` shoot another platform (e.g. one caught mid-backfill).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 from jobs.dagster_dev import ROOT, dagster_dev, graphql
 
@@ -50,13 +54,12 @@ def chromium() -> str:
     raise SystemExit("no Chromium found: `apt-get install chromium` (Debian) and rerun")
 
 
-def demo_env() -> dict[str, str]:
-    """The environment `make ui` would serve: demo.env over this process's environment."""
-    if not os.path.exists(DEMO_ENV):
-        raise ScreenshotsNeedTheDemo(f"{DEMO_ENV} is missing: run `make demo` first")
+def platform_env(path: str) -> dict[str, str]:
+    """The environment `make ui` would serve: the settings file over this process's env."""
+    if not os.path.exists(path):
+        raise ScreenshotsNeedTheDemo(f"{path} is missing: run `make demo` first")
     env = dict(os.environ)
-    env.setdefault("DAGSTER_HOME", os.path.join(ROOT, ".dagster_home"))
-    with open(DEMO_ENV, encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:
         for line in f:
             if "=" in line and not line.startswith("#"):
                 key, value = line.rstrip("\n").split("=", 1)
@@ -73,17 +76,31 @@ def shoot(browser: str, url: str, path: str, width: int = 1600, height: int = 10
     print(f"  {os.path.relpath(path, ROOT)}  <- {url}")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    args = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    args.add_argument("--env", default=DEMO_ENV, help="settings file (default: demo.env)")
+    args.add_argument("--home", default=os.environ.get("DAGSTER_HOME") or
+                      os.path.join(ROOT, ".dagster_home"), help="the DAGSTER_HOME to show")
+    args.add_argument("--out", default=HERE, help="folder for the PNGs")
+    opts = args.parse_args(argv)
     browser = chromium()
-    env = demo_env()
-    with dagster_dev(env, os.path.join(HERE, ".dagster_dev.log")) as url:
+    env = platform_env(opts.env)
+    with tempfile.TemporaryDirectory(prefix="screenshots_home_") as home:
+        shutil.copytree(opts.home, home, dirs_exist_ok=True)
+        env["DAGSTER_HOME"] = home
+        return _shoot_all(browser, env, opts.out)
+
+
+def _shoot_all(browser: str, env: dict[str, str], out: str) -> int:
+    os.makedirs(out, exist_ok=True)
+    with dagster_dev(env, os.path.join(out, ".dagster_dev.log"), quiet=True) as url:
         graphql(url, "mutation { setNuxSeen }")  # no "join the community" dialog on top
         views = dict(VIEWS)
         runs = graphql(url, LATEST_JOB_RUN, {"job": "backfill_job"})["runsOrError"]["results"]
         if runs:
             views["barrier_run.png"] = f"/runs/{runs[0]['runId']}"
         for name, path in views.items():
-            shoot(browser, url + path, os.path.join(HERE, name))
+            shoot(browser, url + path, os.path.join(out, name))
     return 0
 
 

@@ -35,8 +35,8 @@ VIEWS = {
     "progress_partitions.png": "/assets/backfill_progress?view=partitions",
     "mv_overview.png": "/assets/downstream_mv",
     "mv_events.png": "/assets/downstream_mv?view=events",
-    "mv_plots.png": "/assets/downstream_mv?view=plots",
-    "mv_checks.png": "/assets/downstream_mv?view=checks",
+    "mv_progress_check.png": "/assets/downstream_mv?view=checks&checkDetail=backfill_finished",
+    "mv_oracle_check.png": "/assets/downstream_mv?view=checks&checkDetail=matches_oracle",
     "controls_launchpad.png": f"/locations/{LOCATION}/jobs/set_controls_job/playground",
     "runs.png": "/runs",
 }

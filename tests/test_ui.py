@@ -86,6 +86,8 @@ def _small_platform(tmp_path, warehouse: str, dagster_home: str) -> dict:
         assert result.success
         names = [e.check_name for e in result.get_asset_check_evaluations()]
         assert names == [PROGRESS_CHECK]  # the oracle is skipped: not recomputed per barrier
+        said = [e.user_message for e in instance.all_logs(result.run_id)]
+        assert any("downstream_mv committed" in m for m in said)  # phases, while it runs
     verify = build_verify_job(d, settings).execute_in_process(instance=instance,
                                                               resources=resources)
     assert verify.success

@@ -6,7 +6,9 @@ committed, `downstream_mv` only for vnodes whose backfill is finished. An unfini
 the MV gets an observation with its position instead, so the MV's Partitions tab reads
 finished = materialized, in progress = missing with an observation, not started = missing
 (and `backfill_progress` tells the last two apart). The outputs are skippable and never
-yielded, so these runtime events are the only materializations.
+yielded, so these runtime events are the only materializations. `upstream_table` gets no
+events: once it has any, Dagster fetches its data versions at step start, which fails in a run
+without a partition range (`backfill_job` without range tags).
 """
 
 import time
@@ -63,7 +65,8 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         UPSTREAM, partitions_def=parts, group_name="backfill",
         description=f"The upstream Delta table {d.upstream} (change feed on). Written by "
                     "upstream_load_job or another engine: the platform only reads it, so it "
-                    "is not materialized here; barriers record its version as observations.")
+                    "is not materialized here. The MV's lag behind it is in the barrier's "
+                    "figures (downstream_mv/backfill_finished).")
     specs = [
         dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
                      skippable=True,
@@ -104,8 +107,6 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         context.log_event(progress_evaluation(figs, {
             **figures_metadata(figs, controls, states),
             "barrier_version": dg.MetadataValue.int(report.v_new)}))
-        context.log_event(dg.AssetObservation(UPSTREAM, metadata={
-            "version": figs.upstream_version, "rows_at_barrier": figs.upstream_rows}))
         owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)
         for vnode in vnodes:
             key = vnode_key(vnode, d.vnode_count)

@@ -102,7 +102,8 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
     assert barrier["rows_read_from_snapshot"].value == 40
     assert 0 < barrier["percent_done"].value < 100 and barrier["state"].value == "backfilling"
     assert barrier["vnode_states"].value == "in progress 3; not started 0..2, 4..7"
-    assert observed[("upstream_table", None)]["version"].value == 2
+    # never observed: Dagster would then fetch its data versions, and an unranged run fails
+    assert ("upstream_table", None) not in observed
     progress_check = result.get_asset_check_evaluations()[0]  # a warning until all finished
     assert progress_check.check_name == "backfill_finished" and not progress_check.passed
     assert progress_check.metadata["vnodes_finished"].value == 0

@@ -104,9 +104,6 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         states = vnode_states(tables)
         context.log_event(dg.AssetObservation(
             MV, metadata=barrier_metadata(report, figs, controls, states)))
-        context.log_event(progress_evaluation(figs, {
-            **figures_metadata(figs, controls, states),
-            "barrier_version": dg.MetadataValue.int(report.v_new)}))
         owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)
         for vnode in vnodes:
             key = vnode_key(vnode, d.vnode_count)
@@ -116,6 +113,10 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
             done = isinstance(report.progress[vnode], Completed)
             event = dg.AssetMaterialization if done else dg.AssetObservation
             context.log_event(event(MV, partition=key, metadata=meta))
+        # last, so the check's result is newer than every materialization the barrier made
+        context.log_event(progress_evaluation(figs, {
+            **figures_metadata(figs, controls, states),
+            "barrier_version": dg.MetadataValue.int(report.v_new)}))
         yield from ()
 
     return [upstream, vnode_backfill]

@@ -24,8 +24,6 @@ from jobs.dagster_dev import ROOT, dagster_dev, graphql
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEMO_ENV = os.path.join(ROOT, "demo.env")
 LOCATION = "__repository__@backfill_assets"
-LATEST_BARRIER_RUN = """{ runsOrError(filter: {pipelineName: "__ASSET_JOB"}, limit: 1) {
-  ... on Runs { results { runId } } } }"""
 LATEST_JOB_RUN = """query Runs($job: String!) { runsOrError(filter: {pipelineName: $job}, limit: 1)
   { ... on Runs { results { runId } } } }"""
 # file name -> path in the UI (what README shows, in reading order)
@@ -96,9 +94,11 @@ def _shoot_all(browser: str, env: dict[str, str], out: str) -> int:
     with dagster_dev(env, os.path.join(out, ".dagster_dev.log"), quiet=True) as url:
         graphql(url, "mutation { setNuxSeen }")  # no "join the community" dialog on top
         views = dict(VIEWS)
-        runs = graphql(url, LATEST_JOB_RUN, {"job": "backfill_job"})["runsOrError"]["results"]
-        if runs:
-            views["barrier_run.png"] = f"/runs/{runs[0]['runId']}"
+        for job in ("backfill_job", "__ASSET_JOB", "__ephemeral_asset_job__"):
+            runs = graphql(url, LATEST_JOB_RUN, {"job": job})["runsOrError"]["results"]
+            if runs:  # the latest barrier: from backfill_job, else from the asset pages
+                views["barrier_run.png"] = f"/runs/{runs[0]['runId']}"
+                break
         for name, path in views.items():
             shoot(browser, url + path, os.path.join(out, name))
     return 0

@@ -12,6 +12,7 @@ without a partition range (`backfill_job` without range tags).
 """
 
 import time
+from collections.abc import Callable, Sequence
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
@@ -24,7 +25,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
 from backfill_assets.partitions import split, vnode_key, vnode_partitions, vnodes_of
 from backfill_assets.progress_view import barrier_metadata, figures_metadata, vnode_metadata
-from backfill_assets.step import Hook, no_hook
+from backfill_assets.step import Hook, StepReport, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -104,15 +105,7 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         states = vnode_states(tables)
         context.log_event(dg.AssetObservation(
             MV, metadata=barrier_metadata(report, figs, controls, states)))
-        owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)
-        for vnode in vnodes:
-            key = vnode_key(vnode, d.vnode_count)
-            meta = vnode_metadata(report, vnode, figs.upstream_version)
-            for asset in owned:
-                context.log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
-            done = isinstance(report.progress[vnode], Completed)
-            event = dg.AssetMaterialization if done else dg.AssetObservation
-            context.log_event(event(MV, partition=key, metadata=meta))
+        record_vnodes(context.log_event, d, report, vnodes, figs.upstream_version)
         # last, so the check's result is newer than every materialization the barrier made
         context.log_event(progress_evaluation(figs, {
             **figures_metadata(figs, controls, states),
@@ -120,6 +113,22 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         yield from ()
 
     return [upstream, vnode_backfill]
+
+
+def record_vnodes(log_event: Callable[[object], None], d: MVDefinition, report: StepReport,
+                  vnodes: Sequence[int], upstream_version: int) -> None:
+    """The per-vnode events of a barrier (also the follower's): progress (and replica) are
+    materialized for every vnode committed, the MV only for finished vnodes, an unfinished
+    vnode of the MV is observed with its facts instead."""
+    owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)
+    for vnode in vnodes:
+        key = vnode_key(vnode, d.vnode_count)
+        meta = vnode_metadata(report, vnode, upstream_version)
+        for asset in owned:
+            log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
+        done = isinstance(report.progress[vnode], Completed)
+        event = dg.AssetMaterialization if done else dg.AssetObservation
+        log_event(event(MV, partition=key, metadata=meta))
 
 
 def _phase_log(context: dg.AssetExecutionContext, span: str, then: Hook) -> Hook:

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from backfill_assets import mv_store
-from backfill_assets.barrier import BarrierFigures, figures, mv_root, run_barrier
+from backfill_assets.barrier import controls_in_force, figures, mv_root, run_barrier
 from backfill_assets.controls import read_controls
+from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.mv_store import MVTables
@@ -46,7 +47,7 @@ class BarrierRecord:
 
     number: int  # barriers this follower ran so far (1-based)
     report: StepReport
-    figures: BarrierFigures
+    figures: MVFigures
     upstream_version: int  # the upstream's latest version right after the barrier committed
     lag_seconds: float  # age of the oldest upstream commit the MV does not have yet (0: none)
     commit_to_mv_seconds: float | None  # oldest commit this barrier brought in -> its MV commit
@@ -150,7 +151,8 @@ def _record(d: MVDefinition, tables: MVTables, number: int, report: StepReport,
     lag = now - times[report.v_new + 1] if report.v_new + 1 in times else 0.0
     brought = first_new if first_new is not None and first_new <= report.v_new else None
     to_mv = now - times[brought] if brought in times else None
-    return BarrierRecord(number, report, figures(d, tables, report), latest, lag, to_mv)
+    figs = figures(d, tables, controls_in_force(d, tables), report.v_new)
+    return BarrierRecord(number, report, figs, latest, lag, to_mv)
 
 
 def _commit_times(upstream, since: int) -> dict[int, float]:

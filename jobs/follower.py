@@ -17,7 +17,8 @@ import threading
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.assets import MV, OWNED
+from backfill_assets.assets import MV, record_vnodes
+from backfill_assets.barrier import controls_in_force, vnode_states
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.errors import FollowerAlreadyRunning
 from backfill_assets.follower import (
@@ -29,8 +30,7 @@ from backfill_assets.follower import (
     stop_on_interrupt,
 )
 from backfill_assets.liveness import FOLLOWER_JOB, MV_TAG, run_vnodes, vnodes_tag, writers_over
-from backfill_assets.partitions import vnode_key
-from backfill_assets.progress_view import run_metadata, vnode_metadata
+from backfill_assets.progress_view import barrier_metadata
 from backfill_assets.step import Hook, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -70,7 +70,7 @@ def _follower_job(d: MVDefinition, settings: Settings, hook: Hook) -> dg.JobDefi
                                                        MV_TAG: d.name})
         session = spark.spark_session  # before our signal handler: Spark installs its own
         stop = threading.Event()
-        emit = _Emitter(context, d)
+        emit = _Emitter(context, d, tables)
         with stop_on_interrupt(stop, lambda: request_stop(
                 tables, f"run {context.run_id} was terminated")):
             summary = follow(session, d, tables, vnodes, on_barrier=emit, stop=stop,
@@ -105,8 +105,8 @@ class _Emitter:
     header) with barriers done, lag and rows/s. Unchanged vnodes emit nothing: a follower at
     256 vnodes must not spend seconds per barrier on events."""
 
-    def __init__(self, context: dg.OpExecutionContext, d: MVDefinition) -> None:
-        self.context, self.d = context, d
+    def __init__(self, context: dg.OpExecutionContext, d: MVDefinition, tables) -> None:
+        self.context, self.d, self.tables = context, d, tables
         self.seen: dict = {}
 
     def __call__(self, rec: BarrierRecord) -> None:
@@ -119,14 +119,12 @@ class _Emitter:
             f"{report.forwarded_rows} forwarded, {report.seconds:.2f} s, lag "
             f"{rec.lag_versions} versions / {rec.lag_seconds:.1f} s, "
             f"{figs.vnodes_finished}/{self.d.vnode_count} finished")
-        for vnode in moved:
-            key = vnode_key(vnode, self.d.vnode_count)
-            meta = vnode_metadata(report, vnode)
-            for asset in OWNED:
-                ctx.log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
+        record_vnodes(ctx.log_event, self.d, report, moved, rec.upstream_version)
         to_mv = rec.commit_to_mv_seconds
         ctx.log_event(dg.AssetObservation(MV, metadata={
-            **run_metadata(report, figs), **lag, "follower_barrier": rec.number,
+            **barrier_metadata(report, figs, controls_in_force(self.d, self.tables),
+                               vnode_states(self.tables)),
+            **lag, "follower_barrier": rec.number,
             "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}))
         ctx.instance.add_run_tags(ctx.run_id, {
             "follower/barriers": str(rec.number), "follower/version": str(report.v_new),

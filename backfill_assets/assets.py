@@ -55,6 +55,11 @@ def build_assets(d: MVDefinition, settings: Settings, hook=None) -> list:
                              version=config.barrier_version, overrides=overrides,
                              hook=hook or (lambda point: None))
         figs = figures(d, tables, report)
+        if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
+            context.log.warning(f"change feed gone, re-snapshot: {report.extra['resnapshots']}")
+            context.log_event(dg.AssetObservation(MV, metadata={
+                "resnapshots": dg.MetadataValue.text(report.extra["resnapshots"]),
+                "resnapshot_vnodes": dg.MetadataValue.int(report.extra["resnapshot_vnodes"])}))
         context.log.info(
             f"barrier v{report.v_new} vnodes {vnodes[0]}..{vnodes[-1]}: "
             f"{report.snapshot_rows} snapshot rows, {report.forwarded_rows} forwarded, "

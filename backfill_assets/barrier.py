@@ -56,6 +56,10 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     chunk = overrides.chunk_size or in_force.chunk_size or d.chunk_size
     rate = _first_set(overrides.rate_limit, in_force.rate_limit, d.rate_limit)
     request = StepRequest(d, tables, tuple(vnodes), chunk, rate, version)
+    if d.mode == "snapshot":  # a bulk read in slices, then catch-up (or the chunked path)
+        from backfill_assets.snapshot_mode import run_snapshot_barrier
+
+        return run_snapshot_barrier(spark, request, hook)
     return run_step(spark, request, hook)
 
 

@@ -42,7 +42,19 @@ def run_metadata(report: StepReport, figures: BarrierFigures) -> dict:
         "eta_seconds": dg.MetadataValue.float(round(eta, 1) if eta is not None else -1.0),
         "step_seconds": dg.MetadataValue.float(round(report.seconds, 3)),
         "vnode_progress": dg.MetadataValue.md(progress_table(report)),
+        **{k: _value(v) for k, v in report.extra.items()},  # e.g. snapshot mode's slices
     }
+
+
+def _value(v: object) -> dg.MetadataValue:
+    if isinstance(v, bool):
+        return dg.MetadataValue.bool(v)
+    if isinstance(v, int):
+        return dg.MetadataValue.int(v)
+    if isinstance(v, float):
+        return dg.MetadataValue.float(v)
+    text = str(v)
+    return dg.MetadataValue.md(text) if text.startswith("|") else dg.MetadataValue.text(text)
 
 
 def progress_table(report: StepReport) -> str:

@@ -146,12 +146,13 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
 # Snapshot mode: 240 rows over 8 vnodes in slices of ~60 rows (3-5 slices). A barrier is a
 # forward step over the finished vnodes (none at first) and one step per slice, so `@n` counts
 # the kill point over those steps. Kills follow each other in the first barrier, each on the
-# state the previous one left: between slices 1 and 2, inside slice 2 (MV committed, progress
-# not), before slice 3 writes, inside slice 3; then in the catch-up barrier that coalesces six
-# versions, on the idle barrier after it, and on a later change-feed barrier.
+# state the previous one left: between slices 1 and 2, inside slice 2's MV commit (its data
+# files written, no log entry), inside slice 2 (MV committed, progress not), before slice 3
+# writes, inside slice 3; then in the catch-up barrier that coalesces six versions, on the idle
+# barrier after it, and on a later change-feed barrier.
 SLICE_ROWS = 60
-SNAPSHOT_KILLS = {0: ["after_progress_commit@1", "after_mv_commit@2", "before_write@2",
-                      "before_progress_commit@2"],
+SNAPSHOT_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
+                      "before_write@2", "before_progress_commit@2"],
                   1: ["after_mv_commit"], 2: ["after_mv_commit"], 3: ["before_progress_commit"]}
 
 
@@ -186,7 +187,7 @@ def test_snapshot_mode_kills_inside_and_between_slices_and_in_catch_up(spark, tm
             if i == 0:
                 done.append(len(H.recovered_progress(crash.d, crash.tables, barrier.vnodes)))
         if done:  # a kill loses at most the slice in flight
-            assert 0 < done[0] < done[1] == done[2] < 8 and done[3] > done[2], done
+            assert 0 < done[0] == done[1] < done[2] == done[3] < 8 and done[4] > done[3], done
         crash.run(barrier)  # the rerun: the same barrier (same version, same vnodes)
         what = f"snapshot barrier {i} @v{barrier.version}"
         figures["rows_compared"] += H.assert_same_tables(ref.states[i], crash.states[-1], what)

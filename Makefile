@@ -63,7 +63,7 @@ BENCH_QUICK_ROWS ?= 100000
 BENCH_ARGS ?=
 export BENCH_LOCK
 
-.PHONY: bench bench-bulk bench-bulk-20m bench-incremental bench-latency bench-scaling bench-profile \
+.PHONY: bench bench-bulk bench-bulk-20m bench-bulk-100m bench-incremental bench-latency bench-scaling bench-profile \
 	bench-upstream bench-quick
 
 bench: bench-bulk bench-bulk-20m bench-incremental bench-scaling bench-profile bench-latency
@@ -75,6 +75,12 @@ bench-bulk: env
 bench-bulk-20m: env
 	$(PY) -m benchmarks.bench_bulk --rows 20000000 --pk $(BENCH_PK) --budget 1800 \
 		--name bulk_20M $(BENCH_ARGS)
+
+# 100M rows, snapshot mode only (the chunked modes take hours at this size), one repeat of
+# each baseline; its own results file
+bench-bulk-100m: env
+	$(PY) -m benchmarks.bench_bulk --rows 100000000 --pk single --modes snapshot --repeat 1 \
+		--budget 0 --name bulk_100M $(BENCH_ARGS)
 
 bench-incremental: env
 	$(PY) -m benchmarks.bench_incremental --rows $(BENCH_INC_ROWS) $(BENCH_ARGS)

@@ -97,6 +97,11 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                              version=config.barrier_version, overrides=controls,
                              hook=_phase_log(context, span, hook or no_hook))
         figs = figures(d, tables, controls, report.v_new)
+        if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
+            context.log.warning(f"change feed gone, re-snapshot: {report.extra['resnapshots']}")
+            context.log_event(dg.AssetObservation(MV, metadata={
+                "resnapshots": dg.MetadataValue.text(report.extra["resnapshots"]),
+                "resnapshot_vnodes": dg.MetadataValue.int(report.extra["resnapshot_vnodes"])}))
         context.log.info(
             f"barrier v{report.v_new} vnodes {span}: "
             f"{report.snapshot_rows} snapshot rows, {report.forwarded_rows} forwarded, "

@@ -48,6 +48,10 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     controls = controls_in_force(d, tables, overrides)
     request = StepRequest(d, tables, tuple(vnodes), controls.chunk_size, controls.rate_limit,
                           version)
+    if d.mode == "snapshot":  # a bulk read in slices, then catch-up (or the chunked path)
+        from backfill_assets.snapshot_mode import run_snapshot_barrier
+
+        return run_snapshot_barrier(spark, request, hook)
     return run_step(spark, request, hook)
 
 

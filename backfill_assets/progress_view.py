@@ -82,7 +82,19 @@ def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
         "chunk_limit": dg.MetadataValue.int(report.chunk_limit),
         "recovered_vnodes": dg.MetadataValue.int(len(report.recovered)),
         "step_seconds": dg.MetadataValue.float(round(report.seconds, 3)),
+        **{k: _value(v) for k, v in report.extra.items()},  # e.g. snapshot mode's slices
     }
+
+
+def _value(v: object) -> dg.MetadataValue:
+    if isinstance(v, bool):
+        return dg.MetadataValue.bool(v)
+    if isinstance(v, int):
+        return dg.MetadataValue.int(v)
+    if isinstance(v, float):
+        return dg.MetadataValue.float(v)
+    text = str(v)
+    return dg.MetadataValue.md(text) if text.startswith("|") else dg.MetadataValue.text(text)
 
 
 def _pos(pos) -> str:

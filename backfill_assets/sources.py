@@ -6,10 +6,15 @@
   chunk. Any Delta upstream with a change feed works, whatever its layout.
 - `UpstreamSource` (no_shuffle): the upstream is already arranged by the same vnodes, so the
   snapshot is a time-travel read of the upstream version itself; nothing is replicated.
+- `BulkSource` (snapshot): a time-travel read of the upstream version, read whole per vnode
+  (partition-pruned when the upstream is arranged by the same vnodes, else the vnode is
+  computed from the key); no replica, and the bulk read checks its own keys
+  (`snapshot_read`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -121,6 +126,66 @@ class UpstreamSource:
                                       storage_options=ctx.tables.storage_options)
 
 
+class BulkSource:
+    """Snapshot mode: every remaining row of a vnode, straight from the upstream version."""
+
+    checks_keys = True  # snapshot_read.read_remainder checks null / duplicate pks itself
+
+    def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
+                changes: DataFrame | None, hook) -> int:
+        hook("after_replica_commit")
+        return 0
+
+    def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
+        so = ctx.tables.storage_options
+        if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            return UpstreamSource().rows(ctx, vnodes)
+        up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
+                                    ctx.upstream_schema, storage_options=so)
+        return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
+
+
+def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: int,
+                storage_options: Mapping[str, str]) -> bool:
+    """Whether the upstream is a platform table arranged by the MV's vnodes (same pk, same
+    count, partitioned by vnode): its files then hold one vnode each, and its writer keeps
+    the pk unique and non-null (`upstream.apply_dml`)."""
+    from backfill_assets import delta_store
+
+    table = delta_store.open_table(uri, version, storage_options)
+    config = table.metadata().configuration
+    try:
+        pk = json.loads(config.get(delta_store.PK_PROPERTY) or "null")
+    except ValueError:
+        return False
+    return (pk == list(key_names)
+            and str(config.get(delta_store.VNODE_COUNT_PROPERTY)) == str(vnode_count)
+            and delta_store.VNODE_COLUMN in delta_store.partition_columns(table))
+
+
+# Operations that add no row another engine could have duplicated a key with.
+_ROWLESS = frozenset({"CREATE TABLE", "SET TBLPROPERTIES", "UNSET TBLPROPERTIES", "VACUUM START",
+                      "VACUUM END", "OPTIMIZE", "DELETE", "ADD COLUMNS", "CHANGE COLUMN",
+                      "ADD CONSTRAINT", "DROP CONSTRAINT", "UPGRADE PROTOCOL", "FSCK"})
+
+
+def keys_kept_unique(uri: str, version: int, key_names: Sequence[str], vnode_count: int,
+                     storage_options: Mapping[str, str]) -> bool:
+    """Whether every row of the upstream up to `version` came from the platform's own writer
+    (commits marked `backfill.dml`, on a table arranged by the MV's vnodes), which refuses null
+    and duplicate pks: then a bulk read may skip the group-by over every key. A commit of
+    another engine that adds rows (an append, a merge) makes the read check its keys. Commits
+    older than the log's retention cannot be seen: their rows were checked or are as old as
+    the table's own rows."""
+    from backfill_assets import delta_store
+
+    if not same_vnodes(uri, version, key_names, vnode_count, storage_options):
+        return False
+    table = delta_store.open_table(uri, version, storage_options)
+    return all("backfill.dml" in c or c.get("operation") in _ROWLESS
+               for c in table.history() if c.get("version", 0) <= version)
+
+
 def _with_vnode(df: DataFrame, ctx: SourceContext) -> DataFrame:
     """Recompute the vnode from the pk with the MV's vnode count (the upstream's may differ)."""
     return spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
@@ -129,4 +194,5 @@ def _with_vnode(df: DataFrame, ctx: SourceContext) -> DataFrame:
 SOURCES: dict[str, SnapshotSource] = {
     "arrangement": ReplicaSource(),
     "no_shuffle": UpstreamSource(),
+    "snapshot": BulkSource(),
 }

@@ -7,7 +7,8 @@
 5. commit the MV (forwarded changes + chunk, one atomic commit carrying the new progress),
    then the progress table.
 Modes differ only by the snapshot source and the position strategy (see sources.py,
-core/positions.py); kill points (`hook`) sit on every commit boundary for the crash tests.
+core/positions.py, core/snapshot.py: a bulk strategy reads each vnode's remainder whole, without
+a sort, in `snapshot_read`); kill points (`hook`) sit on every commit boundary for the crash tests.
 """
 
 from __future__ import annotations
@@ -47,9 +48,10 @@ from backfill_assets.mv_spark import (
 )
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
-from backfill_assets.sources import SOURCES, SourceContext
+from backfill_assets.snapshot_read import read_remainder, replacing
+from backfill_assets.sources import SOURCES, SourceContext, keys_kept_unique
 from backfill_assets.storage import maintain
-from backfill_assets.upstream_check import checked_upstream
+from backfill_assets.upstream_check import checked_upstream, strategy_for
 
 Hook = Callable[[str], None]
 
@@ -68,6 +70,8 @@ class StepRequest:
     chunk_size: int
     rate_limit: int | None = None
     v_new: int | None = None  # None: the upstream's latest version
+    mode: str | None = None  # the step's path when not the definition's (snapshot_mode.py)
+    reset: tuple[int, ...] = ()  # vnodes re-read from scratch: their MV rows are replaced
 
 
 @dataclass
@@ -84,6 +88,7 @@ class StepReport:
     recovered: list[int] = field(default_factory=list)
     progress: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # mode-specific figures for the run's metadata
 
     @property
     def finished(self) -> bool:
@@ -136,15 +141,20 @@ class _Step:
         progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
                                                so, cdf=False, description=upstream.pin(d))
         vnodes = tuple(sorted(req.vnodes))
-        if d.mode == "no_shuffle":
+        strategy = strategy_for(req.mode) if req.mode else upstream.strategy
+        if (req.mode or d.mode) == "no_shuffle":
             check_run_layout(req.tables.mv.rsplit("/", 1)[0], vnodes,
                              lambda group: _unfinished(progress_table, key_order, group))
         state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv)
-        upstream.strategy.recover(state)
+        if req.reset:  # re-snapshot: start these vnodes again (their MV rows get replaced)
+            state, recovered = BackfillState(key_order, vnodes, {
+                v: (state.committed(v), state.version(v)) for v in vnodes
+                if v not in req.reset and not isinstance(state.committed(v), NotStarted)}), []
+        strategy.recover(state)
         _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
         replica = mv_store.open_table(req.tables.replica, so)
         replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes)
-        plan = plan_step(state, upstream.strategy, vnodes, replica_versions, upstream.version,
+        plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
                          req.chunk_size, req.rate_limit)
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
                             d.vnode_count, upstream.schema, plan.v_new)
@@ -153,22 +163,24 @@ class _Step:
         # barrier (progress commit only) instead of stepping twice at the same version
         replay = set(recovered) == set(vnodes) and all(
             state.version(v) == plan.v_new for v in vnodes)
-        return cls(req, ctx, plan, state, upstream.strategy, mv, progress_table, mv_schema,
+        return cls(req, ctx, plan, state, strategy, mv, progress_table, mv_schema,
                    report, hook, started, replay)
 
     def run(self, changes: DataFrame | None) -> StepReport:
         """Replicate, forward, read the snapshot chunk, commit the MV, commit progress."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
-        source = SOURCES[d.mode]
+        source = SOURCES[self.req.mode or d.mode]
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
-        _check_fresh_keys(self.ctx, [v for v in report.vnodes
-                                     if isinstance(state.current(v), NotStarted)])
+        if not getattr(source, "checks_keys", False):
+            _check_fresh_keys(self.ctx, [v for v in report.vnodes
+                                         if isinstance(state.current(v), NotStarted)])
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         forward = _forward(changes, state, plan, d)
         chunk = _Chunk(None, 0, {})
         try:
             if not self.replay:
-                chunk = _snapshot_chunk(self.ctx, source, state, plan, d)
+                read = _bulk_chunk if getattr(self.strategy, "bulk", False) else _snapshot_chunk
+                chunk = read(self.ctx, source, state, plan, d)
                 self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
             for vnode in report.vnodes:
                 state.advance_version(vnode, plan.v_new)
@@ -185,7 +197,7 @@ class _Step:
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered))
         self.hook("after_progress_commit")
-        _compact(self.ctx, report.vnodes, d.mode)
+        _compact(self.ctx, report.vnodes, self.req.mode or d.mode)
         report.progress = {v: state.current(v) for v in report.vnodes}
         report.versions = {v: plan.v_new for v in report.vnodes}
         report.seconds = time.monotonic() - self.started
@@ -193,13 +205,16 @@ class _Step:
 
     def _commit_mv(self, forward: DataFrame | None, chunk: DataFrame | None) -> None:
         """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make."""
-        if forward is None and chunk is None:
+        if forward is None and chunk is None and not self.req.reset:
             return
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
         intent = mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+        if self.req.reset:  # a re-snapshot reads only reset vnodes: their old rows go
+            forward, rows = replacing(self.ctx.spark, snap, rows, self.req.reset,
+                                      key_order.names), None
         storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=forward,
                               inserts=rows, rows_hint=self.report.snapshot_rows,
                               hook=lambda point: self.hook(f"mv_{point}"))
@@ -292,6 +307,23 @@ def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: Step
         chunk.unpersist()
         return _Chunk(None, 0, per_vnode)
     return _Chunk(chunk, read, per_vnode)
+
+
+def _bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
+                d: MVDefinition) -> _Chunk:
+    """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached)."""
+    readers = plan.snapshot_vnodes
+    if not readers or plan.chunk_limit == 0:
+        return _Chunk(None, 0, {})
+    unique = keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count,
+                              ctx.tables.storage_options)
+    rows, stats = read_remainder(source.rows(ctx, readers),
+                                 {v: _position(state.current(v)) for v in readers},
+                                 state.key_order, unique_keys=unique, uri=ctx.tables.upstream,
+                                 version=ctx.v_new)
+    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
+    read = sum(c.rows for c in per_vnode.values())
+    return _Chunk(project(rows, d) if read else None, read, per_vnode)
 
 
 def _check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:

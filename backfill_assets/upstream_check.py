@@ -20,6 +20,7 @@ from backfill_assets.arrow_types import type_name
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import PerVnodePositions, PositionStrategy, SharedPosition
+from backfill_assets.core.snapshot import BulkPositions
 from backfill_assets.delta_store import arrow_schema
 from backfill_assets.errors import (
     ChangeFeedDisabled,
@@ -83,11 +84,17 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
     columns = {f.name: _type_name(f, tables.upstream) for f in carried}
     key_order = _key_order(d, columns)
     d.validate(columns)
-    strategy: PositionStrategy = (
-        PerVnodePositions() if d.mode == "arrangement" else SharedPosition())
+    strategy = strategy_for(d.mode)
     if d.mode == "no_shuffle":
         _check_no_shuffle_layout(table, d, key_order, tables)
     return CheckedUpstream(table.version(), carried, key_order, strategy)
+
+
+def strategy_for(mode: str) -> PositionStrategy:
+    """How positions move in a step of `mode` (snapshot mode throttled: arrangement's)."""
+    strategies = {"arrangement": PerVnodePositions, "no_shuffle": SharedPosition,
+                  "snapshot": BulkPositions}
+    return strategies[mode]()
 
 
 def _type_name(field: pa.Field, where: str) -> str:

@@ -9,7 +9,10 @@ each in a FRESH process under `flock $BENCH_LOCK`:
     dataset copy, (c) naive full refresh (Spark: read, mv_spark.project + filter, overwrite);
   * per mode (arrangement, no_shuffle): an unthrottled backfill to completion with
     `run_barrier` in-process, while a separate writer process commits a DML batch
-    (--dml-fraction of the rows: inserts, updates, deletes, pk changes) before every barrier.
+    (--dml-fraction of the rows: inserts, updates, deletes, pk changes) before every barrier;
+  * snapshot mode: the bulk barrier (all slices at one pinned version), then the writer commits
+    as many batches as the chunked modes' barriers would have seen meanwhile
+    (rows / --barrier-rows), then the catch-up barrier that coalesces them; both count.
 Backfill time = the sum of the barriers' wall times (replica initialisation included; the
 writer's DML time and the Spark session start are not). Peak RSS: VmHWM of the driver and of
 its Spark JVM at the end of the run.
@@ -26,7 +29,7 @@ import time
 
 from benchmarks import common as C
 
-MODES = ("arrangement", "no_shuffle")
+MODES = ("snapshot", "arrangement", "no_shuffle")
 
 
 # --------------------------------------------------------------------------- workers
@@ -108,33 +111,43 @@ def worker_backfill(args) -> dict:
     phases: dict = {}
     total = 0.0
     partial = False
+
+    def barrier(n: int, dml: dict):
+        nonlocal total
+        prof.reset()
+        t0 = time.perf_counter()
+        report = run_barrier(spark, d, tables, vnodes)
+        took = time.perf_counter() - t0
+        total += took
+        ph = prof.reset()
+        C.add_phases(phases, ph)
+        s = mem.snapshot(f"barrier {n}")
+        barriers.append({
+            "files": {"replica": _file_count(tables.replica), "mv": _file_count(tables.mv)},
+            "seconds": round(took, 3), "v_new": report.v_new,
+            "snapshot_rows": report.snapshot_rows, "forwarded_rows": report.forwarded_rows,
+            "replicated_rows": report.replicated_rows, "dml_seconds": round(dml["seconds"], 3),
+            "driver_rss_mib": C.mib(s["driver_rss"]), "jvm_rss_mib": C.mib(s["jvm_rss"]),
+            "arrow_allocated_mib": C.mib(pa.total_allocated_bytes()),
+            "arrow_pool": pa.default_memory_pool().backend_name,
+            "phases": C.rounded_phases(ph),
+            "extra": {k: v for k, v in report.extra.items() if k != "slices"},
+        })
+        print(f"  {args.mode} {C.human_rows(args.rows)} {args.pk} barrier {n}: {took:.2f}s "
+              f"snapshot {report.snapshot_rows:,} fwd {report.forwarded_rows:,} "
+              f"repl {report.replicated_rows:,} (dml {dml['seconds']:.2f}s, "
+              f"{changes} changes) driver {C.mib(s['driver_rss'])} MiB "
+              f"jvm {C.mib(s['jvm_rss'])} MiB", flush=True)
+        return report
+
     try:
         for n in range(args.max_barriers):
-            dml = feeder.apply(changes)
-            prof.reset()
-            t0 = time.perf_counter()
-            report = run_barrier(spark, d, tables, vnodes)
-            took = time.perf_counter() - t0
-            total += took
-            ph = prof.reset()
-            C.add_phases(phases, ph)
-            s = mem.snapshot(f"barrier {n}")
-            barriers.append({
-                "files": {"replica": _file_count(tables.replica), "mv": _file_count(tables.mv)},
-                "seconds": round(took, 3), "v_new": report.v_new,
-                "snapshot_rows": report.snapshot_rows, "forwarded_rows": report.forwarded_rows,
-                "replicated_rows": report.replicated_rows, "dml_seconds": round(dml["seconds"], 3),
-                "driver_rss_mib": C.mib(s["driver_rss"]), "jvm_rss_mib": C.mib(s["jvm_rss"]),
-                "arrow_allocated_mib": C.mib(pa.total_allocated_bytes()),
-                "arrow_pool": pa.default_memory_pool().backend_name,
-                "phases": C.rounded_phases(ph),
-            })
-            print(f"  {args.mode} {C.human_rows(args.rows)} {args.pk} barrier {n}: {took:.2f}s "
-                  f"snapshot {report.snapshot_rows:,} fwd {report.forwarded_rows:,} "
-                  f"repl {report.replicated_rows:,} (dml {dml['seconds']:.2f}s, "
-                  f"{changes} changes) driver {C.mib(s['driver_rss'])} MiB "
-                  f"jvm {C.mib(s['jvm_rss'])} MiB", flush=True)
+            report = barrier(n, feeder.apply(changes))
             if report.finished:
+                if args.mode == "snapshot":  # the writer's changes meanwhile, then catch-up
+                    for _ in range(catch_up_batches(args, barrier_rows) - 1):
+                        feeder.apply(changes)
+                    barrier(n + 1, feeder.apply(changes))
                 break
             if args.budget and total >= args.budget:
                 partial = True  # bounded run: stop here and project the rest
@@ -176,6 +189,12 @@ def worker_backfill(args) -> dict:
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
     return result
+
+
+def catch_up_batches(args, barrier_rows: int) -> int:
+    """DML batches the snapshot's catch-up coalesces: as many as the chunked modes' barriers
+    would have seen (rows / barrier rows), at most 20 so a 100M run's writer stays bounded."""
+    return args.catch_up_batches or min(20, max(1, math.ceil(args.rows / barrier_rows)))
 
 
 def project_total(barriers: list[dict], rows: int, barrier_rows: int) -> float:
@@ -316,6 +335,8 @@ def main(argv=None) -> None:
                             "the rest (0: no bound)")
         w.add_argument("--verify", action="store_true", default=None)
         w.add_argument("--keep", action="store_true")
+        w.add_argument("--catch-up-batches", type=int, default=0,
+                       help="snapshot mode: DML batches before the catch-up barrier (0: auto)")
     args = p.parse_args(argv)
     if args.cmd == "worker-prepare":
         C.emit(worker_prepare(args))

@@ -1,7 +1,8 @@
 """End to end: real Spark, real Delta, the independent oracle after every barrier.
 
-Every scenario runs in both modes where the upstream allows it (no_shuffle needs an upstream
-arranged by the same vnodes; rescales are refused for it by design).
+Every scenario runs in every mode where the upstream allows it (no_shuffle needs an upstream
+arranged by the same vnodes; rescales are refused for it by design). Snapshot mode runs with
+small slices (SLICES), so its first barrier commits several slices.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from backfill_assets.upstream import UpstreamSpec
 from backfill_assets.upstream_check import checked_upstream
 from tests.support import LiveUpstream, assert_verified, drive, simple_mv, simple_row, simple_spec
 
-MODES = ["arrangement", "no_shuffle"]
+MODES = ["arrangement", "no_shuffle", "snapshot"]
 VNODES = 8
+SLICES = {"snapshot": {"slice_rows": 40}}  # ~3 vnodes of these tables per slice
 
 
 def _live(warehouse: str, seed: int, avoid_vnode: int | None = None) -> LiveUpstream:
@@ -48,7 +50,7 @@ def _progress(d: MVDefinition, tables: MVTables) -> dict:
 def test_many_barriers_with_live_dml(spark, warehouse, mode):
     live = _live(warehouse, seed=1)
     live.create(rows=120)
-    d = simple_mv(VNODES, mode=mode, chunk_size=6)
+    d = simple_mv(VNODES, mode=mode, chunk_size=6, **SLICES.get(mode, {}))
     tables = MVTables.under(warehouse, d.name, "orders")
     stats = drive(spark, d, tables, live, ranges=[range(VNODES)], changes_per_barrier=6)
     assert stats["barriers"] >= 4 and stats["forwarded_rows"] > 0
@@ -59,7 +61,7 @@ def test_empty_vnode_and_vnode_emptied_mid_backfill(spark, warehouse, mode):
     """Vnode 3 never has a row; every row of vnode 5 is deleted after two barriers."""
     live = _live(warehouse, seed=2, avoid_vnode=3)
     live.create(rows=100)
-    d = simple_mv(VNODES, mode=mode, chunk_size=4)
+    d = simple_mv(VNODES, mode=mode, chunk_size=4, **SLICES.get(mode, {}))
     tables = MVTables.under(warehouse, d.name, "orders")
 
     def empty_vnode_5(n: int) -> None:
@@ -71,7 +73,7 @@ def test_empty_vnode_and_vnode_emptied_mid_backfill(spark, warehouse, mode):
     progress = _progress(d, tables)
     empty = progress[3][0]
     assert isinstance(empty, Completed) and empty.row_count == 0
-    if mode == "arrangement":  # no_shuffle moves the one shared position over it instead
+    if mode != "no_shuffle":  # no_shuffle moves the one shared position over it instead
         assert all(v is None for v in empty.current_pos)  # the all-null placeholder
     assert all(isinstance(p, Completed) for p, _ in progress.values())
 
@@ -95,16 +97,19 @@ def test_composite_pk_with_descending_column(spark, warehouse, mode):
         "name": f"by_region_{mode}", "upstream": "events", "mode": mode, "chunk_size": 7,
         "primary_key": ["region", {"name": "id", "descending": True}],
         "columns": ["region", "id", "qty", "day"], "filter": "qty % 3 <> 0",
-        "computed": [{"name": "week", "expr": "weekofyear(day)"}], "vnode_count": VNODES})
+        "computed": [{"name": "week", "expr": "weekofyear(day)"}], "vnode_count": VNODES,
+        **SLICES.get(mode, {})})
     tables = MVTables.under(warehouse, d.name, "events")
     drive(spark, d, tables, live, ranges=[range(VNODES)], changes_per_barrier=8)
 
 
-def test_rescale_between_barriers(spark, warehouse):
-    """Arrangement vnode ranges are re-split at every barrier; positions are per vnode."""
+@pytest.mark.parametrize("mode", ["arrangement", "snapshot"])
+def test_rescale_between_barriers(spark, warehouse, mode):
+    """Arrangement vnode ranges are re-split at every barrier; positions are per vnode (snapshot
+    mode: the slices of the first barrier, then catch-up over re-split ranges)."""
     live = _live(warehouse, seed=4)
     live.create(rows=160)
-    d = simple_mv(VNODES, chunk_size=5)
+    d = simple_mv(VNODES, mode=mode, chunk_size=5, **SLICES.get(mode, {}))
     tables = MVTables.under(warehouse, d.name, "orders")
     layouts = [[range(8)], [range(0, 3), range(3, 8)], [range(0, 6), range(6, 8)],
                [range(0, 1), range(1, 2), range(2, 8)]]
@@ -112,8 +117,10 @@ def test_rescale_between_barriers(spark, warehouse):
           changes_per_barrier=6)
 
 
-def test_upstream_the_platform_did_not_create(spark, warehouse):
-    """Plain deltalake table: no vnode column, partitioned by region; pk declared in the MV."""
+@pytest.mark.parametrize("mode", ["arrangement", "snapshot"])
+def test_upstream_the_platform_did_not_create(spark, warehouse, mode):
+    """Plain deltalake table: no vnode column, partitioned by region; pk declared in the MV
+    (snapshot mode: the vnode is computed from the key, duplicates are checked)."""
     uri = f"{warehouse}/foreign"
     rng = random.Random(5)
     rows = {i: {"region": rng.choice(["a", "b"]), "id": i, "qty": rng.randint(0, 9)}
@@ -123,7 +130,7 @@ def test_upstream_the_platform_did_not_create(spark, warehouse):
                     configuration={"delta.enableChangeDataFeed": "true"})
     d = MVDefinition.from_dict({"name": "foreign_mv", "upstream": uri, "primary_key": ["id"],
                                 "columns": ["id", "region", "qty"], "chunk_size": 9,
-                                "vnode_count": VNODES})
+                                "vnode_count": VNODES, "mode": mode, **SLICES.get(mode, {})})
     tables = MVTables.under(warehouse, d.name, uri)
     for n in range(60):
         # another engine's DML: merge updates + inserts, and deletes
@@ -139,6 +146,8 @@ def test_upstream_the_platform_did_not_create(spark, warehouse):
         if all(r.finished for r in reports) and n > 3:
             break
     assert all(r.finished for r in reports)
+    if mode == "snapshot":
+        return
     no_shuffle = MVDefinition.from_dict({**d.__dict__, "mode": "no_shuffle",
                                          "name": "foreign_ns", "primary_key": ["id"],
                                          "computed": [], "filter": None})

@@ -235,7 +235,7 @@ def _duplicate(live, key: int) -> pa.Table:
     return pa.Table.from_pylist([row, {**row, "name": "dup2"}], live.spec.arrow_schema())
 
 
-@pytest.mark.parametrize("mode", ["arrangement", "no_shuffle"])
+@pytest.mark.parametrize("mode", ["arrangement", "no_shuffle", "snapshot"])
 def test_duplicate_pk_arriving_in_the_change_feed(spark, built, mode):
     live, d, tables = built(mode)
     write_deltalake(live.uri, _duplicate(live, 400_000), mode="append")
@@ -243,7 +243,7 @@ def test_duplicate_pk_arriving_in_the_change_feed(spark, built, mode):
             r"\(id=400000\) 2 times .*fix those rows in the upstream")
 
 
-@pytest.mark.parametrize("mode", ["arrangement", "no_shuffle"])
+@pytest.mark.parametrize("mode", ["arrangement", "no_shuffle", "snapshot"])
 def test_duplicate_pk_in_the_snapshot(spark, warehouse, mode):
     live = H.orders(warehouse, 32)
     live.create(rows=60)

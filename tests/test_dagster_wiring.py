@@ -29,11 +29,11 @@ def _env(warehouse: str, dagster_home: str, mv_yaml: str) -> dict:
             "BACKFILL_VNODE_COUNT": str(VNODES), "BACKFILL_MV_CONFIG": mv_yaml}
 
 
-def _mv_yaml(tmp_path, chunk_size: int) -> str:
+def _mv_yaml(tmp_path, chunk_size: int, **over) -> str:
     path = tmp_path / "mv.yaml"
     with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    raw.update(chunk_size=chunk_size, vnode_count=VNODES)
+    raw.update(chunk_size=chunk_size, vnode_count=VNODES, **over)
     path.write_text(yaml.safe_dump(raw))
     return str(path)
 
@@ -79,7 +79,7 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
                                                  changes_per_version=20), vnode_count=VNODES)
     monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
     settings = load_settings()
-    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40))
+    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40, mode="arrangement"))
     assets = build_assets(d, settings)
     instance = dg.DagsterInstance.ephemeral()
     result = dg.materialize(assets, instance=instance, partition_key="3",

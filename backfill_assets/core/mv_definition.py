@@ -17,13 +17,14 @@ from backfill_assets.core.codec import RESERVED_COLUMNS
 from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.progress import is_count
+from backfill_assets.core.snapshot import DEFAULT_SLICE_ROWS
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
-MODES = ("arrangement", "no_shuffle")
+MODES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
 VNODE_COLUMN = "vnode"
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
-           "chunk_size", "rate_limit", "vnode_count")
+           "chunk_size", "rate_limit", "vnode_count", "slice_rows")
 _REQUIRED = ("name", "upstream", "primary_key", "columns")
 _PK_FIELDS = ("name", "type", "descending", "nulls_first")
 
@@ -46,10 +47,11 @@ class MVDefinition:
     columns: tuple[str, ...]
     filter: str | None = None
     computed: tuple[ComputedColumn, ...] = ()
-    mode: str = "arrangement"
+    mode: str = MODES[0]
     chunk_size: int = 10000
     rate_limit: int | None = None
     vnode_count: int = 256
+    slice_rows: int = DEFAULT_SLICE_ROWS  # snapshot mode: estimated rows per slice commit
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> MVDefinition:
@@ -105,6 +107,8 @@ class MVDefinition:
             out.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         if not is_count(self.chunk_size) or self.chunk_size < 1:
             out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
+        if not is_count(self.slice_rows) or self.slice_rows < 1:
+            out.append(f"slice_rows {self.slice_rows!r} must be an int >= 1")
         if not is_count(self.vnode_count) or not 1 <= self.vnode_count <= MAX_VNODE_COUNT:
             out.append(f"vnode_count {self.vnode_count!r} must be an int in 1..{MAX_VNODE_COUNT}")
         if self.rate_limit is not None and not is_count(self.rate_limit):

@@ -7,6 +7,7 @@ import pytest
 from backfill_assets.core.errors import InvalidKeyType, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn
 from backfill_assets.core.mv_definition import UNRESOLVED, ComputedColumn, MVDefinition
+from backfill_assets.core.snapshot import DEFAULT_SLICE_ROWS
 
 UPSTREAM = {"id": "bigint", "day": "date", "name": "string", "amount": "decimal(10,2)",
             "score": "double", "vnode": "int"}
@@ -20,9 +21,8 @@ def make(**over) -> MVDefinition:
 def test_from_dict_with_names_and_defaults() -> None:
     d = make()
     assert d == MVDefinition("mv", "orders", (KeyColumn("id", UNRESOLVED),), ("id", "name"))
-    assert (d.filter, d.computed, d.mode, d.chunk_size, d.rate_limit, d.vnode_count) == (
-        None, (), "arrangement", 10000, None, 256
-    )
+    assert (d.filter, d.computed, d.mode, d.chunk_size, d.rate_limit, d.vnode_count,
+            d.slice_rows) == (None, (), "snapshot", 10000, None, 256, DEFAULT_SLICE_ROWS)
 
 
 def test_from_dict_with_full_pk_and_computed_columns() -> None:
@@ -106,7 +106,8 @@ def test_validate_resolves_pk_types_from_the_upstream() -> None:
         ({"primary_key": []}, "primary_key is empty"),
         ({"columns": []}, "columns must be a non-empty list"),
         ({"columns": ["id", ""]}, "columns must be a non-empty list of column names"),
-        ({"mode": "shuffle"}, "mode 'shuffle' is not one of arrangement, no_shuffle"),
+        ({"mode": "shuffle"}, "mode 'shuffle' is not one of snapshot, arrangement, no_shuffle"),
+        ({"slice_rows": 0}, "slice_rows 0 must be an int >= 1"),
         ({"chunk_size": 0}, "chunk_size 0 must be an int >= 1"),
         ({"chunk_size": "10"}, "chunk_size '10' must be an int >= 1"),
         ({"vnode_count": 0}, "vnode_count 0 must be an int in 1..32768"),

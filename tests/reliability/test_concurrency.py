@@ -30,8 +30,13 @@ CASES = {
     "arrangement-disjoint": ("arrangement", tuple(range(0, 4)), tuple(range(4, 8)), False, True),
     "no_shuffle-same": ("no_shuffle", ALL, ALL, True, False),
     "no_shuffle-disjoint": ("no_shuffle", tuple(range(0, 4)), tuple(range(4, 8)), False, False),
+    # snapshot mode: first barrier = the bulk slice commit (appends racing on the same app
+    # transactions); later barrier = catch-up forwards merged into the MV
+    "snapshot-same": ("snapshot", ALL, ALL, True, True),
+    "snapshot-overlap": ("snapshot", tuple(range(0, 6)), tuple(range(3, 8)), True, False),
+    "snapshot-disjoint": ("snapshot", tuple(range(0, 4)), tuple(range(4, 8)), False, True),
 }
-CHUNK = {"arrangement": 6, "no_shuffle": 20}
+CHUNK = {"arrangement": 6, "no_shuffle": 20, "snapshot": 6}
 
 
 def _race(warehouse: str, raw: dict, version: int, a: tuple, b: tuple, rdv_dir: str) -> dict:

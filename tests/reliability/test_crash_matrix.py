@@ -83,6 +83,20 @@ def _crash_state_ok(point: str, pre: H.TableState, post: H.TableState, ref: H.Ta
         assert post.mv == ref.mv and post.progress == ref.progress
 
 
+def _kill(warehouse: str, dagster_home: str | None, raw: dict, barrier: H.Barrier, point: str,
+          what: str) -> None:
+    """Run `barrier` in a child that SIGKILLs itself at `point`: `dagster job execute` (the
+    real wiring) when a Dagster home is given, else the light child."""
+    if dagster_home:
+        child = H.dagster_backfill(warehouse, dagster_home, raw, barrier.version,
+                                   barrier.vnodes, kill_at=point)
+    else:
+        child = H.light_backfill(H.light_args(warehouse, raw, barrier.version, barrier.vnodes,
+                                              kill_at=point))
+    assert child.killed, f"{what}: child was not SIGKILLed (rc {child.returncode}):\n" \
+                         f"{child.output[-3000:]}"
+
+
 EMPTY = H.TableState(H.Counter(), (), {"mv": None, "replica": None, "progress": None}, 0)
 
 
@@ -110,14 +124,8 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
         point, phase = plan[i]
         what = f"{mode} barrier {i} @v{barrier.version} ({phase}) killed at {point}"
         pre = crash.states[-1] if crash.states else EMPTY
-        if mode == "arrangement":
-            child = H.dagster_backfill(warehouse, dagster_home, crash.raw, barrier.version,
-                                       barrier.vnodes, kill_at=point)
-        else:
-            child = H.light_backfill(H.light_args(warehouse, crash.raw, barrier.version,
-                                                  barrier.vnodes, kill_at=point))
-        assert child.killed, f"{what}: child was not SIGKILLed (rc {child.returncode}):\n" \
-                             f"{child.output[-3000:]}"
+        _kill(warehouse, dagster_home if mode == "arrangement" else None, crash.raw, barrier,
+              point, what)
         figures["kills_survived"] += 1
         post = H.snapshot(crash.tables)
         _crash_state_ok(point, pre, post, ref.states[i], mode)
@@ -131,5 +139,59 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
         figures["rows_compared"] += H.assert_oracle(spark, crash.d, crash.tables, what)
         figures["crash_scenarios"] += 1
     figures["rows_compared"] += H.assert_same_tables(ref.states[-1], crash.states[-1], "end")
+    figures["rows_compared"] += H.run_verify_job(crash.d, warehouse)
+    figures["mismatches"] += 0
+
+
+# Snapshot mode: 240 rows over 8 vnodes in slices of ~60 rows (3-5 slices). A barrier is a
+# forward step over the finished vnodes (none at first) and one step per slice, so `@n` counts
+# the kill point over those steps. Kills follow each other in the first barrier, each on the
+# state the previous one left: between slices 1 and 2, inside slice 2's MV commit (its data
+# files written, no log entry), inside slice 2 (MV committed, progress not), before slice 3
+# writes, inside slice 3; then in the catch-up barrier that coalesces six versions, on the idle
+# barrier after it, and on a later change-feed barrier.
+SLICE_ROWS = 60
+SNAPSHOT_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
+                      "before_write@2", "before_progress_commit@2"],
+                  1: ["after_mv_commit"], 2: ["after_mv_commit"], 3: ["before_progress_commit"]}
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_snapshot_mode_kills_inside_and_between_slices_and_in_catch_up(spark, tmp_path, figures):
+    warehouse, dagster_home = str(tmp_path / "warehouse"), str(tmp_path / "dagster_home")
+    live = H.orders(warehouse, seed=12)
+    versions = H.prewrite(live, rows=240, batches=10, changes=12)
+    script = [H.Barrier(versions[0]), H.Barrier(versions[6]), H.Barrier(versions[6]),
+              *[H.Barrier(v) for v in versions[7:]]]
+
+    def raw(name: str) -> dict:
+        return H.mv_raw(name, "snapshot", 4, live.uri, slice_rows=SLICE_ROWS)
+
+    ref = H.Chain(spark, warehouse, raw("ref_snapshot"))
+    for barrier in script:
+        ref.run(barrier)
+    assert ref.reports[0].extra["slices_planned"] >= 3 and ref.reports[0].finished
+    assert ref.reports[1].forwarded_rows > 0, "the catch-up barrier forwards nothing"
+    H.assert_oracle(spark, ref.d, ref.tables, "reference")
+    crash = H.Chain(spark, warehouse, raw("crash_snapshot"))
+    for i, barrier in enumerate(script):
+        done = []  # vnodes Completed in the recoverable state after each kill of barrier 0
+        for n, point in enumerate(SNAPSHOT_KILLS.get(i, [])):
+            what = f"snapshot barrier {i} @v{barrier.version} killed at {point}"
+            real = dagster_home if i == 0 and n == 0 else None  # the real wiring once
+            _kill(warehouse, real, crash.raw, barrier, point, what)
+            figures["kills_survived"] += 1
+            figures["rows_compared"] += H.assert_recovered_invariant(
+                spark, crash.d, crash.tables, f"{what}, before the rerun")
+            if i == 0:
+                done.append(len(H.recovered_progress(crash.d, crash.tables, barrier.vnodes)))
+        if done:  # a kill loses at most the slice in flight
+            assert 0 < done[0] == done[1] < done[2] == done[3] < 8 and done[4] > done[3], done
+        crash.run(barrier)  # the rerun: the same barrier (same version, same vnodes)
+        what = f"snapshot barrier {i} @v{barrier.version}"
+        figures["rows_compared"] += H.assert_same_tables(ref.states[i], crash.states[-1], what)
+        figures["rows_compared"] += H.assert_oracle(spark, crash.d, crash.tables, what)
+        figures["crash_scenarios"] += 1
     figures["rows_compared"] += H.run_verify_job(crash.d, warehouse)
     figures["mismatches"] += 0

@@ -38,7 +38,7 @@ KILLS = 3
 def _env(tmp_path, warehouse: str, home: str) -> dict:
     with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    raw.update(chunk_size=60, vnode_count=VNODES)
+    raw.update(chunk_size=60, vnode_count=VNODES, mode="arrangement")  # chunked barriers to kill in
     mv_yaml = tmp_path / "mv.yaml"
     mv_yaml.write_text(yaml.safe_dump(raw))
     return {**os.environ, "BACKFILL_WAREHOUSE": warehouse, "DAGSTER_HOME": home,

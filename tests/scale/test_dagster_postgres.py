@@ -1,0 +1,101 @@
+"""A Postgres-backed Dagster instance (deploy/dagster.postgres.yaml) against a real server.
+
+The documented file is used as it is: DAGSTER_HOME holds a copy, the DAGSTER_PG_* variables
+point it at the loopback PostgreSQL server the fixture started. ``dagster job execute`` runs a
+barrier over a tiny upstream made by the project's load generator, the barrier sensor is
+evaluated with that instance, and ``dagster job launch`` shows runs are queued (the queued run
+coordinator) with the per-MV concurrency tag the limits key on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from backfill_assets.load_generator import LoadParams, run_load
+from backfill_assets.sensors import build_barrier_sensor
+from jobs.backfill import MV_TAG
+from resources.mv import load_mv_definition
+from resources.settings import load_settings
+from resources.spark import child_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEPLOY_YAML = os.path.join(ROOT, "deploy", "dagster.postgres.yaml")
+VNODES = 8
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+
+def _mv_yaml(tmp_path) -> str:
+    with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
+        raw = yaml.safe_load(f)
+    raw.update(chunk_size=1000, vnode_count=VNODES)
+    path = tmp_path / "mv.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+def _dagster(env: dict, *args: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "dagster", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_path, monkeypatch):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    shutil.copy(DEPLOY_YAML, home / "dagster.yaml")
+    warehouse = str(tmp_path / "warehouse")
+    settings_env = {"DAGSTER_HOME": str(home), "BACKFILL_WAREHOUSE": warehouse,
+                    "BACKFILL_VNODE_COUNT": str(VNODES), "BACKFILL_MV_CONFIG": _mv_yaml(tmp_path),
+                    **postgres_server.env()}
+    env = child_env(settings_env)
+    run_load(f"{warehouse}/upstream", LoadParams(seed=7, initial_rows=2000, versions=1,
+                                                 changes_per_version=30), vnode_count=VNODES)
+
+    out = _dagster(env, "job", "execute", "-m", "backfill_assets.definitions",
+                   "-j", "backfill_job")
+    assert "RUN_SUCCESS" in out and f"{VNODES}/{VNODES} finished" in out, out[-3000:]
+
+    for key, value in settings_env.items():
+        monkeypatch.setenv(key, value)
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        from dagster_postgres import PostgresEventLogStorage, PostgresRunStorage
+
+        assert isinstance(instance.run_storage, PostgresRunStorage)
+        assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
+        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
+        assert {"key": MV_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 2} in limits
+        assert instance.run_monitoring_enabled
+
+        [run] = instance.get_runs()
+        assert run.status == dg.DagsterRunStatus.SUCCESS and run.tags[MV_TAG] == "orders_mv"
+        done = instance.fetch_materializations(dg.AssetKey("downstream_mv"), limit=100).records
+        assert sorted({r.partition_key for r in done}) == [str(v) for v in range(VNODES)]
+
+        # the barrier sensor, its cursor and in-flight check against the Postgres instance
+        run_load(f"{warehouse}/upstream", LoadParams(seed=8, versions=1, changes_per_version=20),
+                 vnode_count=VNODES)
+        settings = load_settings()
+        sensor = build_barrier_sensor(load_mv_definition(settings), settings, "backfill_job",
+                                      ranges=2)
+        ctx = dg.build_sensor_context(instance=instance)
+        requests = sensor(ctx)
+        assert [r.tags["dagster/asset_partition_range_start"] for r in requests] == ["0", "4"]
+        version = DeltaTable(f"{warehouse}/upstream").version()
+        assert all(f":v{version}:" in r.run_key for r in requests)
+
+    # a launched run goes through the queued run coordinator (no daemon here: it stays queued)
+    _dagster(env, "job", "launch", "-m", "backfill_assets.definitions", "-j", "backfill_job")
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        queued = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
+        assert len(queued) == 1 and queued[0].tags[MV_TAG] == "orders_mv"

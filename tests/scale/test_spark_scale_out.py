@@ -1,0 +1,68 @@
+"""The Spark resource on a real standalone cluster and as a Spark Connect client.
+
+Settings only (BACKFILL_SPARK_MASTER / BACKFILL_SPARK_REMOTE), in a separate driver process
+(tests/infra/spark_probe.py) the way a Dagster run builds its session: Python UDFs and Arrow
+tasks run in other processes than the driver, and tasks write parquet files straight to the
+S3-compatible server with the storage options they were handed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from resources.spark import child_env
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+
+
+def run_probe(env: dict[str, str], timeout: float = 240) -> dict:
+    """Run the probe driver with ``env`` on top of this environment; its facts as a dict."""
+    base = child_env({"PYTHONPATH": ROOT, "BACKFILL_SPARK_CONF": json.dumps(
+        {"spark.executor.memory": "1g", "spark.driver.memory": "1g"})})
+    for var in ("BACKFILL_SPARK_MASTER", "BACKFILL_SPARK_REMOTE"):
+        base.pop(var, None)
+    proc = subprocess.run([sys.executable, "-m", "tests.infra.spark_probe"], cwd=ROOT,
+                          env={**base, **env}, capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
+    assert proc.returncode == 0 and lines, (proc.stdout[-3000:], proc.stderr[-5000:])
+    return json.loads(lines[-1][len("PROBE "):])
+
+
+def _check_remote_work(facts: dict, rows: int = 1000) -> None:
+    pids = {int(e.split("|")[0]) for e in facts["executors"]}
+    assert facts["driver_pid"] not in pids  # UDFs ran in Python workers of other processes
+    assert {e.split("|", 1)[1] for e in facts["executors"]} == {sys.executable}
+    assert facts["rows_written"] == rows and facts["empty_rows"] == 0
+
+
+def test_standalone_cluster_runs_jobs_and_writes_to_the_store(spark_cluster, s3_server):
+    uri = s3_server.fresh_uri("cluster-probe")
+    facts = run_probe({
+        "BACKFILL_SPARK_MASTER": spark_cluster.master_url,
+        "PROBE_TABLE_URI": uri,
+        "PROBE_STORAGE_OPTIONS": json.dumps(s3_server.storage_options),
+    })
+    assert facts["master"] == spark_cluster.master_url and not facts["connect"]
+    _check_remote_work(facts)
+    assert facts["files"] == 4  # one parquet file per task, on the store, listed by the driver
+    # the executors ran in the worker's executor JVM(s), started by the worker
+    assert "Launching executor" in spark_cluster.worker.log_tail(50000) or \
+        "Asked to launch executor" in spark_cluster.worker.log_tail(50000)
+
+
+def test_connect_client_runs_jobs(spark_connect, s3_server):
+    uri = s3_server.fresh_uri("connect-probe")
+    facts = run_probe({
+        "BACKFILL_SPARK_REMOTE": spark_connect.remote_url,
+        "PROBE_TABLE_URI": uri,
+        "PROBE_STORAGE_OPTIONS": json.dumps(s3_server.storage_options),
+    })
+    assert facts["connect"] and facts["master"] is None
+    _check_remote_work(facts)
+    assert facts["files"] == 4

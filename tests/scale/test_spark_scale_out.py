@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -31,7 +32,10 @@ def run_probe(env: dict[str, str], timeout: float = 240) -> dict:
                           env={**base, **env}, capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
     assert proc.returncode == 0 and lines, (proc.stdout[-3000:], proc.stderr[-5000:])
-    return json.loads(lines[-1][len("PROBE "):])
+    facts = json.loads(lines[-1][len("PROBE "):])
+    # shown in the warnings summary: what the probe saw (e.g. empty_list_ok, see the probe)
+    warnings.warn(f"spark probe facts: {facts}", stacklevel=2)
+    return facts
 
 
 def _check_remote_work(facts: dict, rows: int = 1000) -> None:

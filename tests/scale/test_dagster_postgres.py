@@ -80,7 +80,8 @@ def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_pat
         [run] = instance.get_runs()
         assert run.status == dg.DagsterRunStatus.SUCCESS and run.tags[MV_TAG] == "orders_mv"
         done = instance.fetch_materializations(dg.AssetKey("downstream_mv"), limit=100).records
-        assert sorted({r.partition_key for r in done}) == [str(v) for v in range(VNODES)]
+        vnodes = {r.partition_key for r in done if r.partition_key is not None}
+        assert vnodes == {str(v) for v in range(VNODES)}
 
         # the barrier sensor, its cursor and in-flight check against the Postgres instance
         run_load(f"{warehouse}/upstream", LoadParams(seed=8, versions=1, changes_per_version=20),

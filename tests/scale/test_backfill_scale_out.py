@@ -10,38 +10,16 @@ second barrier that finishes every vnode, then verify_job's independent recomput
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-import yaml
 
 from backfill_assets.load_generator import LoadParams, run_load
 from backfill_assets.storage import objects
 from resources.spark import child_env
+from tests.infra.dagster_cli import execute, mv_yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VNODES = 8
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
-
-
-def _mv_yaml(tmp_path) -> str:
-    with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
-        raw = yaml.safe_load(f)
-    raw.update(chunk_size=150, vnode_count=VNODES)
-    path = tmp_path / "mv.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
-
-
-def _execute(env: dict, job: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "dagster", "job", "execute", "-m",
-                           "backfill_assets.definitions", "-j", job], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=420)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0 and "RUN_SUCCESS" in out, out[-5000:]
-    return out
 
 
 def _scenario(tmp_path, s3_server, spark_env: dict[str, str]) -> None:
@@ -55,20 +33,21 @@ def _scenario(tmp_path, s3_server, spark_env: dict[str, str]) -> None:
     env = child_env({
         **s3_server.env(), **spark_env,
         "BACKFILL_WAREHOUSE": warehouse, "BACKFILL_VNODE_COUNT": str(VNODES),
-        "BACKFILL_MV_CONFIG": _mv_yaml(tmp_path), "DAGSTER_HOME": str(home),
+        "BACKFILL_MV_CONFIG": mv_yaml(tmp_path, chunk_size=150, vnode_count=VNODES),
+        "DAGSTER_HOME": str(home),
         "BACKFILL_SPARK_CONF": json.dumps({"spark.executor.memory": "1g",
                                            "spark.driver.memory": "1g"}),
     })
     for var in ("BACKFILL_SPARK_MASTER", "BACKFILL_SPARK_REMOTE"):
         if var not in spark_env:
             env.pop(var, None)
-    out = _execute(env, "backfill_job")
+    out = execute(env, "backfill_job")
     assert f"vnodes 0..{VNODES - 1}" in out
     run_load(upstream, LoadParams(seed=8, versions=2, changes_per_version=30),
              vnode_count=VNODES, storage_options=opts)
-    out = _execute(env, "backfill_job")
+    out = execute(env, "backfill_job")
     assert f"{VNODES}/{VNODES} finished" in out, out[-3000:]
-    out = _execute(env, "verify_job")
+    out = execute(env, "verify_job")
     assert f"over {VNODES} vnodes: 0 vnodes differ" in out, out[-3000:]
     # nothing was written locally: every table is on the store
     names = {o.uri[len(warehouse) + 1:].split("/", 1)[0]

@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 import dagster as dg
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from backfill_assets.load_generator import LoadParams, run_load
@@ -25,28 +22,11 @@ from jobs.backfill import MV_TAG
 from resources.mv import load_mv_definition
 from resources.settings import load_settings
 from resources.spark import child_env
+from tests.infra.dagster_cli import ROOT, dagster, execute, mv_yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEPLOY_YAML = os.path.join(ROOT, "deploy", "dagster.postgres.yaml")
 VNODES = 8
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
-
-
-def _mv_yaml(tmp_path) -> str:
-    with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
-        raw = yaml.safe_load(f)
-    raw.update(chunk_size=1000, vnode_count=VNODES)
-    path = tmp_path / "mv.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return str(path)
-
-
-def _dagster(env: dict, *args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "dagster", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
-    return out
 
 
 def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_path, monkeypatch):
@@ -55,15 +35,15 @@ def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_pat
     shutil.copy(DEPLOY_YAML, home / "dagster.yaml")
     warehouse = str(tmp_path / "warehouse")
     settings_env = {"DAGSTER_HOME": str(home), "BACKFILL_WAREHOUSE": warehouse,
-                    "BACKFILL_VNODE_COUNT": str(VNODES), "BACKFILL_MV_CONFIG": _mv_yaml(tmp_path),
+                    "BACKFILL_VNODE_COUNT": str(VNODES),
+                    "BACKFILL_MV_CONFIG": mv_yaml(tmp_path, chunk_size=1000, vnode_count=VNODES),
                     **postgres_server.env()}
     env = child_env(settings_env)
     run_load(f"{warehouse}/upstream", LoadParams(seed=7, initial_rows=2000, versions=1,
                                                  changes_per_version=30), vnode_count=VNODES)
 
-    out = _dagster(env, "job", "execute", "-m", "backfill_assets.definitions",
-                   "-j", "backfill_job")
-    assert "RUN_SUCCESS" in out and f"{VNODES}/{VNODES} finished" in out, out[-3000:]
+    out = execute(env, "backfill_job")
+    assert f"{VNODES}/{VNODES} finished" in out, out[-3000:]
 
     for key, value in settings_env.items():
         monkeypatch.setenv(key, value)
@@ -96,7 +76,7 @@ def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_pat
         assert all(f":v{version}:" in r.run_key for r in requests)
 
     # a launched run goes through the queued run coordinator (no daemon here: it stays queued)
-    _dagster(env, "job", "launch", "-m", "backfill_assets.definitions", "-j", "backfill_job")
+    dagster(env, "job", "launch", "-m", "backfill_assets.definitions", "-j", "backfill_job")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         queued = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
         assert len(queued) == 1 and queued[0].tags[MV_TAG] == "orders_mv"

@@ -45,28 +45,23 @@ def _check_remote_work(facts: dict, rows: int = 1000) -> None:
     assert facts["rows_written"] == rows and facts["empty_rows"] == 0
 
 
-def test_standalone_cluster_runs_jobs_and_writes_to_the_store(spark_cluster, s3_server):
-    uri = s3_server.fresh_uri("cluster-probe")
-    facts = run_probe({
-        "BACKFILL_SPARK_MASTER": spark_cluster.master_url,
-        "PROBE_TABLE_URI": uri,
-        "PROBE_STORAGE_OPTIONS": json.dumps(s3_server.storage_options),
-    })
-    assert facts["master"] == spark_cluster.master_url and not facts["connect"]
+@pytest.mark.parametrize("spark", ["standalone", "connect"])
+def test_resource_runs_jobs_and_tasks_write_to_the_store(spark, s3_server, request):
+    """standalone: BACKFILL_SPARK_MASTER=spark://...; connect: BACKFILL_SPARK_REMOTE=sc://..."""
+    if spark == "standalone":
+        cluster = request.getfixturevalue("spark_cluster")
+        setting = {"BACKFILL_SPARK_MASTER": cluster.master_url}
+    else:
+        setting = {"BACKFILL_SPARK_REMOTE": request.getfixturevalue("spark_connect").remote_url}
+    facts = run_probe({**setting, "PROBE_TABLE_URI": s3_server.fresh_uri(f"{spark}-probe"),
+                       "PROBE_STORAGE_OPTIONS": json.dumps(s3_server.storage_options)})
     _check_remote_work(facts)
     assert facts["files"] == 4  # one parquet file per task, on the store, listed by the driver
-    # the executors ran in the worker's executor JVM(s), started by the worker
-    assert "Launching executor" in spark_cluster.worker.log_tail(50000) or \
-        "Asked to launch executor" in spark_cluster.worker.log_tail(50000)
-
-
-def test_connect_client_runs_jobs(spark_connect, s3_server):
-    uri = s3_server.fresh_uri("connect-probe")
-    facts = run_probe({
-        "BACKFILL_SPARK_REMOTE": spark_connect.remote_url,
-        "PROBE_TABLE_URI": uri,
-        "PROBE_STORAGE_OPTIONS": json.dumps(s3_server.storage_options),
-    })
-    assert facts["connect"] and facts["master"] is None
-    _check_remote_work(facts)
-    assert facts["files"] == 4
+    assert facts["empty_list_ok"] is True  # createDataFrame([], struct) works on both
+    if spark == "standalone":
+        assert facts["master"] == cluster.master_url and not facts["connect"]
+        # the executors ran in executor JVMs the worker launched
+        assert "Launching executor" in cluster.worker.log_tail(50000) or \
+            "Asked to launch executor" in cluster.worker.log_tail(50000)
+    else:
+        assert facts["connect"] and facts["master"] is None

@@ -56,6 +56,7 @@ def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_pat
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert {"key": MV_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 2} in limits
         assert instance.run_monitoring_enabled
+        assert type(instance.run_launcher).__name__ == "PidCheckingRunLauncher"
 
         [run] = instance.get_runs()
         assert run.status == dg.DagsterRunStatus.SUCCESS and run.tags[MV_TAG] == "orders_mv"

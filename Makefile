@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env test demo ui screenshots lint clean-demo instance
+.PHONY: env test demo ui screenshots lint clean-demo instance postgres
 
 env: $(STAMP)
 
@@ -22,8 +22,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-test: env instance
+test: env instance postgres
 	$(PY) -m pytest
+
+# PostgreSQL server binaries for the Postgres-backed Dagster test (tests/scale): Debian's
+# package, installed only where missing (the test starts its own server on 127.0.0.1)
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 demo: env instance
 	$(PY) -m jobs.demo

@@ -27,7 +27,7 @@ from resources.warehouse import warehouse_resource
 
 settings = load_settings()
 mv = load_mv_definition(settings)
-backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count))
+backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count), mv.name)
 
 defs = dg.Definitions(
     assets=build_assets(mv, settings, hook=kill_hook(settings.test_kill_at)),

@@ -20,6 +20,7 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.errors import InvalidMVDefinition
+from backfill_assets.spark_ops import spark_schema
 
 KEEP = "_keep"
 RN = "_rn"
@@ -47,7 +48,9 @@ def validate_expressions(spark: SparkSession, definition: MVDefinition,
 
     Runs on an empty DataFrame, so nothing is read or written.
     """
-    empty = spark.createDataFrame(upstream_schema.empty_table())
+    # explicit schema: Spark Connect cannot infer one from an empty table
+    empty = spark.createDataFrame(upstream_schema.empty_table(),
+                                  schema=spark_schema(upstream_schema))
     if "vnode" not in empty.columns:
         empty = empty.withColumn("vnode", F.lit(0).cast("int"))
     try:

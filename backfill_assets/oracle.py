@@ -22,6 +22,7 @@ from backfill_assets.core.vnode import vnode_of
 from backfill_assets.mv_spark import KEEP, project
 from backfill_assets.mv_store import MVTables
 from backfill_assets.recovery import read_progress
+from backfill_assets.spark_ops import spark_schema
 from backfill_assets.upstream_check import checked_upstream
 
 
@@ -112,7 +113,8 @@ def _expected_rows(spark, d: MVDefinition, tables: MVTables, upstream, version: 
     if not kept:
         return []
     schema = pa.schema([*upstream.schema, pa.field("vnode", pa.int32())])
-    df = spark.createDataFrame(pa.Table.from_pylist(kept, schema=schema))
+    df = spark.createDataFrame(pa.Table.from_pylist(kept, schema=schema),
+                               schema=spark_schema(schema))  # explicit: Spark Connect safe
     out = project(df, d).where(KEEP).drop(KEEP).toArrow()
     return out.to_pylist()
 

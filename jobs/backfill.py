@@ -7,8 +7,11 @@
 
 import dagster as dg
 
+MV_TAG = "backfill/mv"  # deploy/dagster.postgres.yaml limits concurrent runs per value
 
-def build_backfill_job(partitions_def: dg.PartitionsDefinition):
+
+def build_backfill_job(partitions_def: dg.PartitionsDefinition, mv_name: str | None = None):
+    """The job; every run of it carries ``backfill/mv=<mv_name>`` (a per-MV concurrency key)."""
     return dg.define_asset_job(
         "backfill_job",
         selection=dg.AssetSelection.assets("replicated_state", "downstream_mv",
@@ -16,4 +19,5 @@ def build_backfill_job(partitions_def: dg.PartitionsDefinition):
         partitions_def=partitions_def,
         executor_def=dg.in_process_executor,
         description="One barrier of the vnode backfill for the run's vnode range.",
+        tags={MV_TAG: mv_name} if mv_name else None,
     )

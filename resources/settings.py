@@ -9,7 +9,14 @@ variable                   meaning                                 default
 BACKFILL_WAREHOUSE         root folder or URI of all tables         ``./warehouse`` (made absolute)
 BACKFILL_VNODE_COUNT       vnodes per table (1..32768)              256
 BACKFILL_CHUNK_SIZE        default snapshot chunk size in rows      10000
-BACKFILL_SPARK_MASTER      Spark master URL                         ``local[*]``
+BACKFILL_SPARK_MASTER      Spark master URL (local[N], spark://,    ``local[*]``
+                           yarn, k8s://)
+BACKFILL_SPARK_REMOTE      Spark Connect URL ``sc://host:port``:    unset (classic Spark)
+                           the resource becomes a Connect client
+                           (BACKFILL_SPARK_MASTER is then unused)
+BACKFILL_SPARK_DRIVER_HOST address executors use to reach the        ``127.0.0.1``
+                           driver (spark.driver.host); a routable
+                           one binds the driver to all interfaces
 BACKFILL_SPARK_CONF        extra Spark conf, a JSON object          ``{}``
 BACKFILL_STORAGE_OPTIONS   object-store options, a JSON object of   ``{}``
                            option -> *name of an environment
@@ -49,12 +56,17 @@ ENV_VNODE_COUNT = "BACKFILL_VNODE_COUNT"
 ENV_CHUNK_SIZE = "BACKFILL_CHUNK_SIZE"
 ENV_SPARK_MASTER = "BACKFILL_SPARK_MASTER"
 ENV_SPARK_CONF = "BACKFILL_SPARK_CONF"
+ENV_SPARK_REMOTE = "BACKFILL_SPARK_REMOTE"
+ENV_SPARK_DRIVER_HOST = "BACKFILL_SPARK_DRIVER_HOST"
+DEFAULT_DRIVER_HOST = "127.0.0.1"
 ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
 ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
 ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
 ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
 ENV_CONTINUOUS = "BACKFILL_CONTINUOUS"
-_MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|sc|mesos)://\S+)$")
+_MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|mesos)://\S+)$")
+_REMOTE_RE = re.compile(r"^sc://[^\s/:]+(:\d+)?(/;\S*)?$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$|^\[[0-9A-Fa-f:]+\]$")
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,8 @@ class Settings:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     spark_master: str = DEFAULT_SPARK_MASTER
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    spark_remote: str | None = None  # sc://host:port: a Spark Connect client
+    spark_driver_host: str = DEFAULT_DRIVER_HOST
     # storage option name -> name of the environment variable that holds its value
     storage_options_env: Mapping[str, str] = field(default_factory=dict)
     mv_config: str | None = None  # path of the MV definition YAML (None: the default)
@@ -158,7 +172,21 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if not _MASTER_RE.match(master):
         raise InvalidSettings(
             f"{ENV_SPARK_MASTER}={master!r} is not allowed: use local[*], local[N], "
-            "spark://host:port, sc://host:port, yarn or k8s://..."
+            "spark://host:port, yarn or k8s://... (a Spark Connect sc:// URL goes in "
+            f"{ENV_SPARK_REMOTE})"
+        )
+    remote = env.get(ENV_SPARK_REMOTE, "").strip() or None
+    if remote is not None and not _REMOTE_RE.match(remote):
+        raise InvalidSettings(
+            f"{ENV_SPARK_REMOTE}={remote!r} is not allowed: use a Spark Connect URL such as "
+            "sc://127.0.0.1:15002 (optionally sc://host:port/;token=...), or unset it for "
+            "classic Spark"
+        )
+    driver_host = env.get(ENV_SPARK_DRIVER_HOST, "").strip() or DEFAULT_DRIVER_HOST
+    if not _HOST_RE.match(driver_host):
+        raise InvalidSettings(
+            f"{ENV_SPARK_DRIVER_HOST}={driver_host!r} is not allowed: use a host name or IP "
+            "address the executors can reach (default 127.0.0.1)"
         )
     storage_env = _json_object(env, ENV_STORAGE_OPTIONS)
     for option, var in storage_env.items():
@@ -173,6 +201,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         chunk_size=_positive_int(env, ENV_CHUNK_SIZE, DEFAULT_CHUNK_SIZE, 100_000_000),
         spark_master=master,
         spark_conf=_json_object(env, ENV_SPARK_CONF),
+        spark_remote=remote,
+        spark_driver_host=driver_host,
         storage_options_env=storage_env,
         mv_config=_optional_path(env, ENV_MV_CONFIG),
         run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),

@@ -5,12 +5,19 @@ the session starts the first time an op touches ``.spark_session``. Defaults to 
 loopback; the master URL and any Spark conf come from settings (BACKFILL_SPARK_MASTER,
 BACKFILL_SPARK_CONF). One session per process: the resource and ``get_spark`` both use
 ``SparkSession.builder.getOrCreate()``, so a test fixture and an op share it.
+
+Beyond one machine, settings only: ``BACKFILL_SPARK_MASTER=spark://host:7077`` runs executors
+in their own JVMs and Python workers (the driver advertises BACKFILL_SPARK_DRIVER_HOST, default
+127.0.0.1); ``BACKFILL_SPARK_REMOTE=sc://host:15002`` makes the session a Spark Connect client
+(no local JVM at all; the platform's ``spark.sql.*`` conf is set on the session, anything
+else belongs in the Connect server's own conf).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
@@ -19,8 +26,6 @@ from resources.settings import Settings, load_settings
 
 BASE_SPARK_CONF: dict[str, str] = {
     "spark.app.name": "backfill-assets",
-    "spark.driver.host": "127.0.0.1",
-    "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.memory": "2g",
     "spark.sql.session.timeZone": "UTC",
     "spark.ui.enabled": "false",
@@ -39,12 +44,35 @@ BASE_SPARK_CONF: dict[str, str] = {
 }
 
 
+REMOTE_KEY = "spark.remote"  # pyspark's own builder key for a Connect URL
+# pyspark sets these in os.environ for a Connect session; a classic session (or a child
+# process that inherits them) must not see them, or it tries to be a Connect client
+CONNECT_ENV_VARS = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
+
+
 def spark_conf(settings: Settings) -> dict[str, str]:
-    """The full Spark conf: platform defaults, then the master, then BACKFILL_SPARK_CONF."""
+    """The full Spark conf: platform defaults, then the master and driver address (or the
+    Connect URL), then BACKFILL_SPARK_CONF."""
     conf = dict(BASE_SPARK_CONF)
-    conf["spark.master"] = settings.spark_master
+    if settings.spark_remote:
+        conf[REMOTE_KEY] = settings.spark_remote
+    else:
+        conf["spark.master"] = settings.spark_master
+        host = settings.spark_driver_host
+        conf["spark.driver.host"] = host
+        # a loopback driver binds loopback only; a routable one must accept remote executors
+        conf["spark.driver.bindAddress"] = host if host in LOOPBACK_HOSTS else "0.0.0.0"
     conf.update(settings.spark_conf)
     return conf
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """``os.environ`` for a child process that may start its own (classic) session: without
+    the Connect variables pyspark put there for this process's Connect session."""
+    env = {k: v for k, v in os.environ.items() if k not in CONNECT_ENV_VARS}
+    env.update(extra or {})
+    return env
 
 
 def prepare_python_env() -> None:
@@ -54,21 +82,52 @@ def prepare_python_env() -> None:
 
 
 def prepare_local_env(conf: dict[str, Any]) -> None:
-    """A local master binds to loopback (no "hostname resolves to a loopback address")."""
-    if str(conf.get("spark.master", "local")).startswith("local"):
-        os.environ.setdefault("SPARK_LOCAL_IP", str(conf.get("spark.driver.host", "127.0.0.1")))
+    """A loopback driver binds to loopback (no "hostname resolves to a loopback address"),
+    and a classic session never runs in Connect mode inherited from a parent process."""
+    for var in CONNECT_ENV_VARS:
+        os.environ.pop(var, None)
+    host = str(conf.get("spark.driver.host", "127.0.0.1"))
+    if host in LOOPBACK_HOSTS:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
 def session_from_conf(conf: dict[str, Any]) -> Any:
-    """getOrCreate a session with ``conf`` (the one session of this process)."""
+    """getOrCreate a session with ``conf`` (the one session of this process): a Spark Connect
+    client when ``conf`` has ``spark.remote``, a classic session otherwise."""
     prepare_python_env()
-    prepare_local_env(conf)
     from pyspark.sql import SparkSession  # imported here: loading definitions stays light
 
+    if conf.get(REMOTE_KEY):
+        return connect_session(str(conf[REMOTE_KEY]), conf)
+    prepare_local_env(conf)
     builder = SparkSession.builder
     for key, value in conf.items():
         builder = builder.config(key, str(value))
     return builder.getOrCreate()
+
+
+def connect_session(url: str, conf: dict[str, Any]) -> Any:
+    """A Spark Connect session at ``url`` with the platform's session (``spark.sql.*``) conf.
+    Static and non-SQL keys cannot change on a running server: they are skipped with a
+    warning naming them (set them in the server's conf instead)."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(url).getOrCreate()
+    refused = []
+    for key, value in conf.items():
+        if not key.startswith("spark.sql."):
+            continue
+        try:
+            session.conf.set(key, str(value))
+        except Exception:  # the server refuses static confs (CANNOT_MODIFY_CONFIG)
+            refused.append(key)
+    if refused:
+        warnings.warn(
+            f"the Spark Connect server at {url} refused session conf {sorted(refused)}: set "
+            "them in the server's own conf (spark-submit --conf) if the platform needs them",
+            stacklevel=2,
+        )
+    return session
 
 
 class PlatformSparkResource(LazyPySparkResource):

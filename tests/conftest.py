@@ -46,3 +46,51 @@ def dagster_home(tmp_path) -> str:
     path = tmp_path / "dagster_home"
     path.mkdir()
     return str(path)
+
+
+# --- servers for the scale-out tests (tests/infra): session-scoped, loopback, die with pytest
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A moto S3 server with one bucket: ``.storage_options`` (deltalake-style AWS_* keys),
+    ``.bucket_uri``, ``.fresh_uri(name)`` and ``.env()`` for subprocesses."""
+    from tests.infra.s3_server import start_s3_server
+
+    server = start_s3_server(str(tmp_path_factory.mktemp("s3")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory):
+    """A Spark standalone master + one worker on loopback; ``.master_url`` is
+    ``spark://127.0.0.1:<port>`` for BACKFILL_SPARK_MASTER. Drivers must be other processes
+    (this process's own session is local)."""
+    from tests.infra.spark_servers import start_cluster
+
+    cluster = start_cluster(str(tmp_path_factory.mktemp("spark-cluster")))
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_connect(tmp_path_factory):
+    """A Spark Connect server on loopback (its own local[2] Spark); ``.remote_url`` is
+    ``sc://127.0.0.1:<port>`` for BACKFILL_SPARK_REMOTE."""
+    from tests.infra.spark_servers import start_connect_server
+
+    server = start_connect_server(str(tmp_path_factory.mktemp("spark-connect")))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server on loopback with a ``dagster`` database; ``.env()`` gives the
+    DAGSTER_PG_* variables deploy/dagster.postgres.yaml reads."""
+    from tests.infra.postgres_server import start_postgres
+
+    server = start_postgres()
+    yield server
+    server.stop()

@@ -50,6 +50,9 @@ def test_overrides(tmp_path):
     ("BACKFILL_SPARK_CONF", "{not json", "not valid JSON"),
     ("BACKFILL_SPARK_CONF", "[1, 2]", "JSON object"),
     ("BACKFILL_SPARK_MASTER", "localhost:7077", "local[*]"),
+    ("BACKFILL_SPARK_MASTER", "sc://127.0.0.1:15002", "BACKFILL_SPARK_REMOTE"),
+    ("BACKFILL_SPARK_REMOTE", "spark://127.0.0.1:7077", "sc://"),
+    ("BACKFILL_SPARK_DRIVER_HOST", "bad host", "executors can reach"),
     ("BACKFILL_STORAGE_OPTIONS", '{"aws_secret_access_key": "not a var!"}', "environment variable"),
     ("BACKFILL_WAREHOUSE", "weird scheme://x", "URI"),
 ])
@@ -91,3 +94,24 @@ def test_spark_resource_is_lazy():
     # test in test_definitions.py checks a fresh interpreter
     if SparkContext._active_spark_context is None:
         assert res._spark_session is None
+
+
+def test_cluster_and_connect_settings():
+    """Scale-out is settings only: a master URL with a routable driver host, or a Connect URL."""
+    from resources.spark import REMOTE_KEY, child_env
+
+    s = load_settings({"BACKFILL_SPARK_MASTER": "spark://10.0.0.1:7077",
+                       "BACKFILL_SPARK_DRIVER_HOST": "10.0.0.2"})
+    conf = spark_conf(s)
+    assert conf["spark.master"] == "spark://10.0.0.1:7077" and REMOTE_KEY not in conf
+    assert (conf["spark.driver.host"], conf["spark.driver.bindAddress"]) == ("10.0.0.2", "0.0.0.0")
+    local = spark_conf(load_settings({}))
+    assert (local["spark.driver.host"], local["spark.driver.bindAddress"]) == ("127.0.0.1",) * 2
+    remote = spark_conf(load_settings({"BACKFILL_SPARK_REMOTE": "sc://10.0.0.3:15002"}))
+    assert remote[REMOTE_KEY] == "sc://10.0.0.3:15002" and "spark.master" not in remote
+    assert "spark.driver.host" not in remote
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    try:
+        assert "SPARK_CONNECT_MODE_ENABLED" not in child_env({"X": "1"})
+    finally:
+        del os.environ["SPARK_CONNECT_MODE_ENABLED"]

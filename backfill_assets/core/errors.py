@@ -110,3 +110,14 @@ class HistoryUnavailable(BackfillError):
 
 class InvalidVersionRange(BackfillError, ValueError):
     """A version range whose start is after its end, or negative."""
+
+
+# --- object storage (backfill_assets/storage/objects.py)
+
+
+class UnsupportedStorage(BackfillError, ValueError):
+    """A table URI whose scheme the storage layer cannot reach (only local paths and s3://)."""
+
+
+class ConditionalWritesUnsupported(BackfillError):
+    """The object store ignored a create-only (If-None-Match: *) write: commits are unsafe."""

@@ -1,33 +1,115 @@
-"""Bytes in a table's store: local folders and S3-compatible object stores, one interface.
+"""Objects under a table URI: the one place that turns a URI + storage options into bytes.
 
-Every byte the storage layer reads or writes goes through here, so a table works the same on a
-local disk, on a cluster whose executors share the store, and on an object store. A store is
-named by a table URI plus deltalake-style storage options (``AWS_ENDPOINT_URL``, ...); the
-filesystem is rebuilt from those in every Spark task (filesystems do not pickle reliably).
+Why this module: every table may live in a local folder (the embedded default) or on an
+S3-compatible object store, and the code that reads and writes files runs both on the driver
+and inside Spark tasks on other machines. So everything here takes plain, picklable arguments
+(a URI string and the deltalake-style ``storage_options`` dict, e.g. ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``) and
+rebuilds its clients in whatever process it runs in (cached per process). Pass the options into
+a task's closure, never a filesystem object.
 
-Log entries are published with put-if-absent (``put_if_absent``): a commit never overwrites an
-existing version. Locally that is a hard link of a fully written temporary file (atomic, and it
-fails when the name exists).
+Data files go through ``pyarrow.fs`` (``filesystem(uri, options)``), which parquet readers and
+writers take directly. Commits need a write that never overwrites: ``put_if_absent``. Locally
+that is a temporary file hard-linked into place (``os.link`` fails when the name exists); on
+S3 it is a conditional PUT with ``If-None-Match: *`` (obstore ``mode="create"``), which AWS S3
+(since August 2024), MinIO, Cloudflare R2 and moto's server honour (the last one is tested
+here). A store that ignores the header would let two writers both "win":
+``check_conditional_writes`` probes a store once and raises ``ConditionalWritesUnsupported``.
+
+The storage layer's own helpers live here too: ``join`` (URIs and paths alike), ``is_local``,
+``list_names`` (a folder's direct files, e.g. ``_delta_log``) and ``list_recursive`` (relative
+paths and mtimes, for vacuum).
+
+Option names are matched case-insensitively with deltalake's aliases (``aws_endpoint``,
+``endpoint_url``, ``region``, ...). Options this module does not need (a DynamoDB locking
+provider, ``AWS_S3_ALLOW_UNSAFE_RENAME``, ...) are left to deltalake and ignored here.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import tempfile
 import uuid
 from collections.abc import Mapping
-from urllib.parse import urlparse
+from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from backfill_assets.core.errors import ConditionalWritesUnsupported, UnsupportedStorage
+
 StorageOptions = Mapping[str, str] | None
+
+LOCAL = "file"
+S3 = "s3"
+_S3_SCHEMES = {"s3", "s3a"}
+
+# canonical option -> the names deltalake / object_store accept for it (lower case)
+_ALIASES: dict[str, tuple[str, ...]] = {
+    "access_key_id": ("aws_access_key_id", "access_key_id"),
+    "secret_access_key": ("aws_secret_access_key", "secret_access_key"),
+    "session_token": ("aws_session_token", "aws_token", "session_token", "token"),
+    "region": ("aws_region", "aws_default_region", "region"),
+    "endpoint": ("aws_endpoint_url", "aws_endpoint", "endpoint_url", "endpoint"),
+    "allow_http": ("aws_allow_http", "allow_http"),
+    "virtual_hosted": ("aws_virtual_hosted_style_request", "virtual_hosted_style_request"),
+    "skip_signature": ("aws_skip_signature", "skip_signature"),
+}
+_DEFAULT_REGION = "us-east-1"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object found by ``list_prefix``: its full URI and size in bytes."""
+
+    uri: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed URI: ``scheme`` is "file" or "s3"; ``bucket`` and ``key`` for S3 (key without
+    a leading slash), ``path`` the pyarrow filesystem path (``/abs/path`` or ``bucket/key``)."""
+
+    scheme: str
+    path: str
+    bucket: str = ""
+    key: str = ""
+
+    def child_uri(self, fs_path: str) -> str:
+        """The URI of a pyarrow filesystem path found below this location."""
+        return f"s3://{fs_path}" if self.scheme == S3 else fs_path
+
+
+def parse(uri: str) -> Location:
+    """Split ``uri`` (a local path, ``file://``, ``s3://`` or ``s3a://``) into a Location."""
+    if "://" not in uri:
+        return Location(LOCAL, os.path.abspath(os.path.expanduser(uri)))
+    scheme, rest = uri.split("://", 1)
+    scheme = scheme.lower()
+    if scheme == LOCAL:
+        return Location(LOCAL, os.path.abspath(rest if rest.startswith("/") else "/" + rest))
+    if scheme in _S3_SCHEMES:
+        bucket, _, key = rest.partition("/")
+        if not bucket:
+            raise UnsupportedStorage(f"{uri!r} names no bucket: write s3://bucket/prefix/table")
+        key = key.strip("/")
+        return Location(S3, f"{bucket}/{key}" if key else bucket, bucket, key)
+    raise UnsupportedStorage(
+        f"{uri!r}: the storage layer reaches local paths, file:// and s3:// URIs (any "
+        "S3-compatible store via AWS_ENDPOINT_URL); move the tables there or add the scheme "
+        "to backfill_assets/storage/objects.py"
+    )
 
 
 def is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
+    """True for local paths and file:// URIs."""
+    return "://" not in uri or uri.lower().startswith("file://")
 
 
 def local_path(uri: str) -> str:
-    return uri[len("file://"):] if uri.startswith("file://") else uri
+    """The local path of a local ``uri`` (file:// stripped)."""
+    return uri[len("file://"):] if uri.lower().startswith("file://") else uri
 
 
 def join(uri: str, *parts: str) -> str:
@@ -38,96 +120,169 @@ def join(uri: str, *parts: str) -> str:
     return out
 
 
-def filesystem(uri: str, storage_options: StorageOptions = None) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow filesystem holding ``uri`` and the path of ``uri`` inside it."""
-    if is_local(uri):
-        return pafs.LocalFileSystem(), os.path.abspath(local_path(uri))
-    parsed = urlparse(uri)
-    if parsed.scheme in ("s3", "s3a"):
-        return _s3(dict(storage_options or {})), f"{parsed.netloc}{parsed.path}"
-    raise ValueError(f"unsupported table URI scheme {parsed.scheme!r} in {uri}: use a local "
-                     "path, file:// or s3://")
+def _canonical(storage_options: StorageOptions) -> tuple[tuple[str, str], ...]:
+    """The options this module uses, by canonical name (hashable: the cache key)."""
+    given = {str(k).lower(): str(v) for k, v in (storage_options or {}).items() if v is not None}
+    out: dict[str, str] = {}
+    for name, aliases in _ALIASES.items():
+        for alias in aliases:
+            if alias in given:
+                out[name] = given[alias]
+                break
+    return tuple(sorted(out.items()))
 
 
-def _s3(options: dict[str, str]) -> pafs.S3FileSystem:
-    lower = {k.lower(): v for k, v in options.items()}
-    endpoint = (lower.get("aws_endpoint_url") or lower.get("endpoint_url")
-                or lower.get("aws_endpoint"))
-    kwargs: dict = {
-        "access_key": lower.get("aws_access_key_id"),
-        "secret_key": lower.get("aws_secret_access_key"),
-        "session_token": lower.get("aws_session_token"),
-        "region": lower.get("aws_region") or "us-east-1",
-    }
+def _true(value: str | None) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+
+
+@functools.lru_cache(maxsize=16)
+def _s3_filesystem(options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
+    opts = dict(options)
+    kwargs: dict[str, object] = {"region": opts.get("region", _DEFAULT_REGION)}
+    endpoint = opts.get("endpoint")
     if endpoint:
-        parsed = urlparse(endpoint)
-        kwargs["endpoint_override"] = parsed.netloc or endpoint
-        kwargs["scheme"] = parsed.scheme or "https"
-    return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
+        scheme, _, host = endpoint.rpartition("://")
+        kwargs["endpoint_override"] = host.rstrip("/")
+        kwargs["scheme"] = scheme or ("http" if _true(opts.get("allow_http")) else "https")
+    if "access_key_id" in opts:
+        kwargs["access_key"] = opts["access_key_id"]
+        kwargs["secret_key"] = opts.get("secret_access_key", "")
+        if "session_token" in opts:
+            kwargs["session_token"] = opts["session_token"]
+    if _true(opts.get("skip_signature")):
+        kwargs["anonymous"] = True
+    if _true(opts.get("virtual_hosted")):
+        kwargs["force_virtual_addressing"] = True
+    return pafs.S3FileSystem(**kwargs)
 
 
-def read_bytes(uri: str, storage_options: StorageOptions = None, offset: int = 0,
-               size: int | None = None) -> bytes:
-    fs, path = filesystem(uri, storage_options)
-    with fs.open_input_file(path) as f:
-        if offset:
-            f.seek(offset)
-        return f.read(size) if size is not None else f.read()
+@functools.lru_cache(maxsize=16)
+def _s3_store(bucket: str, options: tuple[tuple[str, str], ...]):
+    """An obstore S3 store for conditional writes (pyarrow has no create-only PUT)."""
+    from obstore.store import S3Store  # imported here: local-only setups never load it
+
+    opts = dict(options)
+    names = {"access_key_id": "AWS_ACCESS_KEY_ID", "secret_access_key": "AWS_SECRET_ACCESS_KEY",
+             "session_token": "AWS_SESSION_TOKEN", "endpoint": "AWS_ENDPOINT",
+             "virtual_hosted": "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+             "skip_signature": "AWS_SKIP_SIGNATURE"}
+    config = {names[k]: v for k, v in opts.items() if k in names}
+    config["AWS_REGION"] = opts.get("region", _DEFAULT_REGION)
+    allow_http = _true(opts.get("allow_http"))
+    endpoint = opts.get("endpoint", "")
+    if endpoint and "://" not in endpoint:
+        config["AWS_ENDPOINT"] = f"{'http' if allow_http else 'https'}://{endpoint}"
+    allow_http = allow_http or endpoint.startswith("http://")
+    return S3Store(bucket, config=config, client_options={"allow_http": allow_http})
 
 
-def write_bytes(uri: str, data: bytes, storage_options: StorageOptions = None) -> None:
-    """Write (or replace) ``uri``: for data and DV files, whose names are fresh UUIDs."""
-    fs, path = filesystem(uri, storage_options)
-    if is_local(uri):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-    with fs.open_output_stream(path) as f:
-        f.write(data)
+def filesystem(uri: str, storage_options: StorageOptions = None) -> tuple[pafs.FileSystem, str]:
+    """The pyarrow filesystem for ``uri`` and the path to give it (cached per process)."""
+    loc = parse(uri)
+    if loc.scheme == LOCAL:
+        return pafs.LocalFileSystem(), loc.path
+    return _s3_filesystem(_canonical(storage_options)), loc.path
 
 
 def put_if_absent(uri: str, data: bytes, storage_options: StorageOptions = None) -> bool:
-    """Publish ``data`` at ``uri`` unless something is there already; True when written."""
-    if not is_local(uri):
-        from backfill_assets.storage.object_put import put_if_absent_s3
+    """Write ``data`` at ``uri`` only if nothing is there: True when written, False when the
+    object already existed (its content untouched). Two writers racing for one name: exactly
+    one gets True. This is the primitive a commit protocol needs (a Delta log entry)."""
+    loc = parse(uri)
+    if loc.scheme == LOCAL:
+        return _put_if_absent_local(loc.path, data)
+    from obstore import put
+    from obstore.exceptions import AlreadyExistsError
 
-        return put_if_absent_s3(uri, data, storage_options)
-    path = os.path.abspath(local_path(uri))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
+        put(_s3_store(loc.bucket, _canonical(storage_options)), loc.key, data, mode="create")
+    except AlreadyExistsError:
         return False
+    return True
+
+
+def _put_if_absent_local(path: str, data: bytes) -> bool:
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".put-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if the name exists (rename would replace)
+        except FileExistsError:
+            return False
+        return True
     finally:
         os.unlink(tmp)
 
 
-def exists(uri: str, storage_options: StorageOptions = None) -> bool:
+def write_bytes(uri: str, data: bytes, storage_options: StorageOptions = None) -> None:
+    """Write (or overwrite) the object at ``uri``: for data files, whose names are unique."""
     fs, path = filesystem(uri, storage_options)
-    return fs.get_file_info(path).type != pafs.FileType.NotFound
+    if parse(uri).scheme == LOCAL:
+        fs.create_dir(os.path.dirname(path), recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def read_bytes(uri: str, storage_options: StorageOptions = None, offset: int = 0,
+               size: int | None = None) -> bytes:
+    """The object at ``uri`` (``size`` bytes from ``offset``, default all of it: a deletion
+    vector is a slice of a file); FileNotFoundError when there is none."""
+    fs, path = filesystem(uri, storage_options)
+    if not offset and size is None:
+        with fs.open_input_stream(path) as src:
+            return src.read()
+    with fs.open_input_file(path) as src:
+        src.seek(offset)
+        return src.read(size) if size is not None else src.read()
+
+
+def _info(uri: str, storage_options: StorageOptions) -> pafs.FileInfo:
+    fs, path = filesystem(uri, storage_options)
+    return fs.get_file_info(path)
+
+
+def exists(uri: str, storage_options: StorageOptions = None) -> bool:
+    """True when an object (or a local file) is at ``uri``; folders/prefixes do not count."""
+    return _info(uri, storage_options).type == pafs.FileType.File
 
 
 def size(uri: str, storage_options: StorageOptions = None) -> int | None:
-    """The size of the file at ``uri``, or None when there is none."""
+    """Size in bytes of the object at ``uri``, or None when there is none (a commit checks
+    every file it adds this way)."""
+    info = _info(uri, storage_options)
+    return int(info.size) if info.type == pafs.FileType.File else None
+
+
+def list_prefix(uri: str, storage_options: StorageOptions = None) -> list[ObjectInfo]:
+    """Every object below the folder ``uri`` (recursively), sorted by URI; [] when none."""
+    loc = parse(uri)
     fs, path = filesystem(uri, storage_options)
-    info = fs.get_file_info(path)
-    return None if info.type == pafs.FileType.NotFound else info.size
+    selector = pafs.FileSelector(path.rstrip("/"), recursive=True, allow_not_found=True)
+    found = [
+        ObjectInfo(loc.child_uri(info.path), int(info.size))
+        for info in fs.get_file_info(selector)
+        if info.type == pafs.FileType.File
+    ]
+    return sorted(found, key=lambda o: o.uri)
 
 
 def list_names(uri: str, storage_options: StorageOptions = None) -> list[str]:
     """Names of the files directly under the folder ``uri`` (empty when it does not exist)."""
     fs, path = filesystem(uri, storage_options)
-    infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    infos = fs.get_file_info(pafs.FileSelector(path.rstrip("/"), allow_not_found=True))
     return [i.base_name for i in infos if i.type == pafs.FileType.File]
 
 
 def list_recursive(uri: str, storage_options: StorageOptions = None) -> list[tuple[str, float]]:
     """(path relative to ``uri``, modification time in seconds) of every file below ``uri``."""
     fs, path = filesystem(uri, storage_options)
+    path = path.rstrip("/")
     infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
     out = []
     for i in infos:
@@ -137,6 +292,45 @@ def list_recursive(uri: str, storage_options: StorageOptions = None) -> list[tup
     return out
 
 
-def delete(uri: str, storage_options: StorageOptions = None) -> None:
+def delete(uri: str, storage_options: StorageOptions = None) -> bool:
+    """Delete the object at ``uri``: True when one was there, False when there was none."""
     fs, path = filesystem(uri, storage_options)
-    fs.delete_file(path)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return False
+    try:
+        fs.delete_file(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def check_conditional_writes(root: str, storage_options: StorageOptions = None) -> None:
+    """Probe, once per process and store, that a create-only write under ``root`` refuses to
+    overwrite; raise ConditionalWritesUnsupported when the store silently replaced it."""
+    loc = parse(root)
+    if loc.scheme == LOCAL:
+        return
+    _probe(loc.bucket, loc.key, _canonical(storage_options))
+
+
+@functools.lru_cache(maxsize=16)
+def _probe(bucket: str, key: str, options: tuple[tuple[str, str], ...]) -> None:
+    uri = f"s3://{bucket}/{key}/_put_if_absent_probe/{uuid.uuid4().hex}".replace("//_", "/_")
+    opts = dict(options)
+    endpoint = opts.get("endpoint", "AWS")
+    try:
+        if not put_if_absent(uri, b"first", _aliased(opts)):
+            raise ConditionalWritesUnsupported(f"probe object {uri} existed before it was written")
+        if put_if_absent(uri, b"second", _aliased(opts)):
+            raise ConditionalWritesUnsupported(
+                f"the object store at {endpoint} overwrote an object on a create-only PUT "
+                "(If-None-Match: *): concurrent commits could both succeed. Use a store that "
+                "supports conditional writes (AWS S3, MinIO, R2) or a locking provider"
+            )
+    finally:
+        delete(uri, _aliased(opts))
+
+
+def _aliased(canonical: Mapping[str, str]) -> dict[str, str]:
+    """Canonical names back to option names this module accepts (for the probe's calls)."""
+    return {_ALIASES[k][0]: v for k, v in canonical.items()}

@@ -1,0 +1,133 @@
+"""backfill_assets.storage.objects against a local folder AND a real S3-compatible server.
+
+Every test runs twice: ``root`` is a fresh local folder, or a fresh prefix in the session's moto
+S3 server (tests/infra/s3_server.py). The S3 variant proves the create-only PUT is honoured
+by the server (a racing second writer gets False and the first content stays).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from backfill_assets.core.errors import ConditionalWritesUnsupported, UnsupportedStorage
+from backfill_assets.storage import objects
+
+
+@pytest.fixture(params=["local", "s3"])
+def root(request, tmp_path):
+    """(root URI, storage options) for a local folder or a fresh S3 prefix."""
+    if request.param == "local":
+        return str(tmp_path / "store"), None
+    s3 = request.getfixturevalue("s3_server")
+    return s3.fresh_uri("objects"), dict(s3.storage_options)
+
+
+def test_put_if_absent_never_overwrites(root):
+    base, opts = root
+    uri = f"{base}/_delta_log/00000000000000000000.json"
+    assert objects.put_if_absent(uri, b"first", opts) is True
+    assert objects.put_if_absent(uri, b"second", opts) is False
+    assert objects.read_bytes(uri, opts) == b"first"
+    assert objects.exists(uri, opts) and objects.size(uri, opts) == 5
+
+
+def test_put_if_absent_race_has_one_winner(root):
+    base, opts = root
+    uri = f"{base}/_delta_log/00000000000000000001.json"
+    results: list[tuple[int, bool]] = []
+    barrier = threading.Barrier(4)
+
+    def writer(i: int) -> None:
+        barrier.wait()
+        results.append((i, objects.put_if_absent(uri, f"writer {i}".encode(), opts)))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    winners = [i for i, won in results if won]
+    assert len(results) == 4 and len(winners) == 1
+    assert objects.read_bytes(uri, opts) == f"writer {winners[0]}".encode()
+
+
+def test_bytes_roundtrip_list_and_delete(root):
+    base, opts = root
+    assert objects.list_prefix(base, opts) == []
+    assert not objects.exists(f"{base}/a.parquet", opts)
+    objects.write_bytes(f"{base}/vnode=1/a.parquet", b"12345", opts)
+    objects.write_bytes(f"{base}/vnode=1/a.parquet", b"123", opts)  # data files: overwrite
+    objects.write_bytes(f"{base}/b.bin", b"x", opts)
+    listed = objects.list_prefix(base, opts)
+    head = _uri_head(base)
+    assert [(o.uri[len(head) + 1:], o.size) for o in listed] == [
+        ("b.bin", 1), ("vnode=1/a.parquet", 3)]
+    assert objects.delete(f"{base}/b.bin", opts) is True
+    assert objects.delete(f"{base}/b.bin", opts) is False
+    with pytest.raises(FileNotFoundError):
+        objects.read_bytes(f"{base}/b.bin", opts)
+    assert objects.size(f"{base}/b.bin", opts) is None
+    assert objects.list_names(f"{base}/vnode=1", opts) == ["a.parquet"]
+    assert [rel for rel, _ in objects.list_recursive(base, opts)] == ["vnode=1/a.parquet"]
+    assert objects.read_bytes(f"{base}/vnode=1/a.parquet", opts, offset=1, size=1) == b"2"
+
+
+def _uri_head(base: str) -> str:
+    return base if "://" in base else objects.parse(base).path
+
+
+def test_filesystem_reads_and_writes_parquet(root):
+    """The pyarrow filesystem + path is what the Arrow data path hands to parquet."""
+    base, opts = root
+    fs, path = objects.filesystem(f"{base}/part-0.parquet", opts)
+    table = pa.table({"id": [1, 2, 3], "vnode": [0, 1, 0]})
+    if isinstance(fs, pafs.LocalFileSystem):
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    pq.write_table(table, path, filesystem=fs)
+    assert pq.read_table(path, filesystem=fs).equals(table)
+    assert objects.size(f"{base}/part-0.parquet", opts) > 0
+
+
+def test_check_conditional_writes_passes(root):
+    base, opts = root
+    objects.check_conditional_writes(base, opts)  # moto honours If-None-Match: *
+    assert objects.list_prefix(base, opts) == []  # the probe cleans up after itself
+
+
+def test_arguments_pickle_and_rebuild_in_another_process(root):
+    """Tasks get (uri, options) and rebuild the clients themselves."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    base, opts = root
+    objects.write_bytes(f"{base}/p.bin", b"from driver", opts)
+    with cf.ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        got = pool.submit(objects.read_bytes, f"{base}/p.bin", pickle.loads(pickle.dumps(opts)))
+        assert got.result(60) == b"from driver"
+
+
+def test_uri_parsing_and_option_aliases(tmp_path):
+    assert objects.parse("s3a://bkt/a/b/").path == "bkt/a/b"
+    assert objects.parse("s3://bkt").key == ""
+    assert objects.parse(f"file://{tmp_path}").path == str(tmp_path)
+    assert objects.parse("rel/dir").path.endswith("/rel/dir")
+    for bad in ("gs://bkt/t", "s3:///t"):
+        with pytest.raises(UnsupportedStorage, match="s3://"):
+            objects.parse(bad)
+    canon = dict(objects._canonical({"aws_endpoint": "http://h:1", "REGION": "eu-west-1",
+                                     "AWS_S3_LOCKING_PROVIDER": "dynamodb"}))
+    assert canon == {"endpoint": "http://h:1", "region": "eu-west-1"}
+
+
+def test_store_ignoring_conditional_writes_is_refused(monkeypatch, s3_server):
+    """A store that overwrites on a create-only PUT must be named, not trusted."""
+    monkeypatch.setattr(objects, "put_if_absent", lambda uri, data, opts=None: True)
+    objects._probe.cache_clear()
+    with pytest.raises(ConditionalWritesUnsupported, match="If-None-Match"):
+        objects.check_conditional_writes(s3_server.fresh_uri("probe"), s3_server.storage_options)

@@ -14,7 +14,7 @@ from backfill_assets.barrier import figures, mv_root, run_barrier
 from backfill_assets.controls import Controls, write_controls
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv_store import MVTables
-from backfill_assets.progress_view import run_metadata
+from backfill_assets.progress_view import barrier_metadata
 from backfill_assets.upstream import DmlBatch, insert_rows
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
 
@@ -40,7 +40,7 @@ def test_first_barrier_commits_slices_and_records_history_check(spark, warehouse
     mv = DeltaTable(tables.mv)
     steps = [c for c in mv.history() if c.get("backfill.step")]
     assert len(steps) == report.extra["slices_done"]  # one MV commit per slice
-    meta = run_metadata(report, figures(d, tables, report))
+    meta = barrier_metadata(report, figures(d, tables, Controls(), report.v_new), Controls(), {})
     assert meta["slices_done"].value == report.extra["slices_done"]
     assert meta["snapshot_path"].text == "bulk"
     assert_verified(spark, d, tables)
@@ -102,7 +102,7 @@ def test_vacuum_mid_catch_up_resnapshots_the_vnodes(spark, warehouse):
     assert "re-read at v" in report.extra["resnapshots"] and report.forwarded_rows == 0
     assert report.snapshot_rows == len(live.keys)
     assert all(isinstance(p, Completed) for p in report.progress.values())
-    meta = run_metadata(report, figures(d, tables, report))
+    meta = barrier_metadata(report, figures(d, tables, Controls(), report.v_new), Controls(), {})
     assert meta["resnapshot_vnodes"].value == VNODES
     assert_verified(spark, d, tables)
     live.apply(live.random_batch(8))  # afterwards an ordinary maintained MV again

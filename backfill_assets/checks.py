@@ -28,6 +28,7 @@ def build_oracle_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksDef
                 "rows_compared": verdict.rows_compared,
                 "vnodes_compared": len(verdict.vnodes),
                 "vnodes_failed": [f"{v.vnode}: -{v.missing}/+{v.unexpected}" for v in failed][:50],
+                "type_problems": verdict.type_problems,
             },
         )
 

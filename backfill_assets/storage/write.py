@@ -147,8 +147,8 @@ class _Stats:
             lo, hi = self.mins[name], self.maxs[name]
             if isinstance(lo, str) and max(len(lo), len(hi)) > STAT_STRING_LIMIT:
                 continue
-            if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
-                continue
+            if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
+                continue  # NaN / inf bounds are not JSON: the log would be unreadable
             mins[name], maxs[name] = _jsonable(lo), _jsonable(hi)
         return json.dumps({"numRecords": rows, "minValues": mins, "maxValues": maxs,
                            "nullCount": self.nulls})

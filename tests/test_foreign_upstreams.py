@@ -9,13 +9,14 @@ import json
 
 import pyarrow as pa
 import pytest
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from backfill_assets import errors
 from backfill_assets.barrier import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.delta_store import arrow_schema
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables, read_rows
+from backfill_assets.storage.commit import Change, Intent, commit
+from backfill_assets.storage.log import Snapshot
 from tests.reliability import harness as H
 from tests.support import assert_verified
 
@@ -104,14 +105,11 @@ def test_recovery_finds_progress_after_many_later_commits(spark, warehouse):
     run_barrier(spark, d, tables, ALL)
     with pytest.raises(_Killed):
         run_barrier(spark, d, tables, mine, hook=_kill_at("after_mv_commit"))
-    mv = DeltaTable(tables.mv)
-    schema = arrow_schema(mv)
     version = DeltaTable(uri).version()
     fake = json.dumps({"version": version + 1000, "progress": {str(v): "{}" for v in others}})
     for _ in range(210):
-        mv.create_write_transaction([], mode="append", schema=schema, partition_by=["vnode"],
-                                    commit_properties=CommitProperties(
-                                        custom_metadata={STEP_METADATA_KEY: fake}))
+        commit(Snapshot.load(tables.mv, None, {}), Change(),
+               Intent({}, {STEP_METADATA_KEY: fake}))
     report = run_barrier(spark, d, tables, mine)
     assert sorted(report.recovered) == mine
     run_barrier(spark, d, tables, others)

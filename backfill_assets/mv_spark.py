@@ -37,7 +37,7 @@ from backfill_assets.spark_ops import spark_schema
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
-    """Apply the MV definition: computed columns, the row filter as `_keep`, output columns.
+    """Apply the MV definition: computed columns, the row filter as `KEEP`, output columns.
 
     Rows are not dropped here: a snapshot chunk must still advance the position over rows the
     filter rejects, and a forwarded upsert that the filter rejects becomes a delete.
@@ -154,7 +154,7 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     """The next snapshot chunk: rows after the positions, in key order, at most `limit` rows
     per vnode (arrangement) or in total (no-shuffle's one shared position).
 
-    Adds `_rn`, the row's rank inside its vnode, so the last row of each vnode is found without
+    Adds `RN`, the row's rank inside its vnode, so the last row of each vnode is found without
     sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the previous
     row's: the duplicate check rides on the window's sort instead of a `groupBy` of its own.
     """
@@ -181,7 +181,7 @@ class ChunkStats:
 
 
 def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> ChunkStats:
-    """One aggregate over the cached chunk: the row of highest `_rn` per vnode (only those rows
+    """One aggregate over the cached chunk: the row of highest `RN` per vnode (only those rows
     reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
     top = chunk.groupBy("vnode").agg(F.max(RN).alias(TOP),
                                      F.max(F.col(BAD_KEY).cast("int")).alias(BAD))

@@ -255,7 +255,7 @@ def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
 
 def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
              d: MVDefinition) -> DataFrame | None:
-    """Netted changes each vnode's current position covers, projected to MV rows with `_op`
+    """Netted changes each vnode's current position covers, projected to MV rows with `OP`
     (cached: it is counted, its keys collected and its rows written)."""
     since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
     progress = {v: state.current(v) for v in since}
@@ -269,7 +269,7 @@ def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
 
 @dataclass
 class _Chunk:
-    rows: DataFrame | None  # projected rows + `_keep`, `_rn`, `_bad_key`, cached; None: no rows
+    rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
     read: int
     stats: dict
 

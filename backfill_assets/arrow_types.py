@@ -2,6 +2,10 @@
 
 The pure core speaks in type names ("bigint", "decimal(10,2)"); Delta and Spark speak Arrow.
 This is the one translation between them, so a type accepted in one place is accepted in all.
+It is exact both ways (`type_name(arrow_type(n)) == n`): a smallint stays a smallint and a
+timestamp without time zone (Delta `timestamp_ntz`) never becomes a UTC timestamp, so the MV,
+the replica and the progress table hold the upstream's types, not look-alikes. `null` is the
+type of a column that can only hold nulls (Arrow `null`, Delta/Spark `void`).
 """
 
 from __future__ import annotations
@@ -13,14 +17,21 @@ import pyarrow as pa
 from backfill_assets.errors import InvalidKeyType
 
 _SIMPLE: dict[str, pa.DataType] = {
+    "tinyint": pa.int8(),
+    "smallint": pa.int16(),
     "int": pa.int32(),
     "bigint": pa.int64(),
     "string": pa.string(),
+    "binary": pa.binary(),
     "date": pa.date32(),
     "timestamp": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+    "float": pa.float32(),
     "double": pa.float64(),
     "boolean": pa.bool_(),
+    "null": pa.null(),
 }
+SUPPORTED = ", ".join([*_SIMPLE, "decimal(p,s)"])
 _DECIMAL = re.compile(r"^decimal\((\d+),\s*(\d+)\)$")
 
 
@@ -31,33 +42,26 @@ def arrow_type(name: str) -> pa.DataType:
     match = _DECIMAL.match(name)
     if match:
         return pa.decimal128(int(match.group(1)), int(match.group(2)))
-    raise InvalidKeyType(
-        f"column type {name!r} is not supported; use one of int, bigint, string, date, "
-        "timestamp, double, boolean or decimal(p,s)"
-    )
+    raise InvalidKeyType(f"column type {name!r} is not supported; use one of {SUPPORTED}")
 
 
 def type_name(t: pa.DataType) -> str:
-    """The platform type name of an Arrow type (the inverse of arrow_type, up to width)."""
-    if pa.types.is_int32(t) or pa.types.is_int16(t) or pa.types.is_int8(t):
-        return "int"
-    if pa.types.is_int64(t):
-        return "bigint"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+    """The platform type name of an Arrow type (the exact inverse of arrow_type; string and
+    binary views and large variants are the same Delta type)."""
+    if pa.types.is_string_view(t) or pa.types.is_large_string(t):
         return "string"
-    if pa.types.is_date32(t):
-        return "date"
-    if pa.types.is_timestamp(t):
-        return "timestamp"
-    if pa.types.is_floating(t):
-        return "double"
-    if pa.types.is_boolean(t):
-        return "boolean"
-    if pa.types.is_decimal(t):
+    if pa.types.is_binary_view(t) or pa.types.is_large_binary(t):
+        return "binary"
+    if pa.types.is_timestamp(t):  # Delta: microseconds, UTC-adjusted or without time zone
+        return "timestamp_ntz" if t.tz is None else "timestamp"
+    if pa.types.is_decimal128(t):
         return f"decimal({t.precision},{t.scale})"
+    for name, known in _SIMPLE.items():
+        if t == known:
+            return name
     raise InvalidKeyType(
-        f"column type {t} is not supported by the platform; cast it to int, bigint, string, "
-        "date, timestamp, double, boolean or decimal(p,s) in the upstream table"
+        f"column type {t} is not supported by the platform; cast it to one of {SUPPORTED} "
+        "in the upstream table"
     )
 
 

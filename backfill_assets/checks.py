@@ -42,6 +42,7 @@ def run_oracle(spark: SparkSession, d: MVDefinition, tables) -> tuple[Verdict, d
         "vnodes_compared": dg.MetadataValue.int(len(verdict.vnodes)),
         "vnodes_failed": dg.MetadataValue.int(len(verdict.failures())),
         "per_vnode": dg.MetadataValue.md("\n".join(lines)),
+        "type_problems": dg.MetadataValue.text("\n".join(verdict.type_problems) or "(none)"),
     }
 
 

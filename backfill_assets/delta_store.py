@@ -18,6 +18,7 @@ What delta-rs 1.6 does that callers must know (measured, see tests/test_change_f
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,12 @@ VNODE_COLUMN = "vnode"
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 
 StorageOptions = Mapping[str, str] | None
+
+
+def arrangement_properties(primary_key: Sequence[str], vnode_count: int) -> dict[str, str]:
+    """The table configuration that says "arranged by the platform's vnodes of this pk"
+    (platform upstreams and MVs; what no_shuffle mode checks)."""
+    return {PK_PROPERTY: json.dumps(list(primary_key)), VNODE_COUNT_PROPERTY: str(vnode_count)}
 
 
 def _opts(storage_options: StorageOptions) -> dict[str, str] | None:

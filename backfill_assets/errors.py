@@ -53,3 +53,12 @@ class StorageMismatch(BackfillError):
     """What the store holds is not what the Delta log (or the writer) says it should hold:
     files an executor wrote that the driver cannot see, a read that returned a different row
     count than the log records, a log the storage layer cannot replay. Never committed over."""
+
+
+class MVDefinitionChanged(BackfillError):
+    """The MV definition differs from the one its state was built for (filter, computed
+    columns, output columns, pk, mode or upstream): the MV is no longer f(upstream)."""
+
+
+class MVResetRefused(BackfillError):
+    """reset_mv_job was not confirmed with the MV's name, or cannot delete the MV's tables."""

@@ -10,9 +10,15 @@ rows. A step checks what it reads before it writes anything:
 - every snapshot chunk: a null pk or twice the same key, flagged by the chunk's own window
   (`mv_spark.select_chunk`, the row's key against the previous row's) and read with its
   per-vnode stats, so it costs no extra Spark pass.
-Not caught: an append of a single row whose key already exists from an earlier version into a
-vnode that already started, when the key is at or before the vnode's position, or in
-arrangement mode (the replica upserts it): that needs a join against the whole upstream.
+- keys the change chunk inserts into vnodes that already started (`check_inserted_keys`): an
+  insert (or a pk change's new key) without a delete of the same key in the same version is
+  how a second row for an existing key arrives from a writer that does not enforce the pk;
+  those keys are looked up in the upstream at the step's version (a semi-join on the key
+  columns only), and a key held twice is refused. Without it the duplicate was silently lost:
+  the replica and the MV upsert it over the existing row.
+Together these keep the invariant "every key the backfill carries is unique at the version it
+is at": a vnode is checked whole when it starts, and afterwards only the keys that changed can
+have become duplicates.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from backfill_assets import mv_store
+from backfill_assets.core.names import SEEN
 from backfill_assets.errors import BadPrimaryKeyInUpstream
 
 _FIX = ("fix those rows in the upstream (or primary_key in the MV definition), then rerun; "
@@ -49,15 +57,43 @@ def check_change_keys(raw: pa.Table, key_names: Sequence[str], uri: str) -> None
         )
 
 
+def check_inserted_keys(changes: DataFrame, upstream: DataFrame, started: Sequence[int],
+                        key_names: Sequence[str], uri: str, version: int) -> None:
+    """`changes`: change rows (`vnode`, `_change_type`, `_commit_version`, key columns);
+    `upstream`: the upstream's rows at `version` with `vnode`. Refuse a key that a version
+    inserts into a started vnode without deleting it, and that the upstream then holds twice."""
+    if not started:
+        return
+    keys = [F.col(f"`{k}`") for k in key_names]
+    new = F.col("_change_type").isin("insert", "update_postimage").cast("int")
+    inserted = (changes.where(mv_store.vnode_in(started))
+                .groupBy(*keys, "_commit_version")
+                .agg(F.min(new).alias(SEEN)).where(F.col(SEEN) == 1)
+                .groupBy(*keys).agg(F.max("_commit_version").alias("_commit_version")))
+    held = (upstream.where(mv_store.vnode_in(started)).select(*keys)
+            .join(F.broadcast(inserted), list(key_names), "inner")
+            .groupBy(*keys, "_commit_version").agg(F.count(F.lit(1)).alias(SEEN))
+            .where(F.col(SEEN) > 1).limit(1).collect())
+    if held:
+        row = held[0].asDict()
+        raise BadPrimaryKeyInUpstream(
+            f"upstream {uri} version {row['_commit_version']} inserts the primary key "
+            f"{_key_text(row, key_names)} again: at version {version} it has {row[SEEN]} rows "
+            f"with the primary key {_key_text(row, key_names)} (its writer does not enforce "
+            f"the pk); {_FIX}"
+        )
+
+
 def check_snapshot_keys(rows: DataFrame, key_names: Sequence[str], uri: str,
                         version: int) -> None:
     """Spark rows of the upstream at `version`: no null pk, no key twice."""
     keys = [F.col(f"`{k}`") for k in key_names]
     null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
-    bad = rows.groupBy(*keys).count().where((F.col("count") > 1) | null).limit(1).collect()
+    bad = (rows.groupBy(*keys).agg(F.count(F.lit(1)).alias(SEEN))
+           .where((F.col(SEEN) > 1) | null).limit(1).collect())
     if bad:
         row = bad[0].asDict()
-        _refuse_snapshot_key(row, row["count"], key_names, uri, version)
+        _refuse_snapshot_key(row, row[SEEN], key_names, uri, version)
 
 
 def refuse_flagged_chunk_key(chunk: DataFrame, flag: str, key_names: Sequence[str], uri: str,

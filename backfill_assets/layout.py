@@ -18,7 +18,8 @@ from collections.abc import Callable, Sequence
 from backfill_assets.errors import RescaleRefused
 
 
-def _path(mv_root: str) -> str:
+def layout_path(mv_root: str) -> str:
+    """The file recording the run layout (reset_mv deletes it with the MV's state)."""
     return os.path.join(mv_root, "no_shuffle_runs.json")
 
 
@@ -43,7 +44,7 @@ def check_run_layout(mv_root: str, vnodes: Sequence[int],
 
 
 def _read(mv_root: str) -> list[list[int]]:
-    path = _path(mv_root)
+    path = layout_path(mv_root)
     if not os.path.exists(path):
         return []
     with open(path, encoding="utf-8") as f:
@@ -55,4 +56,4 @@ def _write(mv_root: str, groups: list[list[int]]) -> None:
     fd, tmp = tempfile.mkstemp(dir=mv_root, prefix=".layout-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         json.dump(groups, f)
-    os.replace(tmp, _path(mv_root))
+    os.replace(tmp, layout_path(mv_root))

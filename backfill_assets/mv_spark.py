@@ -12,59 +12,85 @@ from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
+from pyspark.errors import AnalysisException, ParseException, PySparkException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.utils import AnalysisException
+from pyspark.sql import types as T
 
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import (
+    BAD,
+    BAD_KEY,
+    EVERY,
+    KEEP,
+    OP,
+    POSITION_VNODE,
+    TOP,
+    VNODE,
+)
+from backfill_assets.core.names import POSITION as POS
+from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.core.progress import Completed, InProgress
-from backfill_assets.errors import InvalidMVDefinition
+from backfill_assets.errors import InvalidMVExpression
 from backfill_assets.spark_ops import spark_schema
-
-KEEP = "_keep"
-RN = "_rn"
-BAD_KEY = "_bad_key"  # a null pk, or the same pk as the previous row of the vnode
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
-    """Apply the MV definition: computed columns, the row filter as `_keep`, output columns.
+    """Apply the MV definition: computed columns, the row filter as `KEEP`, output columns.
 
     Rows are not dropped here: a snapshot chunk must still advance the position over rows the
     filter rejects, and a forwarded upsert that the filter rejects becomes a delete.
     """
     exprs = [F.col(f"`{c}`") for c in definition.columns]
     exprs += [F.expr(c.expr).alias(c.name) for c in definition.computed]
-    if "vnode" not in definition.columns:
-        exprs.append(F.col("vnode"))
+    exprs.append(F.col(VNODE))
     keep = F.coalesce(F.expr(definition.filter), F.lit(False)) if definition.filter else F.lit(True)
-    extra = [F.col(c) for c in ("_op", RN, BAD_KEY) if c in df.columns]
+    extra = [F.col(c) for c in (OP, RN, BAD_KEY) if c in df.columns]
     return df.select(*exprs, keep.alias(KEEP), *extra)
 
 
 def validate_expressions(spark: SparkSession, definition: MVDefinition,
                          upstream_schema: pa.Schema) -> pa.Schema:
-    """Parse and analyse the definition against the upstream schema; return the MV schema.
+    """Parse and analyse each expression against the upstream schema; return the MV schema.
 
-    Runs on an empty DataFrame, so nothing is read or written.
+    Runs on an empty DataFrame of the upstream's exact types, so nothing is read or written.
+    Selected columns keep the upstream's Arrow types exactly; computed columns get the Arrow
+    type of Spark's result type.
     """
-    # explicit schema: Spark Connect cannot infer one from an empty table
-    empty = spark.createDataFrame(upstream_schema.empty_table(),
-                                  schema=spark_schema(upstream_schema))
-    if "vnode" not in empty.columns:
-        empty = empty.withColumn("vnode", F.lit(0).cast("int"))
-    try:
-        out = project(empty, definition).drop(KEEP)
-        schema = out.limit(0).toArrow().schema
-    except AnalysisException as exc:  # ParseException is a subclass
-        raise InvalidMVDefinition(
-            f"MV {definition.name!r}: an expression in its filter or computed columns does not "
-            f"work on the upstream columns: {str(exc).splitlines()[0]}; fix the expression in "
-            "the MV definition"
-        ) from exc
+    fields = [f for f in upstream_schema if f.name != VNODE]
+    empty = spark.createDataFrame([], spark_schema(pa.schema(fields)))
+    empty = empty.withColumn(VNODE, F.lit(0).cast("int"))
+    labelled = [("filter", definition.filter)] if definition.filter else []
+    labelled += [(f"computed column {c.name!r}", c.expr) for c in definition.computed]
+    for label, text in labelled:
+        _check_expression(empty, definition.name, label, text)
+    computed = project(empty, definition).drop(KEEP).limit(0).toArrow().schema
+    by_name = {f.name: f for f in fields}
+    out = [by_name[c] for c in definition.columns]
+    out += [computed.field(c.name) for c in definition.computed]
     # all nullable: delta-rs merges validate an all-null row for unmatched deletes
-    return pa.schema([f.with_nullable(True) for f in schema]).set(
-        schema.get_field_index("vnode"), pa.field("vnode", pa.int32()))
+    return pa.schema([*(f.with_nullable(True) for f in out), pa.field(VNODE, pa.int32())])
+
+
+def _check_expression(empty: DataFrame, mv_name: str, label: str, text: str) -> None:
+    """Refuse an expression that does not parse or resolve, naming it, with Spark's detail."""
+    try:
+        result = empty.select(F.expr(text)).schema[0].dataType  # analysis happens here
+    except (AnalysisException, PySparkException) as exc:
+        parsed = not isinstance(exc, ParseException)
+        what = "does not work on the upstream's columns" if parsed else "does not parse"
+        detail = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise InvalidMVExpression(
+            f"MV {mv_name!r}: the {label} `{text}` {what}: {detail[:600]}; fix the expression "
+            "in the MV definition (columns with spaces, dots or other special characters are "
+            "written in backquotes: `my col`)"
+        ) from exc
+    if label == "filter" and not isinstance(result, T.BooleanType | T.NullType):
+        raise InvalidMVExpression(
+            f"MV {mv_name!r}: the filter `{text}` gives a {result.simpleString()}, not a "
+            "boolean: write a condition (for example `qty > 2`)"
+        )
 
 
 def with_vnode_versions(df: DataFrame, versions: Mapping[int, int]) -> DataFrame:
@@ -75,8 +101,6 @@ def with_vnode_versions(df: DataFrame, versions: Mapping[int, int]) -> DataFrame
     return df.where(F.expr(f"_commit_version > (CASE vnode {case} ELSE NULL END)"))
 
 
-POS = "_pos_"
-EVERY = "_pos_every"
 
 
 def _with_positions(rows: DataFrame, every: Sequence[int], at: Mapping[int, Key],
@@ -99,10 +123,10 @@ def _with_positions(rows: DataFrame, every: Sequence[int], at: Mapping[int, Key]
     names = [f"c{i}" for i in range(len(key_order.columns) + 2)]
     sql = f"SELECT * FROM VALUES {', '.join(values)} AS t({', '.join(names)})"
     table = rows.sparkSession.sql(sql)
-    table = table.toDF("_pos_vnode", EVERY, *key_order.position_columns(POS))
-    joined = rows.join(F.broadcast(table), F.col("vnode") == F.col("_pos_vnode"))
+    table = table.toDF(POSITION_VNODE, EVERY, *key_order.position_columns(POS))
+    joined = rows.join(F.broadcast(table), F.col(VNODE) == F.col(POSITION_VNODE))
     kept = joined.where(F.col(EVERY) | F.expr(admits))
-    return kept.drop("_pos_vnode", EVERY, *key_order.position_columns(POS))
+    return kept.drop(POSITION_VNODE, EVERY, *key_order.position_columns(POS))
 
 
 def visible_rows(rows: DataFrame, progress: Mapping[int, object],
@@ -130,7 +154,7 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     """The next snapshot chunk: rows after the positions, in key order, at most `limit` rows
     per vnode (arrangement) or in total (no-shuffle's one shared position).
 
-    Adds `_rn`, the row's rank inside its vnode, so the last row of each vnode is found without
+    Adds `RN`, the row's rank inside its vnode, so the last row of each vnode is found without
     sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the previous
     row's: the duplicate check rides on the window's sort instead of a `groupBy` of its own.
     """
@@ -157,16 +181,16 @@ class ChunkStats:
 
 
 def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> ChunkStats:
-    """One aggregate over the cached chunk: the row of highest `_rn` per vnode (only those rows
+    """One aggregate over the cached chunk: the row of highest `RN` per vnode (only those rows
     reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
-    top = chunk.groupBy("vnode").agg(F.max(RN).alias("_top"),
-                                     F.max(F.col(BAD_KEY).cast("int")).alias("_bad"))
+    top = chunk.groupBy("vnode").agg(F.max(RN).alias(TOP),
+                                     F.max(F.col(BAD_KEY).cast("int")).alias(BAD))
     keys = [F.col(f"`{k}`") for k in key_names]
-    last = (chunk.join(top, "vnode").where(F.col(RN) == F.col("_top"))
-            .select("vnode", RN, "_bad", *keys).toArrow())
+    last = (chunk.join(top, "vnode").where(F.col(RN) == F.col(TOP))
+            .select("vnode", RN, BAD, *keys).toArrow())
     rows = last.to_pylist()
     return ChunkStats({row["vnode"]: (row[RN], tuple(row[k] for k in key_names)) for row in rows},
-                      any(row["_bad"] for row in rows))
+                      any(row[BAD] for row in rows))
 
 
 def order_columns(key_order: KeyOrder) -> list:

@@ -21,7 +21,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from backfill_assets.arrow_types import normalize_schema
-from backfill_assets.delta_store import PK_PROPERTY, VNODE_COUNT_PROPERTY, arrow_schema
+from backfill_assets.delta_store import arrangement_properties, arrow_schema
 from backfill_assets.errors import ConcurrentBackfillRun, WarehouseNotWritable
 from backfill_assets.storage import Intent, ensure_mor_table
 
@@ -135,7 +135,7 @@ def ensure_data_table(uri: str, schema: pa.Schema, storage_options: Mapping[str,
     and vnode count like a platform upstream, so another MV can be built on it."""
     if "://" not in uri:
         _check_writable(uri)
-    config = {PK_PROPERTY: json.dumps(list(key_names)), VNODE_COUNT_PROPERTY: str(vnode_count)}
+    config = arrangement_properties(key_names, vnode_count)
     return ensure_mor_table(uri, schema, storage_options, cdf=cdf, configuration=config)
 
 
@@ -173,17 +173,36 @@ def read_rows(table: DeltaTable, vnodes: Iterable[int] | None = None,
     return rows.cast(normalize_schema(rows.schema))
 
 
-def step_metadata(table: DeltaTable, txn_version: int, vnode: int,
-                  search_limit: int = 200) -> dict | None:
-    """The progress a commit recorded for `vnode` at `txn_version`, newest commit first."""
-    for commit in table.history(search_limit):
-        raw = commit.get(STEP_METADATA_KEY)
-        if not raw:
-            continue
-        step = json.loads(raw)
-        if step["version"] == txn_version and str(vnode) in step["progress"]:
-            return step
-    return None
+def step_metadata(table: DeltaTable, txn_version: int, vnode: int) -> dict | None:
+    """The progress the newest commit for `vnode` at `txn_version` recorded (None: no commit
+    in the table's whole history carries it)."""
+    return find_steps(table, {vnode: txn_version}).get(vnode)
+
+
+def find_steps(table: DeltaTable, wanted: Mapping[int, int], first_page: int = 16
+               ) -> dict[int, dict]:
+    """Per vnode, the step metadata of the newest commit that recorded it at `wanted[vnode]`
+    (its app-transaction version). Pages backwards through the whole history (pages of 16,
+    64, 256, ... commits) until every vnode is found or the history is exhausted: however
+    many commits other vnode ranges made since, a step's progress is found. Usually the
+    first page holds it; a long search only happens when recovering an old crash."""
+    found: dict[int, dict] = {}
+    limit, seen = first_page, 0
+    while wanted and len(found) < len(wanted):
+        commits = table.history(limit)
+        for commit in commits[seen:]:  # newest first; the previous pages are a prefix
+            raw = commit.get(STEP_METADATA_KEY)
+            if not raw:
+                continue
+            step = json.loads(raw)
+            for vnode, version in wanted.items():
+                if vnode not in found and step["version"] == version \
+                        and str(vnode) in step["progress"]:
+                    found[vnode] = step
+        if len(commits) < limit:
+            break  # the whole history was read
+        seen, limit = len(commits), limit * 4
+    return found
 
 
 def _span(vnodes: Sequence[int]) -> str:

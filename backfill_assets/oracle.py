@@ -4,6 +4,11 @@ It shares no code path with the step: the upstream version each vnode records is
 deltalake (not Spark's parquet reader), vnodes are computed by the plain-Python hash, positions
 are applied with the core's Python key comparison, and only the MV definition's SQL (filter,
 computed columns) is evaluated by Spark, on those rows. The MV is read back with deltalake.
+
+Exact on types: selected columns are expected with the upstream's own Arrow type and values
+as deltalake read them (they never pass through Spark here), and the MV's schema must match
+(a timestamp without time zone that came back zoned, or a smallint widened to int, is a
+failure, not an equal-looking value).
 """
 
 from __future__ import annotations
@@ -14,12 +19,14 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from backfill_assets import mv_store
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import ROW_ID, VNODE
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.mv_spark import KEEP, project
+from backfill_assets.delta_store import arrow_schema
 from backfill_assets.mv_store import MVTables
 from backfill_assets.recovery import read_progress
 from backfill_assets.spark_ops import spark_schema
@@ -43,10 +50,11 @@ class VnodeVerdict:
 @dataclass
 class Verdict:
     vnodes: list[VnodeVerdict] = field(default_factory=list)
+    type_problems: list[str] = field(default_factory=list)  # MV column types not as expected
 
     @property
     def ok(self) -> bool:
-        return all(v.ok for v in self.vnodes)
+        return all(v.ok for v in self.vnodes) and not self.type_problems
 
     @property
     def rows_compared(self) -> int:
@@ -71,6 +79,9 @@ def verify(spark: SparkSession, d: MVDefinition, tables: MVTables,
         progress = (read_progress(progress_table, upstream.key_order, vnodes)
                     if progress_table else {})
     mv = mv_store.open_table(tables.mv, so)
+    verdict = Verdict()
+    if mv is not None:
+        verdict.type_problems = _type_problems(spark, d, upstream.schema, arrow_schema(mv))
     actual_rows = mv_store.read_rows(mv, vnodes).to_pylist() if mv else []
     actual = defaultdict(Counter)
     for row in actual_rows:
@@ -82,7 +93,6 @@ def verify(spark: SparkSession, d: MVDefinition, tables: MVTables,
     for version, group in by_version.items():
         for row in _expected_rows(spark, d, tables, upstream, version, group, progress):
             expected[row["vnode"]][_frozen(row)] += 1
-    verdict = Verdict()
     for vnode in vnodes:
         exp, act = expected[vnode], actual[vnode]
         verdict.vnodes.append(VnodeVerdict(
@@ -112,11 +122,36 @@ def _expected_rows(spark, d: MVDefinition, tables: MVTables, upstream, version: 
             kept.append({**row, "vnode": vnode})
     if not kept:
         return []
-    schema = pa.schema([*upstream.schema, pa.field("vnode", pa.int32())])
-    df = spark.createDataFrame(pa.Table.from_pylist(kept, schema=schema),
-                               schema=spark_schema(schema))  # explicit: Spark Connect safe
-    out = project(df, d).where(KEEP).drop(KEEP).toArrow()
-    return out.to_pylist()
+    return _apply_definition(spark, d, upstream.schema, kept)
+
+
+def _apply_definition(spark, d: MVDefinition, schema: pa.Schema, rows: list[dict]) -> list[dict]:
+    """MV rows of `rows`: Spark evaluates only the filter and the computed columns (on rows of
+    the exact upstream types); selected columns are copied from `rows` as deltalake read them."""
+    ids = pa.array(range(len(rows)), pa.int64())
+    table = pa.Table.from_pylist(rows, schema=pa.schema([*schema, pa.field(VNODE, pa.int32())]))
+    table = table.append_column(ROW_ID, ids)
+    df = spark.createDataFrame(table, schema=spark_schema(table.schema))
+    keep = F.coalesce(F.expr(d.filter), F.lit(False)) if d.filter else F.lit(True)
+    computed = [F.expr(c.expr).alias(c.name) for c in d.computed]
+    out = df.select(F.col(ROW_ID), *computed).where(keep).toArrow().to_pylist()
+    return [{**{c: rows[r[ROW_ID]][c] for c in d.columns},
+             **{c.name: r[c.name] for c in d.computed}, VNODE: rows[r[ROW_ID]][VNODE]}
+            for r in out]
+
+
+def _type_problems(spark, d: MVDefinition, upstream: pa.Schema, mv: pa.Schema) -> list[str]:
+    """Each MV column whose type is not the upstream's (selected) or Spark's (computed)."""
+    empty = spark.createDataFrame([], spark_schema(upstream))
+    computed = empty.select(*[F.expr(c.expr).alias(c.name) for c in d.computed])
+    want = {c: upstream.field(c).type for c in d.columns}
+    want.update({f.name: f.type for f in computed.limit(0).toArrow().schema})
+    want[VNODE] = pa.int32()
+    have = {f.name: f.type for f in mv}
+    problems = [f"{c}: MV has {have.get(c)}, expected {t}" for c, t in want.items()
+                if have.get(c) != t]
+    problems += [f"{c}: not an MV column" for c in have if c not in want]
+    return problems
 
 
 def _frozen(row: dict) -> tuple:

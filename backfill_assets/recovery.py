@@ -10,8 +10,7 @@ is then taken from that MV commit, so nothing is lost or repeated.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -56,7 +55,7 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
     # step at the same upstream version): look at what it carries, not only at its version
     candidates = {v: ver for v, ver in mv_done.items()
                   if ver is not None and (known[v][1] is None or ver >= known[v][1])}
-    steps = _last_steps(mv, candidates)
+    steps = mv_store.find_steps(mv, candidates)
     redone: list[int] = []
     for vnode, version in candidates.items():
         progress, at = known[vnode]
@@ -66,8 +65,9 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
                 continue  # history too short to tell: the table is the newest we can see
             raise CorruptProgressRow(
                 f"{mv.table_uri} was committed for vnode {vnode} at upstream version {version} "
-                "but neither the progress table nor the MV's commit history records that "
-                "step's progress (history cleaned up?); rebuild the MV from scratch"
+                "but neither the progress table nor any commit in the MV's whole history "
+                "records that step's progress (the log was cleaned up, e.g. by log retention): "
+                "rebuild the MV with reset_mv_job"
             )
         row = codec.from_json(step["progress"][str(vnode)], key_order)
         carried = codec.decode(row, key_order)[1:] if row is not None else None
@@ -77,27 +77,6 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
             recovered[vnode] = carried
         redone.append(vnode)
     return BackfillState(key_order, vnodes, recovered), redone
-
-
-def _last_steps(mv: DeltaTable, wanted: Mapping[int, int]) -> dict[int, dict]:
-    """Per vnode, the step carried by the newest MV commit for it at `wanted[vnode]` (one
-    history read; the recent commits first, the last 200 only when needed)."""
-    found: dict[int, dict] = {}
-    if not wanted:
-        return found
-    for limit in (16, 200):
-        for commit in mv.history(limit):
-            raw = commit.get(mv_store.STEP_METADATA_KEY)
-            if not raw:
-                continue
-            step = json.loads(raw)
-            for vnode, version in wanted.items():
-                if vnode not in found and step["version"] == version \
-                        and str(vnode) in step["progress"]:
-                    found[vnode] = step
-        if len(found) == len(wanted):
-            break
-    return found
 
 
 def _ahead(new, old, key_order: KeyOrder) -> bool:

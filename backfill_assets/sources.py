@@ -23,6 +23,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets import mv_store, spark_ops, storage
+from backfill_assets.core.names import OP
 from backfill_assets.mv_store import MVTables
 
 
@@ -94,7 +95,7 @@ class ReplicaSource:
 
         rows = spark_ops.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
         cols = [f.name for f in replica_schema(ctx.upstream_schema)]
-        rows = rows.select(*[f"`{c}`" for c in cols], "_op").cache()
+        rows = rows.select(*[f"`{c}`" for c in cols], OP).cache()
         try:
             intent = mv_store.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
             replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)

@@ -15,6 +15,7 @@ from pyspark.sql import functions as F
 
 from backfill_assets import delta_store
 from backfill_assets.arrow_types import type_name
+from backfill_assets.core.names import OP, RANK, ROW_NUMBER
 from backfill_assets.core.vnode import spark_vnode_sql
 from backfill_assets.storage import read_version
 from backfill_assets.storage.spark_types import spark_schema, spark_type
@@ -46,15 +47,15 @@ def net_changes(df: DataFrame, key_names: Sequence[str]) -> DataFrame:
     ``_commit_version``; within one version an insert/update_postimage wins over a
     delete/update_preimage). A pk-changing update is thereby a delete of the old key plus an
     upsert of the new one. Output: the input columns without ``_change_type`` /
-    ``_commit_timestamp``, plus ``_op`` ('upsert' | 'delete'); ``_commit_version`` is kept."""
+    ``_commit_timestamp``, plus ``OP`` ('upsert' | 'delete'); ``_commit_version`` is kept."""
     rank = F.when(F.col("_change_type").isin(*UPSERT_TYPES), F.lit(0)).otherwise(F.lit(1))
     order = Window.partitionBy(*[F.col(f"`{k}`") for k in key_names]).orderBy(
-        F.col("_commit_version").desc(), F.col("_rank").asc()
+        F.col("_commit_version").desc(), F.col(RANK).asc()
     )
-    ranked = df.withColumn("_rank", rank).withColumn("_rn", F.row_number().over(order))
-    op = F.when(F.col("_rank") == 0, F.lit("upsert")).otherwise(F.lit("delete"))
-    out = ranked.where(F.col("_rn") == 1).withColumn("_op", op)
-    return out.drop("_rn", "_rank", "_change_type", "_commit_timestamp")
+    ranked = df.withColumn(RANK, rank).withColumn(ROW_NUMBER, F.row_number().over(order))
+    op = F.when(F.col(RANK) == 0, F.lit("upsert")).otherwise(F.lit("delete"))
+    out = ranked.where(F.col(ROW_NUMBER) == 1).withColumn(OP, op)
+    return out.drop(ROW_NUMBER, RANK, "_change_type", "_commit_timestamp")
 
 
 def read_changes(
@@ -69,7 +70,7 @@ def read_changes(
     storage_options: Mapping[str, str] | None = None,
 ) -> DataFrame:
     """The netted changes ``(start_exclusive, end]`` of the given vnodes (all when None): one
-    row per key with ``_op`` ('upsert' | 'delete'), the full row, ``vnode`` and
+    row per key with ``OP`` ('upsert' | 'delete'), the full row, ``vnode`` and
     ``_commit_version``. Raises ChangeFeedDisabled / HistoryUnavailable (delta_store)."""
     table = delta_store.open_table(uri, storage_options=storage_options)
     schema = delta_store.arrow_schema(table)

@@ -25,12 +25,14 @@ from pyspark.sql import functions as F
 from backfill_assets import delta_store, mv_store, spark_ops, storage
 from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import OP
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.key_checks import (
     check_change_keys,
+    check_inserted_keys,
     check_snapshot_keys,
     refuse_flagged_chunk_key,
 )
@@ -171,9 +173,13 @@ class _Step:
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         source = SOURCES[self.req.mode or d.mode]
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
+        fresh = [v for v in report.vnodes if isinstance(state.current(v), NotStarted)]
         if not getattr(source, "checks_keys", False):
-            _check_fresh_keys(self.ctx, [v for v in report.vnodes
-                                         if isinstance(state.current(v), NotStarted)])
+            _check_fresh_keys(self.ctx, fresh)
+        if changes is not None:
+            check_inserted_keys(changes, _upstream_at(self.ctx),
+                                [v for v in report.vnodes if v not in fresh],
+                                self.ctx.key_names, self.ctx.tables.upstream, plan.v_new)
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         forward = _forward(changes, state, plan, d)
         chunk = _Chunk(None, 0, {})
@@ -264,7 +270,7 @@ def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
 
 def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
              d: MVDefinition) -> DataFrame | None:
-    """Netted changes each vnode's current position covers, projected to MV rows with `_op`
+    """Netted changes each vnode's current position covers, projected to MV rows with `OP`
     (cached: it is counted, its keys collected and its rows written)."""
     since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
     progress = {v: state.current(v) for v in since}
@@ -272,13 +278,13 @@ def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
         return None
     net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
     visible = project(visible_rows(net, progress, state.key_order), d)
-    op = F.when((F.col("_op") == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
-    return visible.withColumn("_op", op).drop(KEEP).cache()
+    op = F.when((F.col(OP) == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
+    return visible.withColumn(OP, op).drop(KEEP).cache()
 
 
 @dataclass
 class _Chunk:
-    rows: DataFrame | None  # projected rows + `_keep`, `_rn`, `_bad_key`, cached; None: no rows
+    rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
     read: int
     stats: dict
 
@@ -331,11 +337,15 @@ def _check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
     per vnode, before their replica or MV rows are written)."""
     if not vnodes:
         return
+    check_snapshot_keys(_upstream_at(ctx).where(mv_store.vnode_in(vnodes)), ctx.key_names,
+                        ctx.tables.upstream, ctx.v_new)
+
+
+def _upstream_at(ctx: SourceContext) -> DataFrame:
+    """The upstream's rows at the step's version, with the MV's vnode (lazy)."""
     rows = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
                                   storage_options=ctx.tables.storage_options)
-    rows = spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
-    check_snapshot_keys(rows.where(mv_store.vnode_in(vnodes)), ctx.key_names,
-                        ctx.tables.upstream, ctx.v_new)
+    return spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
 
 
 def _position(progress) -> tuple | None:

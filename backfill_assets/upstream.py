@@ -152,8 +152,7 @@ def _spell_type(typ: str) -> str:
 
 def create_upstream(uri: str, spec: UpstreamSpec, storage_options=None) -> int:
     """Create the (empty) upstream table; returns its version (0)."""
-    metadata = {PK_PROPERTY: json.dumps(list(spec.primary_key)),
-                VNODE_COUNT_PROPERTY: str(spec.vnode_count)}
+    metadata = delta_store.arrangement_properties(spec.primary_key, spec.vnode_count)
     dt_ = delta_store.create_table(
         uri, spec.arrow_schema(), [VNODE_COLUMN], cdf=True, name=spec.name,
         description=spec.description or f"platform upstream table {spec.name}",

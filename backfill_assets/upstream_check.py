@@ -25,6 +25,7 @@ from backfill_assets.delta_store import arrow_schema
 from backfill_assets.errors import (
     ChangeFeedDisabled,
     InvalidMVDefinition,
+    MVDefinitionChanged,
     NoShuffleLayoutMismatch,
     UnsupportedColumnType,
     UpstreamNotFound,
@@ -54,6 +55,8 @@ class CheckedUpstream:
             "primary_key": list(self.key_order.names),
             "vnode_count": d.vnode_count,
             "mode": d.mode,
+            "definition": d.recorded(),
+            "fingerprint": d.fingerprint,
             "created_at": time.time(),
         })
 
@@ -141,6 +144,8 @@ def _against_pin(carried: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTa
             f"says {d.vnode_count}; set vnode_count back to {pinned['vnode_count']}, or drop "
             f"the MV's state under {tables.mv.rsplit('/', 1)[0]} to rebuild it"
         )
+    if "definition" in pinned:  # state written before fingerprints were recorded: not checked
+        _refuse_changed_definition(d, pinned, tables)
     now = {f.name: f for f in carried}
     fields = []
     for name, type_ in pinned["upstream_columns"]:
@@ -159,21 +164,41 @@ def _against_pin(carried: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTa
     return pa.schema(fields)
 
 
+def _refuse_changed_definition(d: MVDefinition, pinned: dict, tables: MVTables) -> None:
+    """The MV's rows are f(upstream) for the definition recorded with its state: a barrier
+    under another definition would mix two f's in one table."""
+    if pinned.get("fingerprint") == d.fingerprint:
+        return
+    changes = d.changes_since(pinned["definition"]) or ["the definition's recorded form"]
+    raise MVDefinitionChanged(
+        f"MV {d.name!r} was built under another definition ({pinned.get('fingerprint')}, now "
+        f"{d.fingerprint}): {'; '.join(changes)}. Its rows no longer match this definition: "
+        "either restore the definition, or rebuild the MV under the new one with reset_mv_job "
+        f"(drops {tables.mv.rsplit('/', 1)[0]}: MV, replica, progress), or give it a new name"
+    )
+
+
 def _check_no_shuffle_layout(table, d: MVDefinition, key_order: KeyOrder,
                              tables: MVTables) -> None:
-    """no_shuffle reads the upstream's vnode partitions directly: they must be ours."""
-    from backfill_assets.upstream import read_upstream_spec
-
+    """no_shuffle reads the upstream's vnode partitions directly: they must be ours (a platform
+    upstream or an MV of the platform records its pk and vnode count in its configuration)."""
+    config = table.metadata().configuration
     try:
-        spec = read_upstream_spec(tables.upstream, storage_options=tables.storage_options)
-    except Exception as exc:  # noqa: BLE001 - any failure means: not a platform table
+        pk = [str(k) for k in json.loads(config[delta_store.PK_PROPERTY])]
+        count = int(config[delta_store.VNODE_COUNT_PROPERTY])
+    except (KeyError, TypeError, ValueError) as exc:
         raise NoShuffleLayoutMismatch(
-            f"{tables.upstream} is not a platform table ({exc}); no_shuffle mode needs an "
-            "upstream arranged by the same vnodes: use mode 'arrangement'"
+            f"{tables.upstream} is not arranged by the platform's vnodes (no recorded primary "
+            f"key and vnode count: {delta_store.PK_PROPERTY}, {delta_store.VNODE_COUNT_PROPERTY}"
+            "); no_shuffle mode needs a platform upstream or another MV: use mode 'arrangement'"
         ) from exc
-    if spec.vnode_count != d.vnode_count or tuple(spec.primary_key) != key_order.names:
+    if "vnode" not in arrow_schema(table).names:
         raise NoShuffleLayoutMismatch(
-            f"{tables.upstream} is arranged by {spec.vnode_count} vnodes of "
-            f"{list(spec.primary_key)}, MV {d.name!r} by {d.vnode_count} of "
-            f"{list(key_order.names)}; make them equal or use mode 'arrangement'"
+            f"{tables.upstream} has no vnode column; use mode 'arrangement'"
+        )
+    if count != d.vnode_count or tuple(pk) != key_order.names:
+        raise NoShuffleLayoutMismatch(
+            f"{tables.upstream} is arranged by {count} vnodes of {pk}, MV {d.name!r} by "
+            f"{d.vnode_count} of {list(key_order.names)}; make them equal or use mode "
+            "'arrangement'"
         )

@@ -27,8 +27,10 @@ def build_verify_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
         if not verdict.ok:
             bad = ", ".join(f"{v.vnode}(-{v.missing}/+{v.unexpected})"
                             for v in verdict.failures()[:20])
-            raise dg.Failure(f"MV {d.name!r} differs from the oracle in vnodes {bad}",
-                             metadata=meta)
+            types = f"; column types differ: {verdict.type_problems}" \
+                if verdict.type_problems else ""
+            raise dg.Failure(f"MV {d.name!r} differs from the oracle in vnodes {bad or '(none)'}"
+                             f"{types}", metadata=meta)
         return dg.Output(verdict.rows_compared, metadata=meta)
 
     @dg.job(name="verify_job", executor_def=dg.in_process_executor,

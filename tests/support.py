@@ -148,6 +148,7 @@ def assert_verified(spark, d: MVDefinition, tables: MVTables, stats: dict | None
     verdict = verify(spark, d, tables)
     bad = verdict.failures()
     assert not bad, f"oracle mismatch in vnodes {[(v.vnode, v.missing, v.unexpected) for v in bad]}"
+    assert not verdict.type_problems, f"MV column types differ: {verdict.type_problems}"
     if stats is not None:
         stats["verified_rows"] += verdict.rows_compared
     assert_mv_readers_and_feed(spark, tables.mv, [k.name for k in d.primary_key])

@@ -20,6 +20,7 @@ from backfill_assets.core.errors import (
     HistoryUnavailable,
     InvalidVersionRange,
 )
+from backfill_assets.core.names import OP
 from backfill_assets.core.vnode import vnode_of
 from backfill_assets.upstream import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
@@ -120,10 +121,10 @@ def assert_matches_brute_force(spark, uri: str, start: int, end: int, vnodes) ->
         r = got[k]
         assert r["_commit_version"] == last[k]
         assert r["vnode"] == vnode_of(k, SPEC.key_types, VNODES)
-        if r["_op"] == "upsert":
+        if r[OP] == "upsert":
             assert k in after and {c: _norm(r[c]) for c in COLUMNS} == after[k], k
         else:
-            assert r["_op"] == "delete" and k not in after, k
+            assert r[OP] == "delete" and k not in after, k
     return len(got)
 
 
@@ -157,11 +158,11 @@ def test_net_changes_tie_breaks(spark):
         (5, "b", "update_postimage", 5), (5, "a", "update_preimage", 5), (5, "c", "delete", 4),
     ]
     df = spark.createDataFrame(rows, "id long, v string, _change_type string, _commit_version long")
-    out = {r["id"]: (r["v"], r["_op"], r["_commit_version"])
+    out = {r["id"]: (r["v"], r[OP], r["_commit_version"])
            for r in net_changes(df, ["id"]).toArrow().to_pylist()}
     assert out == {1: ("b", "upsert", 2), 2: ("b", "upsert", 3), 3: ("a", "delete", 3),
                    30: ("a", "upsert", 3), 4: ("a", "delete", 4), 5: ("b", "upsert", 5)}
-    assert set(net_changes(df, ["id"]).columns) == {"id", "v", "_commit_version", "_op"}
+    assert set(net_changes(df, ["id"]).columns) == {"id", "v", "_commit_version", OP}
 
 
 @pytest.mark.spark
@@ -177,7 +178,7 @@ def test_read_changes_on_a_table_without_vnode_column(spark, warehouse):
     DeltaTable(uri).update(updates={"id": "id + 100"}, predicate="id >= 15")  # pk changes
     DeltaTable(uri).delete("id = 7")
     net = read_changes(spark, uri, 1, 4, None, ["id"], 4).toArrow().to_pylist()
-    got = {r["id"]: (r["_op"], r["v"], r["vnode"]) for r in net}
+    got = {r["id"]: (r[OP], r["v"], r["vnode"]) for r in net}
     expected = {i: ("upsert", "x", vnode_of((i,), ["bigint"], 4)) for i in range(5)}
     expected |= {i: ("delete", str(i), vnode_of((i,), ["bigint"], 4))
                  for i in (7, 15, 16, 17, 18, 19)}
@@ -199,7 +200,7 @@ def test_empty_range_has_the_schema(spark, warehouse):
                                                           "_commit_timestamp"]
     df = read_changes(spark, uri, 0, 0, None, ["region", "id"], VNODES)
     assert df.count() == 0
-    assert {"region", "id", "vnode", "_op", "_commit_version"} <= set(df.columns)
+    assert {"region", "id", "vnode", OP, "_commit_version"} <= set(df.columns)
 
 
 def test_raw_changes_types_and_range_errors(warehouse):

@@ -40,6 +40,11 @@ class InvalidMVDefinition(BackfillError):
     """The declarative MV definition is structurally wrong."""
 
 
+class InvalidMVExpression(InvalidMVDefinition):
+    """A filter or computed expression of the MV definition does not parse or does not work
+    on the upstream's columns (the message names the expression and carries Spark's detail)."""
+
+
 class InvalidControl(BackfillError):
     """A bad runtime control: chunk size or rate limit."""
 

@@ -10,12 +10,15 @@ Spark's business and is checked by the Spark adapter.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backfill_assets.core.codec import RESERVED_COLUMNS
 from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
+from backfill_assets.core.names import name_problems
 from backfill_assets.core.progress import is_count
 from backfill_assets.core.snapshot import DEFAULT_SLICE_ROWS
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
@@ -86,10 +89,52 @@ class MVDefinition:
         """Selected columns, computed columns, then the vnode column (always added)."""
         return (*self.columns, *(c.name for c in self.computed), VNODE_COLUMN)
 
+    def recorded(self) -> dict[str, object]:
+        """What the MV's rows depend on, as plain data recorded with its state: the upstream,
+        the pk and its order, the selected and computed columns, the filter and the mode
+        (controls such as chunk size and rate limit are not part of it)."""
+        return {
+            "upstream": self.upstream,
+            "primary_key": [[c.name, c.descending, c.nulls_first] for c in self.primary_key],
+            "columns": list(self.columns),
+            "computed": [[c.name, c.expr] for c in self.computed],
+            "filter": self.filter,
+            "mode": self.mode,
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """A short stable hash of `recorded()`."""
+        text = json.dumps(self.recorded(), sort_keys=True, ensure_ascii=True)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+    def changes_since(self, recorded: Mapping[str, object]) -> list[str]:
+        """What differs between this definition and one recorded earlier (empty: the same)."""
+        now = self.recorded()
+        out = []
+        for key in now:
+            before, after = recorded.get(key), now[key]
+            if key == "columns":
+                added = [c for c in after if c not in (before or [])]  # type: ignore[union-attr]
+                dropped = [c for c in (before or []) if c not in after]  # type: ignore[union-attr]
+                if added:
+                    out.append(f"output columns {added} added")
+                if dropped:
+                    out.append(f"output columns {dropped} removed")
+                if not added and not dropped and before != after:
+                    out.append(f"output columns reordered from {before} to {after}")
+            elif key == "computed" and before != after:
+                out += _computed_changes(dict(before or []), dict(after))  # type: ignore[arg-type]
+            elif before != after:
+                out.append(f"{key} changed from {before!r} to {after!r}")
+        return out
+
     def validate(self, upstream_columns: Mapping[str, str]) -> MVDefinition:
         """Refuse a structurally wrong definition (listing every problem and its fix);
         return the definition with pk types resolved from ``upstream_columns``."""
         problems = self._control_problems() + self._column_problems(upstream_columns)
+        problems += name_problems(upstream_columns, [c.name for c in self.computed
+                                                     if isinstance(c.name, str)])
         resolved, type_problems = self._resolve_pk(upstream_columns)
         problems += type_problems
         if problems:
@@ -129,7 +174,13 @@ class MVDefinition:
             out.append(
                 f"columns must be a non-empty list of column names (got {list(self.columns)})"
             )
-        unknown = [c for c in self.columns if c not in upstream and c not in bad]
+        if VNODE_COLUMN in self.columns:
+            out.append(
+                f"{VNODE_COLUMN!r} is computed by the platform for every MV row (an upstream "
+                f"column of that name is not carried): remove it from columns"
+            )
+        unknown = [c for c in self.columns
+                   if c not in upstream and c not in bad and c != VNODE_COLUMN]
         if unknown:
             out.append(f"unknown columns {unknown}: pick from the upstream's columns ({available})")
         pk_names = [c.name for c in self.primary_key]
@@ -187,6 +238,18 @@ class MVDefinition:
                 out.append(str(e))
             resolved.append(dataclasses.replace(c, type=t))
         return tuple(resolved), out
+
+
+def _computed_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
+    out = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            out.append(f"computed column {name!r} removed")
+        elif name not in old:
+            out.append(f"computed column {name!r} added ({new[name]!r})")
+        elif old[name] != new[name]:
+            out.append(f"computed column {name!r} changed from {old[name]!r} to {new[name]!r}")
+    return out or ["computed columns reordered"]
 
 
 def _as_list(value: object, field: str) -> list:

@@ -21,6 +21,7 @@ from pyroaring import BitMap64
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from backfill_assets.core import names
 from backfill_assets.delta_store import VNODE_COUNT_PROPERTY
 from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.log import Snapshot
@@ -28,13 +29,13 @@ from backfill_assets.storage.prune import VNODE, files_holding
 from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, read_snapshot
 from backfill_assets.storage.write import write_files
 
-OP = "_op"
+OP = names.OP
 CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
 FILE_ROWS = 131072  # rows per data file: small enough that a changed key reads little
 MAX_WRITE_TASKS = 64
 
-_OLD, _NEW, _SAME = "__bf_old", "__bf_new", "__bf_same"
+_OLD, _NEW, _SAME = names.OLD, names.NEW, names.SAME
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
                   intent: Intent, *, changes: DataFrame | None = None,
                   inserts: DataFrame | None = None, rows_hint: int = 0,
                   file_rows: int = FILE_ROWS, hook: Hook = _no_hook) -> Applied:
-    """One commit: keyed ``changes`` (table columns + ``_op``) merged on read, plus
+    """One commit: keyed ``changes`` (table columns + ``OP``) merged on read, plus
     ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many rows
     will be written (sizes the files). ``hook`` is called between the writes (the crash tests
     kill the process there): ``data_files_written``, ``change_files_written``, then

@@ -18,13 +18,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
+from backfill_assets.core import names
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import dv, objects
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.spark_types import exchange_schema, spark_schema
 
-FILE_COLUMN = "__bf_file"  # the file a row was read from (path as in the log)
-ROW_COLUMN = "__bf_row"  # its physical row index in that file
+FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
+ROW_COLUMN = names.ROW  # its physical row index in that file
 MAX_READ_TASKS = 512
 _TASK_SCHEMA = "path string, uri string, dv string, parts binary, rows long"
 

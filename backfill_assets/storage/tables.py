@@ -62,16 +62,22 @@ def _enable_deletion_vectors(uri: str, storage_options: Mapping[str, str] | None
     raw = objects.read_bytes(commit_uri(uri, 0), storage_options).decode()
     metadata = next(json.loads(line)["metaData"] for line in raw.splitlines()
                     if line.strip() and "metaData" in json.loads(line))
+    created = next((json.loads(line)["protocol"] for line in raw.splitlines()
+                    if line.strip() and "protocol" in json.loads(line)), {})
     metadata["configuration"] = {**metadata.get("configuration", {}), DV_PROPERTY: "true"}
     writer = ["appendOnly", "invariants", "deletionVectors"]
     if metadata["configuration"].get(CDF_PROPERTY) == "true":
         writer.append("changeDataFeed")
+    # keep what the schema needed at creation (timestampNtz for a timestamp without time zone)
+    reader = ["deletionVectors", *(f for f in created.get("readerFeatures") or []
+                                   if f != "deletionVectors")]
+    writer += [f for f in created.get("writerFeatures") or [] if f not in writer]
     actions = [
         {"commitInfo": {"timestamp": int(time.time() * 1000), "operation": "ADD FEATURE",
                         "operationParameters": {"name": "deletionVectors"},
                         "engineInfo": "backfill-assets storage layer"}},
         {"protocol": {"minReaderVersion": 3, "minWriterVersion": 7,
-                      "readerFeatures": ["deletionVectors"], "writerFeatures": writer}},
+                      "readerFeatures": reader, "writerFeatures": writer}},
         {"metaData": metadata},
     ]
     payload = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"

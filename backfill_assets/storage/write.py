@@ -42,7 +42,9 @@ def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str
                 max_rows_per_file: int = DEFAULT_FILE_ROWS) -> list[NewFile]:
     """Write ``df`` (columns of ``schema``, cast to its types) as parquet files under
     ``table_uri/folder``, each task's rows in order, at most ``max_rows_per_file`` per file."""
-    columns = [f"`{f.name}`" for f in schema]
+    # positional names: pyspark's mapInArrow resolves each column name as an attribute path,
+    # which fails for names with dots ("a.b"); the task renames them back (by position)
+    columns = [f"`{f.name.replace('`', '``')}` AS c{i}" for i, f in enumerate(schema)]
     writer = _FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                          folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
     manifest = df.selectExpr(*columns).mapInArrow(writer, _MANIFEST).collect()
@@ -147,8 +149,8 @@ class _Stats:
             lo, hi = self.mins[name], self.maxs[name]
             if isinstance(lo, str) and max(len(lo), len(hi)) > STAT_STRING_LIMIT:
                 continue
-            if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
-                continue
+            if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
+                continue  # NaN / inf bounds are not JSON: the log would be unreadable
             mins[name], maxs[name] = _jsonable(lo), _jsonable(hi)
         return json.dumps({"numRecords": rows, "minValues": mins, "maxValues": maxs,
                            "nullCount": self.nulls})

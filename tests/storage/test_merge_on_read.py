@@ -19,6 +19,7 @@ from deltalake import DeltaTable, QueryBuilder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from backfill_assets.core.names import OP
 from backfill_assets.storage import Intent, Snapshot, apply_changes, ensure_mor_table
 from backfill_assets.storage import commit as commit_mod
 from backfill_assets.storage.maintain import collect_dv_garbage, compact
@@ -69,7 +70,7 @@ def _apply(spark, uri, model, ops, fresh, step, file_rows):
     for k in inserts:
         model[k] = "new"
         expected.append((k, "new", "insert"))
-    ch = spark.createDataFrame(changes, SPARK_SCHEMA + ", _op string") if changes else None
+    ch = spark.createDataFrame(changes, SPARK_SCHEMA + f", {OP} string") if changes else None
     ins = spark.createDataFrame([(k, "new", k % 4) for k in inserts], SPARK_SCHEMA) \
         if inserts else None
     applied = apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/mv/0": step}),
@@ -123,7 +124,7 @@ def test_two_writers_sharing_a_file_are_rebased_and_a_same_vnode_race_is_fenced(
 
     def delete(key: int, app: str):
         ch = spark.createDataFrame([(key, None, key % 4, "delete")],
-                                   SPARK_SCHEMA + ", _op string")
+                                   SPARK_SCHEMA + f", {OP} string")
         return apply_changes(spark, planned, ["id"], Intent({app: 1}), changes=ch)
 
     delete(1, "t/mv/1")

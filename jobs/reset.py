@@ -1,0 +1,42 @@
+"""reset_mv_job: drop the MV, its replica and its progress so the next barrier rebuilds it.
+
+The way out of `MVDefinitionChanged` (an edited filter, computed column or column list) and
+`VnodeCountChanged`: the state on disk was built for another definition. The config must name
+the MV (`confirm`), since a reset cannot be undone:
+
+    dagster job execute -m backfill_assets.definitions -j reset_mv_job \
+        -c jobs/configs/reset.yaml
+"""
+
+
+import dagster as dg
+
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.reset import reset_mv
+from resources.mv import mv_tables
+from resources.settings import Settings
+
+
+class ResetConfig(dg.Config):
+    """Type the MV's name to confirm: the reset deletes its tables."""
+
+    confirm: str
+
+
+def build_reset_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+    @dg.op(name="reset_mv")
+    def reset_mv_op(context: dg.OpExecutionContext, config: ResetConfig) -> dg.Output:
+        deleted = reset_mv(d.name, mv_tables(d, settings), config.confirm)
+        context.log.info(f"MV {d.name!r} reset: deleted {deleted or 'nothing (no state)'}; "
+                         "the next barrier rebuilds it under the current definition")
+        return dg.Output(None, metadata={"deleted": "\n".join(deleted) or "(nothing)",
+                                         "fingerprint": d.fingerprint})
+
+    @dg.job(name="reset_mv_job", executor_def=dg.in_process_executor,
+            description="Drop the MV, its replica and its progress (the upstream and the "
+                        "controls are kept); the next barrier rebuilds the MV from scratch "
+                        "under the current definition. Config: confirm = the MV's name.")
+    def reset_mv_job():
+        reset_mv_op()
+
+    return reset_mv_job

@@ -96,7 +96,8 @@ class ForeignTable:
         row = {n: value(self.rng, t) for n, t in self.columns.items()}
         row.update(zip(self.key, key, strict=True))
         if self.partition_by:
-            row[self.partition_by] = self.rng.choice(["north", "south", "east west"])
+            # non-ASCII and reserved characters: partition values come from the Delta log
+            row[self.partition_by] = self.rng.choice(["north", "España", "日本", "east west"])
         return row
 
     def create(self, n: int) -> None:

@@ -151,9 +151,9 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
 # writes, inside slice 3; then in the catch-up barrier that coalesces six versions, on the idle
 # barrier after it, and on a later change-feed barrier.
 SLICE_ROWS = 60
-SNAPSHOT_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
-                      "before_write@2", "before_progress_commit@2"],
-                  1: ["after_mv_commit"], 2: ["after_mv_commit"], 3: ["before_progress_commit"]}
+SLICE_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
+                   "before_write@2", "before_progress_commit@2"],
+               1: ["after_mv_commit"], 2: ["after_mv_commit"], 3: ["before_progress_commit"]}
 
 
 @pytest.mark.slow
@@ -177,7 +177,7 @@ def test_snapshot_mode_kills_inside_and_between_slices_and_in_catch_up(spark, tm
     crash = H.Chain(spark, warehouse, raw("crash_snapshot"))
     for i, barrier in enumerate(script):
         done = []  # vnodes Completed in the recoverable state after each kill of barrier 0
-        for n, point in enumerate(SNAPSHOT_KILLS.get(i, [])):
+        for n, point in enumerate(SLICE_KILLS.get(i, [])):
             what = f"snapshot barrier {i} @v{barrier.version} killed at {point}"
             real = dagster_home if i == 0 and n == 0 else None  # the real wiring once
             _kill(warehouse, real, crash.raw, barrier, point, what)

@@ -46,6 +46,8 @@ def value(rng: random.Random, type_: str, nullable: bool = True) -> object:
                           + dt.timedelta(microseconds=rng.randint(0, 10**12))],
         "decimal(38,10)": [Decimal("9" * 28 + "." + "9" * 10), Decimal("-" + "9" * 28 + ".5"),
                            Decimal("0E-10"), Decimal(rng.randint(-10**15, 10**15)) / 1000],
+        "decimal(18,3)": [Decimal("999999999999999.999"), Decimal("-0.001"),
+                          Decimal(rng.randint(-10**12, 10**12)) / 1000],
         "decimal(5,2)": [Decimal("999.99"), Decimal("-999.99"), Decimal("0.01"),
                          Decimal(rng.randint(-99999, 99999)) / 100],
         "boolean": [True, False],

@@ -25,6 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets import storage
+from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.snapshot import last_key_sort_sql
 from backfill_assets.key_checks import check_snapshot_keys
@@ -44,8 +45,8 @@ def read_remainder(rows: DataFrame, positions: Mapping[int, Key | None], key_ord
     stats = _vnode_stats(rows, key_order)
     if any(s["_null"] for s in stats):
         check_snapshot_keys(rows, key_order.names, uri, version)  # names the key and raises
-    names = key_order.names
-    return rows, {s["vnode"]: (s["_n"], tuple(s["_last"][k] for k in names)) for s in stats}
+    key_names = key_order.names
+    return rows, {s["vnode"]: (s["_n"], tuple(s["_last"][k] for k in key_names)) for s in stats}
 
 
 def _vnode_stats(rows: DataFrame, key_order: KeyOrder) -> list[dict]:
@@ -71,8 +72,8 @@ def replacing(spark: SparkSession, mv: storage.Snapshot, rows: DataFrame | None,
     old = storage.read_version(spark, mv.uri, mv.version, mv.arrow_schema, vnodes=vnodes,
                                storage_options=mv.storage_options)
     if rows is None:
-        return old.withColumn("_op", F.lit("delete"))
+        return old.withColumn(names.OP, F.lit("delete"))
     quoted = [F.col("`" + k.replace("`", "``") + "`") for k in keys]
     gone = old.join(rows.select(*quoted), on=keys, how="left_anti")
-    return rows.withColumn("_op", F.lit("upsert")).unionByName(
-        gone.withColumn("_op", F.lit("delete")))
+    return rows.withColumn(names.OP, F.lit("upsert")).unionByName(
+        gone.withColumn(names.OP, F.lit("delete")))

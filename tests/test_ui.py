@@ -57,7 +57,9 @@ query Checks($key: AssetKeyInput!, $name: String!) {
 def _mv_yaml(tmp_path, chunk_size: int) -> str:
     with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
         raw = yaml.safe_load(f)
-    raw.update(chunk_size=chunk_size, vnode_count=VNODES)
+    # chunked (arrangement) mode: a barrier reads one chunk per vnode, so the UI can show
+    # vnodes in progress (snapshot mode, the default, finishes a vnode in one barrier)
+    raw.update(chunk_size=chunk_size, vnode_count=VNODES, mode="arrangement")
     path = tmp_path / "mv.yaml"
     path.write_text(yaml.safe_dump(raw))
     return str(path)

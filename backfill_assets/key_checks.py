@@ -34,6 +34,7 @@ from pyspark.sql import functions as F
 from backfill_assets import mv_store
 from backfill_assets.core.names import SEEN
 from backfill_assets.errors import BadPrimaryKeyInUpstream
+from backfill_assets.mv_store import MVTables
 
 _FIX = ("fix those rows in the upstream (or primary_key in the MV definition), then rerun; "
         "nothing was written")
@@ -81,6 +82,35 @@ def check_inserted_keys(changes: DataFrame, upstream: DataFrame, started: Sequen
             f"{_key_text(row, key_names)} again: at version {version} it has {row[SEEN]} rows "
             f"with the primary key {_key_text(row, key_names)} (its writer does not enforce "
             f"the pk); {_FIX}"
+        )
+
+
+def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Sequence[str],
+                              vnode_count: int, version: int) -> None:
+    """`check_inserted_keys` for a small barrier (change rows on the driver, finished vnodes):
+    the inserted keys are counted in the upstream at `version` by reading only the key columns
+    of the files whose statistics admit them. Skipped when every row of the upstream came from
+    the platform's writer, which enforces the pk (`sources.keys_kept_unique`)."""
+    from backfill_assets import arrow_changes, storage
+    from backfill_assets.sources import keys_kept_unique
+
+    so = tables.storage_options
+    if not rows.num_rows or keys_kept_unique(tables.upstream, version, key_names, vnode_count,
+                                             so):
+        return
+    inserted = arrow_changes.inserted_keys(rows, key_names)
+    if not inserted.num_rows:
+        return
+    snap = storage.Snapshot.load(tables.upstream, version, so)
+    counts = storage.key_counts(snap, inserted, key_names)
+    twice = counts.filter(pc.greater(counts.column("count"), 1))
+    if twice.num_rows:
+        row = twice.join(inserted, list(key_names)).slice(0, 1).to_pylist()[0]
+        raise BadPrimaryKeyInUpstream(
+            f"upstream {tables.upstream} version {row['_commit_version']} inserts the primary "
+            f"key {_key_text(row, key_names)} again: at version {version} it has "
+            f"{row['count']} rows with the primary key {_key_text(row, key_names)} (its "
+            f"writer does not enforce the pk); {_FIX}"
         )
 
 

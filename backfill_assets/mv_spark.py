@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.errors import AnalysisException, ParseException, PySparkException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -48,6 +49,22 @@ def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
     keep = F.coalesce(F.expr(definition.filter), F.lit(False)) if definition.filter else F.lit(True)
     extra = [F.col(c) for c in (OP, RN, BAD_KEY) if c in df.columns]
     return df.select(*exprs, keep.alias(KEEP), *extra)
+
+
+def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table,
+                 after: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """A small barrier's upstream rows (on the driver) as the MV rows they make, rows the filter
+    rejects dropped: both sides in one small Spark job over a local relation, so the MV's
+    expressions mean exactly what they mean in the Spark path."""
+    side = pa.concat_arrays([pa.array(["delete"] * before.num_rows, pa.string()),
+                             pa.array(["upsert"] * after.num_rows, pa.string())])
+    rows = pa.concat_tables([before, after.select(before.column_names).cast(before.schema)])
+    rows = rows.append_column(OP, side)
+    df = spark.createDataFrame(rows, schema=spark_schema(rows.schema))
+    out = project(df, definition).where(F.col(KEEP)).drop(KEEP).toArrow()
+    is_after = pc.equal(out.column(OP), "upsert")
+    out = out.drop_columns([OP])
+    return out.filter(pc.invert(is_after)), out.filter(is_after)
 
 
 def validate_expressions(spark: SparkSession, definition: MVDefinition,

@@ -173,6 +173,8 @@ def _merged(reports: list[StepReport | None], version: int, vnodes: tuple[int, .
         out.recovered += [v for v in r.recovered if v not in out.recovered]
         out.progress.update(r.progress)
         out.versions.update(r.versions)
+    engines = {r.engine for r in reports if r is not None}
+    out.engine = engines.pop() if len(engines) == 1 else ("mixed" if engines else out.engine)
     return out
 
 

@@ -9,6 +9,10 @@
 Modes differ only by the snapshot source and the position strategy (see sources.py,
 core/positions.py, core/snapshot.py: a bulk strategy reads each vnode's remainder whole, without
 a sort, in `snapshot_read`); kill points (`hook`) sit on every commit boundary for the crash tests.
+
+A small barrier (only finished vnodes, few change rows: `small_barrier`) runs the same phases
+on the driver: the changes are netted in Arrow (`arrow_changes`), projected in one small Spark
+job, and merged on read by key lookups (`storage.apply_keyed`), so it costs what changed.
 """
 
 from __future__ import annotations
@@ -22,40 +26,45 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets import delta_store, mv_store, spark_ops, storage
+from backfill_assets import arrow_changes, delta_store, mv_store, spark_ops, storage
 from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import OP
 from backfill_assets.core.planning import StepPlan, plan_step
-from backfill_assets.core.positions import VnodeChunk
-from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
+from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.key_checks import (
     check_change_keys,
     check_inserted_keys,
-    check_snapshot_keys,
-    refuse_flagged_chunk_key,
+    check_inserted_keys_local,
 )
 from backfill_assets.layout import check_run_layout
 from backfill_assets.mv_spark import (
     BAD_KEY,
     KEEP,
     RN,
-    chunk_stats,
     project,
-    select_chunk,
+    project_rows,
     validate_expressions,
     visible_rows,
     with_vnode_versions,
 )
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
-from backfill_assets.snapshot_read import read_remainder, replacing
-from backfill_assets.sources import SOURCES, SourceContext, keys_kept_unique
+from backfill_assets.snapshot_read import replacing
+from backfill_assets.sources import SOURCES, SourceContext
+from backfill_assets.step_chunks import (
+    Chunk,
+    bulk_chunk,
+    check_fresh_keys,
+    snapshot_chunk,
+    upstream_at,
+)
 from backfill_assets.storage import maintain
 from backfill_assets.upstream_check import checked_upstream, strategy_for
 
 Hook = Callable[[str], None]
+SMALL_BARRIER_ROWS = 200_000  # change rows up to which a forward-only step runs on the driver
 
 
 def no_hook(point: str) -> None:
@@ -91,6 +100,7 @@ class StepReport:
     progress: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # mode-specific figures for the run's metadata
+    engine: str = "spark"  # "driver": a small barrier (`small_barrier`) ran without Spark jobs
 
     @property
     def finished(self) -> bool:
@@ -105,12 +115,24 @@ def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> Ste
     """Run one barrier for `req.vnodes`; see the module docstring for the phases."""
     step = _Step.open(spark, req, hook)
     hook("before_write")
-    changes = _change_chunk(step.ctx, step.plan)
+    raw = _change_rows(step.ctx, step.plan)
+    if small_barrier(step.plan, step.state, raw, step.replay or bool(req.reset)):
+        return step.run_small(raw)
+    changes = _in_spark(step.ctx, step.plan, raw)
     try:
         return step.run(changes)
     finally:
         if changes is not None:
             changes.unpersist()
+
+
+def small_barrier(plan: StepPlan, state: BackfillState, raw: pa.Table | None,
+                  special: bool) -> bool:
+    """Whether the step only forwards a few changes to finished vnodes: then it runs on the
+    driver (`_Step.run_small`), at the cost of what changed instead of a dozen Spark jobs."""
+    return (raw is not None and raw.num_rows <= SMALL_BARRIER_ROWS and not special
+            and not plan.replicate_vnodes
+            and all(isinstance(state.current(p.vnode), Completed) for p in plan.vnodes))
 
 
 @dataclass
@@ -175,17 +197,17 @@ class _Step:
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
         fresh = [v for v in report.vnodes if isinstance(state.current(v), NotStarted)]
         if not getattr(source, "checks_keys", False):
-            _check_fresh_keys(self.ctx, fresh)
+            check_fresh_keys(self.ctx, fresh)
         if changes is not None:
-            check_inserted_keys(changes, _upstream_at(self.ctx),
+            check_inserted_keys(changes, upstream_at(self.ctx),
                                 [v for v in report.vnodes if v not in fresh],
                                 self.ctx.key_names, self.ctx.tables.upstream, plan.v_new)
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         forward = _forward(changes, state, plan, d)
-        chunk = _Chunk(None, 0, {})
+        chunk = Chunk(None, 0, {})
         try:
             if not self.replay:
-                read = _bulk_chunk if getattr(self.strategy, "bulk", False) else _snapshot_chunk
+                read = bulk_chunk if getattr(self.strategy, "bulk", False) else snapshot_chunk
                 chunk = read(self.ctx, source, state, plan, d)
                 self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
             for vnode in report.vnodes:
@@ -197,6 +219,33 @@ class _Step:
             for df in (forward, chunk.rows):
                 if df is not None:
                     df.unpersist()
+        return self._finish()
+
+    def run_small(self, raw: pa.Table) -> StepReport:
+        """A small barrier (`small_barrier`): net on the driver, project the few rows in one
+        small Spark job, and merge them on read by key lookups (`storage.keyed`)."""
+        d, plan, state, report, ctx = (self.req.definition, self.plan, self.state,
+                                       self.report, self.ctx)
+        since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
+        rows = arrow_changes.newer_than(
+            arrow_changes.with_vnode(raw, ctx.key_names, ctx.key_types, ctx.vnode_count), since)
+        check_inserted_keys_local(rows, ctx.tables, ctx.key_names, ctx.vnode_count,
+                                  plan.v_new)
+        netted = arrow_changes.net_with_prior(rows, ctx.key_names)
+        for vnode in report.vnodes:
+            state.advance_version(vnode, plan.v_new)
+        report.forwarded_rows, report.engine = netted.keys, "driver"
+        if netted.keys:
+            before, after = project_rows(ctx.spark, d, netted.before, netted.after)
+            snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+            storage.apply_keyed(snap, state.key_order.names, self._mv_intent(),
+                                storage.KeyedRows(before, after),
+                                hook=lambda point: self.hook(f"mv_{point}"))
+        return self._finish()
+
+    def _finish(self) -> StepReport:
+        """After the MV commit: the progress commit, compaction, the report."""
+        d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         self.hook("after_mv_commit")
         _throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
@@ -209,13 +258,18 @@ class _Step:
         report.seconds = time.monotonic() - self.started
         return report
 
+    def _mv_intent(self) -> storage.Intent:
+        """What an MV commit of this step carries: its app transactions and the progress it
+        makes (so a crash before the progress commit loses nothing)."""
+        key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
+        metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
+        return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
+
     def _commit_mv(self, forward: DataFrame | None, chunk: DataFrame | None) -> None:
         """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make."""
         if forward is None and chunk is None and not self.req.reset:
             return
-        key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
-        metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
-        intent = mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
+        key_order, intent = self.state.key_order, self._mv_intent()
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
         if self.req.reset:  # a re-snapshot reads only reset vnodes: their old rows go
@@ -249,8 +303,9 @@ def _refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where
         )
 
 
-def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
-    """The upstream's change rows after the oldest version any vnode of the step needs."""
+def _change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
+    """The upstream's change rows (Arrow) after the oldest version any vnode of the step
+    needs, keys checked; None when there are none."""
     starts = [p.forward_from for p in plan.vnodes if p.forward_from is not None]
     starts += [p.replicate_from for p in plan.vnodes
                if p.replicate and p.replicate_from is not None]
@@ -263,6 +318,13 @@ def _change_chunk(ctx: SourceContext, plan: StepPlan) -> DataFrame | None:
     keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
     raw = raw.select([*keep, "_change_type", "_commit_version"])
     check_change_keys(raw, ctx.key_names, ctx.tables.upstream)
+    return raw
+
+
+def _in_spark(ctx: SourceContext, plan: StepPlan, raw: pa.Table | None) -> DataFrame | None:
+    """The change rows as a cached DataFrame with the MV's vnode, the step's vnodes only."""
+    if raw is None:
+        return None
     df = ctx.spark.createDataFrame(raw, schema=spark_ops.spark_schema(raw.schema))
     df = spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
     return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
@@ -280,76 +342,6 @@ def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
     visible = project(visible_rows(net, progress, state.key_order), d)
     op = F.when((F.col(OP) == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
     return visible.withColumn(OP, op).drop(KEEP).cache()
-
-
-@dataclass
-class _Chunk:
-    rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
-    read: int
-    stats: dict
-
-
-def _snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
-                    d: MVDefinition) -> _Chunk:
-    """Select the next chunk after each unfinished vnode's position (in Spark: the rows never
-    pass through the driver); per-vnode stats (rows read, last key) come back to the driver."""
-    readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
-    if not readers or plan.chunk_limit == 0:
-        return _Chunk(None, 0, {})
-    positions = {v: _position(state.current(v)) for v in readers}
-    chunk = project(select_chunk(source.rows(ctx, readers), positions, state.key_order,
-                                 plan.chunk_limit, per_vnode=not plan.shared_read), d).cache()
-    try:
-        stats = chunk_stats(chunk, state.key_order.names)
-        if stats.bad_keys:
-            refuse_flagged_chunk_key(chunk, BAD_KEY, state.key_order.names,
-                                     ctx.tables.upstream, ctx.v_new)
-    except Exception:
-        chunk.unpersist()
-        raise
-    per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None))) for v in readers}
-    read = sum(n for n, _ in stats.per_vnode.values())
-    if not read:
-        chunk.unpersist()
-        return _Chunk(None, 0, per_vnode)
-    return _Chunk(chunk, read, per_vnode)
-
-
-def _bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
-                d: MVDefinition) -> _Chunk:
-    """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached)."""
-    readers = plan.snapshot_vnodes
-    if not readers or plan.chunk_limit == 0:
-        return _Chunk(None, 0, {})
-    unique = keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count,
-                              ctx.tables.storage_options)
-    rows, stats = read_remainder(source.rows(ctx, readers),
-                                 {v: _position(state.current(v)) for v in readers},
-                                 state.key_order, unique_keys=unique, uri=ctx.tables.upstream,
-                                 version=ctx.v_new)
-    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
-    read = sum(c.rows for c in per_vnode.values())
-    return _Chunk(project(rows, d) if read else None, read, per_vnode)
-
-
-def _check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
-    """Vnodes starting now: no null or duplicate pk in their snapshot (one Spark pass, once
-    per vnode, before their replica or MV rows are written)."""
-    if not vnodes:
-        return
-    check_snapshot_keys(_upstream_at(ctx).where(mv_store.vnode_in(vnodes)), ctx.key_names,
-                        ctx.tables.upstream, ctx.v_new)
-
-
-def _upstream_at(ctx: SourceContext) -> DataFrame:
-    """The upstream's rows at the step's version, with the MV's vnode (lazy)."""
-    rows = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
-                                  storage_options=ctx.tables.storage_options)
-    return spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
-
-
-def _position(progress) -> tuple | None:
-    return progress.current_pos if isinstance(progress, InProgress) else None
 
 
 def _step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order) -> str:

@@ -611,8 +611,8 @@ class PhaseProfiler:
 
     def install(self) -> PhaseProfiler:
 
-        from backfill_assets import barrier, mv_store, sources, step
-        from backfill_assets.storage import maintain, merge
+        from backfill_assets import arrow_changes, barrier, mv_store, sources, step, step_chunks
+        from backfill_assets.storage import keyed, maintain, merge
 
         self.wrap(barrier, "run_step", "step glue (other)")
         self.wrap(step, "checked_upstream", "check upstream + pin")
@@ -621,7 +621,14 @@ class PhaseProfiler:
         self.wrap(mv_store, "open_table", "open tables (delta-rs log)")
         self.wrap(mv_store, "txn_versions", "app-txn lookups")
         self.wrap(step, "recover_state", "recover progress")
-        self.wrap(step, "_change_chunk", "change read (CDF delta-rs -> Spark)")
+        self.wrap(step, "_change_rows", "change read (storage layer, Arrow)")
+        self.wrap(step, "_in_spark", "changes into Spark")
+        self.wrap(arrow_changes, "net_with_prior", "small barrier: netting (Arrow)")
+        self.wrap(step, "project_rows", "small barrier: projection (Spark, local)")
+        self.wrap(step, "check_inserted_keys_local", "small barrier: inserted-key check")
+        self.wrap(keyed, "_positions", "small barrier: key lookups (key columns)")
+        self.wrap(keyed, "write_table", "small barrier: data + change files (driver)")
+        self.wrap(keyed, "commit", "Delta commit (log entry, DVs)")
         self.wrap(sources.ReplicaSource, "_initialise", "replica init (Spark read + write)")
         self.wrap(merge, "write_files", "data + change files (Spark mapInArrow)")
         self.wrap(merge, "commit", "Delta commit (log entry, DVs)")
@@ -630,14 +637,16 @@ class PhaseProfiler:
         self.wrap(maintain, "compact", "compaction")
         self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
         self.wrap(step, "_forward", "forward netting (Spark)")
-        self.wrap(step, "_snapshot_chunk", "snapshot chunk: select + cache (Spark)")
-        self.wrap(step, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
-        self.wrap(step, "check_snapshot_keys", "pk check: fresh vnodes' snapshot (Spark groupBy)")
+        self.wrap(step, "snapshot_chunk", "snapshot chunk: select + cache (Spark)")
+        self.wrap(step_chunks, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
+        self.wrap(step_chunks, "check_snapshot_keys",
+                  "pk check: fresh vnodes' snapshot (Spark groupBy)")
         self.wrap(step, "write_progress", "progress commit (delta-rs)")
         self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")
         if hasattr(step, "_Step"):
             self.wrap(step._Step, "open", "step open: plan + misc")
             self.wrap(step._Step, "_commit_mv", "MV write (merge-on-read / append)")
+            self.wrap(step._Step, "run_small", "small barrier (driver)")
         return self
 
 

@@ -48,6 +48,7 @@ def test_first_barrier_commits_slices_and_records_history_check(spark, warehouse
     again = run_barrier(spark, d, tables, list(range(VNODES)))
     assert again.snapshot_rows == 0 and again.forwarded_rows > 0 and "slices_planned" not in \
         again.extra
+    assert again.engine == "driver"  # a small barrier: no Spark job but the projection
     assert_verified(spark, d, tables)
 
 

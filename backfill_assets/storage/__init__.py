@@ -8,6 +8,8 @@ Public surface (everything else in the package is its inside):
 - ``ensure_mor_table``: the platform's own merge-on-read tables (MV, replica);
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files;
+- ``apply_keyed`` with ``KeyedRows``: the same commit for a small barrier, on the driver (key
+  lookups only, no Spark job); ``key_counts``: rows per key, reading only key columns;
 - ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
 See docs/ARCHITECTURE.md, "The storage layer".
 """
@@ -21,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets.storage.commit import Intent
+from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes
 from backfill_assets.storage.prune import VNODE, files_in_vnodes
@@ -28,8 +31,9 @@ from backfill_assets.storage.read import read_snapshot
 from backfill_assets.storage.spark_types import spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
-__all__ = ["Applied", "DataFile", "Intent", "Snapshot", "append", "apply_changes",
-           "ensure_mor_table", "open_mor_table", "read_snapshot", "read_version"]
+__all__ = ["Applied", "DataFile", "Intent", "KeyedRows", "Snapshot", "append", "apply_changes",
+           "apply_keyed", "ensure_mor_table", "key_counts", "open_mor_table", "read_snapshot",
+           "read_version"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

@@ -48,9 +48,12 @@ def files_within_vnodes(files: Sequence[DataFile], vnodes: Iterable[int]) -> lis
 
 def files_holding(files: Sequence[DataFile], keys: pa.Table,
                   key_names: Sequence[str]) -> list[DataFile]:
-    """Files that may hold one of ``keys`` (a table of ``vnode`` + key columns)."""
+    """Files that may hold one of ``keys`` (a table of key columns, with ``vnode`` when the
+    table is arranged by the same vnodes: its bounds then prune first)."""
     if keys.num_rows == 0:
         return []
+    if VNODE not in keys.column_names:  # keys of a table arranged otherwise: key bounds only
+        return [f for f in files if _admits(f, keys, key_names)]
     order = pc.sort_indices(keys, [(VNODE, "ascending")])
     keys = keys.take(order)
     vnodes = keys.column(VNODE).cast(pa.int64()).to_numpy(zero_copy_only=False)

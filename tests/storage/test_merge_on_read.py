@@ -20,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.names import OP
-from backfill_assets.storage import Intent, Snapshot, apply_changes, ensure_mor_table
+from backfill_assets.storage import (
+    Intent,
+    KeyedRows,
+    Snapshot,
+    apply_changes,
+    apply_keyed,
+    ensure_mor_table,
+)
 from backfill_assets.storage import commit as commit_mod
 from backfill_assets.storage.maintain import collect_dv_garbage, compact
 from backfill_assets.storage.read import read_snapshot
@@ -43,9 +50,10 @@ def _model_rows(model: dict) -> Counter:
                    for k, v in model.items())
 
 
-def _apply(spark, uri, model, ops, fresh, step, file_rows):
-    """One commit; returns the change rows it must report."""
-    changes, expected, seen = [], [], set()
+def _apply(spark, uri, model, ops, fresh, step, file_rows, engine):
+    """One commit through ``engine`` (Spark ``apply_changes`` or the driver's
+    ``apply_keyed``); returns what it committed and the change rows it must report."""
+    changes, expected, seen, before = [], [], set(), []
     for key, op, name in ops:
         if key in seen:
             continue  # netted changes: one row per key
@@ -56,6 +64,8 @@ def _apply(spark, uri, model, ops, fresh, step, file_rows):
                 continue
             op, name = "upsert", old
         changes.append((key, name if op == "upsert" else None, key % 4, op))
+        if old is not None:
+            before.append((key, old, key % 4))
         if op == "upsert" and old is None:
             expected.append((key, name, "insert"))
         elif op == "upsert" and old != name:
@@ -70,20 +80,35 @@ def _apply(spark, uri, model, ops, fresh, step, file_rows):
     for k in inserts:
         model[k] = "new"
         expected.append((k, "new", "insert"))
+    intent = Intent({"t/mv/0": step})
+    if engine == "driver":
+        after = [(k, n, v) for k, n, v, op in changes if op == "upsert"]
+        after += [(k, "new", k % 4) for k in inserts]
+        rows = KeyedRows(_arrow(before), _arrow(after))
+        return apply_keyed(Snapshot.load(uri), ["id"], intent, rows,
+                           file_rows_max=file_rows), expected
     ch = spark.createDataFrame(changes, SPARK_SCHEMA + f", {OP} string") if changes else None
     ins = spark.createDataFrame([(k, "new", k % 4) for k in inserts], SPARK_SCHEMA) \
         if inserts else None
-    applied = apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/mv/0": step}),
+    applied = apply_changes(spark, Snapshot.load(uri), ["id"], intent,
                             changes=ch, inserts=ins, rows_hint=len(changes) + len(inserts),
                             file_rows=file_rows)
     return applied, expected
 
 
+def _arrow(rows: list[tuple]) -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(SCHEMA.names, r, strict=True)) for r in rows],
+                                schema=SCHEMA)
+
+
 @pytest.mark.spark
-@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
-@given(batches=BATCHES, file_rows=st.sampled_from([3, 7]))
+@settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+@given(batches=BATCHES, file_rows=st.sampled_from([3, 7]),
+       engine=st.sampled_from(["spark", "driver"]))
 def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monkeypatch,
-                                                  batches, file_rows):
+                                                  batches, file_rows, engine):
+    """Both engines of a merge-on-read commit (Spark for big barriers, the driver for small
+    ones) against the same model."""
     monkeypatch.setattr(commit_mod, "CHECKPOINT_INTERVAL", 3)
     uri = str(tmp_path_factory.mktemp("mor") / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
@@ -92,7 +117,7 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
     apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/mv/0": 0}), inserts=seed,
                   rows_hint=len(model), file_rows=file_rows)
     for step, (ops, fresh) in enumerate(batches, start=1):
-        applied, expected = _apply(spark, uri, model, ops, fresh, step, file_rows)
+        applied, expected = _apply(spark, uri, model, ops, fresh, step, file_rows, engine)
         dt = DeltaTable(uri)
         assert dt.transaction_version("t/mv/0") == step
         query = QueryBuilder().register("t", dt).execute("select * from t").read_all()

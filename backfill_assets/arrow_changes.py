@@ -1,0 +1,112 @@
+"""Change-feed rows netted on the driver (Arrow): the engine of a small barrier.
+
+A barrier over finished vnodes with few changes should cost what changed. Its change rows are
+already on the driver (the storage layer reads the feed as Arrow), so netting them there saves
+the Spark jobs (a shuffle for the window, a collect of the keys) that dominate such a barrier.
+
+The rule is the one of ``spark_ops.net_changes``: the last change of a key wins (highest
+``_commit_version``; within one version an insert/update_postimage wins over a
+delete/update_preimage). Netting here also yields what the Spark path reads from the MV
+instead: the row each key held before the range, i.e. its first change when that is a delete
+or a pre-image (a key whose first change is an insert did not exist). The storage layer then
+only looks up where those keys live (``storage.keyed``) and checks the table agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backfill_assets.core.names import RANK, ROW_NUMBER
+from backfill_assets.core.vnode import vnodes_of
+
+VNODE = "vnode"
+CHANGE_TYPE, VERSION = "_change_type", "_commit_version"
+UPSERT_TYPES = ("insert", "update_postimage")
+
+
+def with_vnode(raw: pa.Table, key_names: Sequence[str], key_types: Sequence[str],
+               vnode_count: int) -> pa.Table:
+    """``raw`` with its ``vnode`` column computed from the key (``core.vnode``: the same value
+    as the Spark expression of ``spark_ops.with_vnode``)."""
+    keys = list(zip(*(raw.column(k).to_pylist() for k in key_names), strict=True))
+    vnodes = pa.array(vnodes_of(keys, key_types, vnode_count), pa.int32())
+    if VNODE in raw.column_names:
+        return raw.set_column(raw.schema.get_field_index(VNODE), VNODE, vnodes)
+    return raw.append_column(VNODE, vnodes)
+
+
+def newer_than(raw: pa.Table, since: Mapping[int, int]) -> pa.Table:
+    """The rows of the vnodes in ``since`` newer than their vnode's version."""
+    if not since or not raw.num_rows:
+        return raw.slice(0, 0)
+    lookup = np.full(max(max(since) + 1, 1), np.iinfo(np.int64).max, dtype=np.int64)
+    for vnode, version in since.items():
+        lookup[vnode] = version
+    vnodes = raw.column(VNODE).to_numpy(zero_copy_only=False).astype(np.int64)
+    inside = vnodes < len(lookup)
+    floor = np.where(inside, lookup[np.minimum(vnodes, len(lookup) - 1)], np.iinfo(np.int64).max)
+    versions = raw.column(VERSION).to_numpy(zero_copy_only=False).astype(np.int64)
+    return raw.filter(pa.array(versions > floor))
+
+
+@dataclass(frozen=True)
+class Netted:
+    """The keys a change range touches: the row each held before the range (keys that
+    existed), the row each holds after it (keys that exist), and how many keys changed. Rows
+    have the feed's columns without ``_change_type`` / ``_commit_version`` /
+    ``_commit_timestamp``."""
+
+    before: pa.Table
+    after: pa.Table
+    keys: int
+
+
+def net_with_prior(raw: pa.Table, key_names: Sequence[str]) -> Netted:
+    """Net ``raw`` per key (see the module docstring for the rule)."""
+    data = [c for c in raw.column_names if not c.startswith("_commit") and c != CHANGE_TYPE]
+    if not raw.num_rows:
+        empty = raw.select(data).slice(0, 0)
+        return Netted(empty, empty, 0)
+    upsert = pc.is_in(raw.column(CHANGE_TYPE), pa.array(UPSERT_TYPES))
+    ranked = raw.append_column(RANK, pc.cast(upsert, pa.int8()))  # delete 0, upsert 1
+    ranked = ranked.append_column(ROW_NUMBER, pa.array(np.arange(raw.num_rows)))
+    order = [*[(k, "ascending") for k in key_names], (VERSION, "ascending"),
+             (RANK, "ascending"), (ROW_NUMBER, "ascending")]
+    rows = ranked.take(pc.sort_indices(ranked, sort_keys=order))
+    first, last = _group_edges(rows, key_names)
+    firsts, lasts = rows.filter(first), rows.filter(last)
+    before = firsts.filter(pc.equal(firsts.column(RANK), 0)).select(data)
+    after = lasts.filter(pc.equal(lasts.column(RANK), 1)).select(data)
+    return Netted(before, after, firsts.num_rows)
+
+
+def inserted_keys(raw: pa.Table, key_names: Sequence[str]) -> pa.Table:
+    """Keys some version inserts without deleting them in the same version (with the newest
+    such version): how a second row for an existing key arrives from a writer that does not
+    enforce the pk."""
+    keys = list(key_names)
+    upsert = pc.cast(pc.is_in(raw.column(CHANGE_TYPE), pa.array(UPSERT_TYPES)), pa.int8())
+    sides = raw.select([*keys, VERSION]).append_column(RANK, upsert)
+    per_version = sides.group_by([*keys, VERSION], use_threads=False).aggregate([(RANK, "min")])
+    only_new = per_version.filter(pc.equal(per_version.column(f"{RANK}_min"), 1))
+    return only_new.group_by(keys, use_threads=False).aggregate([(VERSION, "max")]).rename_columns(
+        [*keys, VERSION])
+
+
+def _group_edges(rows: pa.Table, key_names: Sequence[str]) -> tuple[pa.Array, pa.Array]:
+    """Masks of each key group's first and last row in key-sorted ``rows`` (keys non-null:
+    the change chunk's keys were checked before)."""
+    n = rows.num_rows
+    differs = np.zeros(max(n - 1, 0), dtype=bool)
+    for k in key_names:
+        col = rows.column(k)
+        ne = pc.not_equal(col.slice(1), col.slice(0, n - 1))
+        differs |= pc.fill_null(ne, True).to_numpy(zero_copy_only=False)
+    first = np.concatenate([[True], differs])
+    last = np.concatenate([differs, [True]])
+    return pa.array(first), pa.array(last)

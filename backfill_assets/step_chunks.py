@@ -1,0 +1,93 @@
+"""The snapshot side of a step: the next chunk after each unfinished vnode's position.
+
+Chunked modes select a bounded, key-ordered chunk per vnode (`snapshot_chunk`); snapshot mode
+reads each vnode's remainder whole (`bulk_chunk`). Both come back as a projected DataFrame
+plus per-vnode stats (rows read, last key) for the position strategy; rows never pass through
+the driver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import DataFrame
+
+from backfill_assets import mv_store, spark_ops
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.planning import StepPlan
+from backfill_assets.core.positions import VnodeChunk
+from backfill_assets.core.progress import BackfillState, InProgress
+from backfill_assets.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
+from backfill_assets.mv_spark import BAD_KEY, chunk_stats, project, select_chunk
+from backfill_assets.snapshot_read import read_remainder
+from backfill_assets.sources import SourceContext, keys_kept_unique
+
+
+@dataclass
+class Chunk:
+    rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
+    read: int
+    stats: dict
+
+
+def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
+                    d: MVDefinition) -> Chunk:
+    """Select the next chunk after each unfinished vnode's position (in Spark: the rows never
+    pass through the driver); per-vnode stats (rows read, last key) come back to the driver."""
+    readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
+    if not readers or plan.chunk_limit == 0:
+        return Chunk(None, 0, {})
+    positions = {v: position(state.current(v)) for v in readers}
+    chunk = project(select_chunk(source.rows(ctx, readers), positions, state.key_order,
+                                 plan.chunk_limit, per_vnode=not plan.shared_read), d).cache()
+    try:
+        stats = chunk_stats(chunk, state.key_order.names)
+        if stats.bad_keys:
+            refuse_flagged_chunk_key(chunk, BAD_KEY, state.key_order.names,
+                                     ctx.tables.upstream, ctx.v_new)
+    except Exception:
+        chunk.unpersist()
+        raise
+    per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None))) for v in readers}
+    read = sum(n for n, _ in stats.per_vnode.values())
+    if not read:
+        chunk.unpersist()
+        return Chunk(None, 0, per_vnode)
+    return Chunk(chunk, read, per_vnode)
+
+
+def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
+                d: MVDefinition) -> Chunk:
+    """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached)."""
+    readers = plan.snapshot_vnodes
+    if not readers or plan.chunk_limit == 0:
+        return Chunk(None, 0, {})
+    unique = keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count,
+                              ctx.tables.storage_options)
+    rows, stats = read_remainder(source.rows(ctx, readers),
+                                 {v: position(state.current(v)) for v in readers},
+                                 state.key_order, unique_keys=unique, uri=ctx.tables.upstream,
+                                 version=ctx.v_new)
+    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
+    read = sum(c.rows for c in per_vnode.values())
+    return Chunk(project(rows, d) if read else None, read, per_vnode)
+
+
+def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
+    """Vnodes starting now: no null or duplicate pk in their snapshot (one Spark pass, once
+    per vnode, before their replica or MV rows are written)."""
+    if not vnodes:
+        return
+    check_snapshot_keys(upstream_at(ctx).where(mv_store.vnode_in(vnodes)), ctx.key_names,
+                        ctx.tables.upstream, ctx.v_new)
+
+
+def upstream_at(ctx: SourceContext) -> DataFrame:
+    """The upstream's rows at the step's version, with the MV's vnode (lazy)."""
+    rows = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
+                                  storage_options=ctx.tables.storage_options)
+    return spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
+
+
+def position(progress) -> tuple | None:
+    return progress.current_pos if isinstance(progress, InProgress) else None

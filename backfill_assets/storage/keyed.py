@@ -1,0 +1,220 @@
+"""Merge-on-read of a small barrier on the driver: no Spark job, the cost of what changed.
+
+A barrier that carries few changes should cost what changed, not what the table holds. The
+caller knows, per changed key, the row the table holds now (``before``: derived from the change
+feed's pre-images, which is what the MV or replica was built from) and the row it must hold
+(``after``). The layer then only has to find where each held key lives: it reads the key
+columns (never the other columns) of the files whose statistics admit a changed key, takes the
+rows' positions for the deletion vectors, and writes one file of new rows and one change-data
+file from the rows it was given. Nothing goes through Spark.
+
+The table and the change feed must agree: a key ``before`` says is held must be found exactly
+once, and a key only ``after`` names must not be found. Otherwise the barrier stops with
+``StorageMismatch`` (a row would be lost or invented silently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyroaring import BitMap64
+
+from backfill_assets.core import names
+from backfill_assets.errors import StorageMismatch
+from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
+from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.prune import VNODE, files_holding
+from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, file_rows
+from backfill_assets.storage.write import write_table
+
+CHANGE_TYPE = "_change_type"
+CHANGE_FOLDER = "_change_data"
+_SIDE = names.INTERNAL_PREFIX + "side"
+
+
+@dataclass(frozen=True)
+class KeyedRows:
+    """A barrier's effect on a keyed table, one row per changed key on each side (table
+    schema, aligned by key only through the key columns): the rows held now for keys that
+    change, and the rows those keys must hold after. A key absent from ``before`` is not
+    held; a key absent from ``after`` is deleted."""
+
+    before: pa.Table
+    after: pa.Table
+
+
+@dataclass(frozen=True)
+class KeyedResult:
+    version: int | None
+    rows_written: int
+    rows_deleted: int
+
+
+def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
+                *, file_rows_max: int = 131072, hook: Hook = _no_hook) -> KeyedResult:
+    """One commit of ``rows`` on ``snap`` (see the module docstring). ``hook`` is called at the
+    same points as ``apply_changes``: data files, change files, then just before the log."""
+    schema = snap.arrow_schema
+    before, after = _unchanged_dropped(rows.before.select(schema.names).cast(schema),
+                                       rows.after.select(schema.names).cast(schema), key_names)
+    found = _positions(snap, key_names, before, after)
+    deletes: dict[str, BitMap64] = {}
+    for path, row in zip(found.column(FILE_COLUMN).to_pylist(),
+                         found.column(ROW_COLUMN).to_pylist(), strict=True):
+        deletes.setdefault(path, BitMap64()).add(row)
+    adds = []
+    if after.num_rows:
+        order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names]]
+        clustered = after.take(pc.sort_indices(after, sort_keys=order))
+        adds = write_table(clustered, snap.uri, snap.storage_options, schema,
+                           max_rows_per_file=file_rows_max)
+        hook("data_files_written")
+    cdc = []
+    if snap.configuration.get("delta.enableChangeDataFeed") == "true" and deletes:
+        feed = _change_rows(before, after, key_names)
+        cdc = write_table(feed, snap.uri, snap.storage_options, feed.schema,
+                          folder=CHANGE_FOLDER, prefix="cdc")
+        hook("change_files_written")
+    change = Change(adds=adds, cdc=cdc, deletes=deletes)
+    if change.empty and not intent.txns:
+        return KeyedResult(None, 0, 0)
+    version = commit(snap, change, intent, hook)
+    return KeyedResult(version, after.num_rows, found.num_rows)
+
+
+def _unchanged_dropped(before: pa.Table, after: pa.Table, key_names: Sequence[str]
+                       ) -> tuple[pa.Table, pa.Table]:
+    """Both sides without the keys whose row stays exactly as it is (an upsert equal to the
+    held row changes nothing: no DV bit, no new row, no change-data row). Rows compare as
+    Python values, nulls equal (any column type; only the keys on both sides are compared)."""
+    if not before.num_rows or not after.num_rows:
+        return before, after
+    keys = list(key_names)
+    pairs = _indexed(before, keys, "b").join(_indexed(after, keys, "a"), keys,
+                                             join_type="inner", use_threads=False)
+    if not pairs.num_rows:
+        return before, after
+    b_idx, a_idx = pairs.column(_SIDE + "b"), pairs.column(_SIDE + "a")
+    old, new = before.take(b_idx).to_pylist(), after.take(a_idx).to_pylist()
+    same = np.array([o == n for o, n in zip(old, new, strict=True)], dtype=bool)
+    if not same.any():
+        return before, after
+    return (_dropped(before, b_idx.to_numpy()[same]), _dropped(after, a_idx.to_numpy()[same]))
+
+
+def _indexed(t: pa.Table, keys: list[str], side: str) -> pa.Table:
+    return t.select(keys).append_column(_SIDE + side, pa.array(np.arange(t.num_rows)))
+
+
+def _dropped(t: pa.Table, rows: np.ndarray) -> pa.Table:
+    keep = np.ones(t.num_rows, dtype=bool)
+    keep[rows] = False
+    return t.filter(pa.array(keep))
+
+
+def _positions(snap: Snapshot, key_names: Sequence[str], before: pa.Table,
+               after: pa.Table) -> pa.Table:
+    """(key, file, row) of every ``before`` key in the table; checks the table agrees."""
+    key_cols = [VNODE, *key_names]
+    wanted = pa.concat_tables([before.select(key_cols), after.select(key_cols)])
+    wanted = wanted.group_by(key_cols, use_threads=False).aggregate([])
+    if not wanted.num_rows:
+        return pa.table({**{k: [] for k in key_names}, FILE_COLUMN: pa.array([], pa.string()),
+                         ROW_COLUMN: pa.array([], pa.int64())})
+    held = [_held_in(snap, f, key_names, wanted) for f in files_holding(snap.files, wanted,
+                                                                         key_names)]
+    found = (pa.concat_tables(held) if held else
+             _held_in_nothing(snap, key_names))
+    _check_agrees(snap.uri, key_names, before, found)
+    return found
+
+
+def key_counts(snap: Snapshot, keys: pa.Table, key_names: Sequence[str]) -> pa.Table:
+    """How many live rows of ``snap`` hold each of ``keys`` (key columns + ``count``; keys
+    held nowhere are left out). Reads only the key columns of files whose statistics admit
+    one of the keys: what a duplicate-key check of a few inserted keys costs."""
+    wanted = keys.select(list(key_names))
+    held = [_held_in(snap, f, key_names, wanted) for f in files_holding(snap.files, wanted,
+                                                                         key_names)]
+    found = pa.concat_tables(held) if held else _held_in_nothing(snap, key_names)
+    return found.group_by(list(key_names), use_threads=False).aggregate(
+        [(ROW_COLUMN, "count")]).rename_columns([*key_names, "count"])
+
+
+def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
+             wanted: pa.Table) -> pa.Table:
+    """The rows of ``f`` (live, DV applied) whose key is in ``wanted``: key, file, row."""
+    from backfill_assets.storage import dv
+
+    schema = snap.arrow_schema
+    out = pa.schema([*(schema.field(k) for k in key_names),
+                     pa.field(FILE_COLUMN, pa.string()), pa.field(ROW_COLUMN, pa.int64())])
+    deleted = (dv.load(snap.uri, f.deletion_vector, snap.storage_options)
+               if f.deletion_vector else None)
+    parts = [k for k in key_names if k in snap.partition_columns]
+    partition = (pa.table({k: pa.array([f.partition_values.get(k)]).cast(schema.field(k).type)
+                           for k in parts}) if parts else None)
+    physical = {k: snap.physical_names.get(k, k) for k in key_names if k not in parts}
+    rows = file_rows(snap.file_uri(f.path), snap.storage_options, physical, out,
+                     rows=f.num_records, deleted=deleted, partition=partition,
+                     row_ids_for=f.path)
+    return rows.join(wanted.select(list(key_names)), list(key_names), join_type="inner",
+                     use_threads=False)
+
+
+def _held_in_nothing(snap: Snapshot, key_names: Sequence[str]) -> pa.Table:
+    schema = snap.arrow_schema
+    return pa.table({**{k: pa.array([], schema.field(k).type) for k in key_names},
+                     FILE_COLUMN: pa.array([], pa.string()), ROW_COLUMN: pa.array([], pa.int64())})
+
+
+def _check_agrees(uri: str, key_names: Sequence[str], before: pa.Table,
+                  found: pa.Table) -> None:
+    """Every key ``before`` names is held exactly once, and no other changed key is held."""
+    keys = list(key_names)
+    counts = found.group_by(keys, use_threads=False).aggregate([(ROW_COLUMN, "count")])
+    twice = counts.filter(pc.greater(counts[f"{ROW_COLUMN}_count"], 1))
+    missing = before.select(keys).join(counts.select(keys), keys, join_type="left anti",
+                                       use_threads=False)
+    extra = counts.select(keys).join(before.select(keys), keys, join_type="left anti",
+                                     use_threads=False)
+    for table, what in ((twice, "holds more than one row for"),
+                        (missing, "does not hold the row its change feed says it holds for"),
+                        (extra, "already holds a row for a key its change feed inserts:")):
+        if table.num_rows:
+            key = table.slice(0, 1).to_pylist()[0]
+            raise StorageMismatch(
+                f"{uri} {what} key {_text(key, keys)} ({table.num_rows} such keys): the table "
+                "and its upstream's change feed disagree (a duplicate key from a writer that "
+                "does not enforce the pk, or a table edited by hand). Nothing was written; "
+                "verify the MV (verify_job) and rebuild it with reset_mv_job if it differs")
+
+
+def _change_rows(before: pa.Table, after: pa.Table, key_names: Sequence[str]) -> pa.Table:
+    """Exact change-data rows: a key on both sides is an update, else an insert or delete."""
+    keys = list(key_names)
+    updated = before.select(keys).join(after.select(keys), keys, join_type="inner",
+                                       use_threads=False)
+    parts = [
+        _typed(_only(before, updated, keys, "left semi"), "update_preimage"),
+        _typed(_only(after, updated, keys, "left semi"), "update_postimage"),
+        _typed(_only(after, updated, keys, "left anti"), "insert"),
+        _typed(_only(before, updated, keys, "left anti"), "delete"),
+    ]
+    return pa.concat_tables(parts)
+
+
+def _only(t: pa.Table, keys: pa.Table, key_names: list[str], how: str) -> pa.Table:
+    return t.join(keys, key_names, join_type=how, use_threads=False).select(t.schema.names)
+
+
+def _typed(t: pa.Table, change_type: str) -> pa.Table:
+    return t.append_column(CHANGE_TYPE, pa.array([change_type] * t.num_rows, pa.string()))
+
+
+def _text(row: Mapping, keys: Sequence[str]) -> str:
+    return "(" + ", ".join(f"{k}={row[k]!r}" for k in keys) + ")"

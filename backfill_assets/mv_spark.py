@@ -67,8 +67,21 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     return out.filter(pc.invert(is_after)), out.filter(is_after)
 
 
+_VALIDATED: dict[tuple, pa.Schema] = {}
+
+
 def validate_expressions(spark: SparkSession, definition: MVDefinition,
                          upstream_schema: pa.Schema) -> pa.Schema:
+    """`_validate` once per session, definition and upstream schema: a warm loop of small
+    barriers would otherwise pay a Spark analysis (~0.15 s) per barrier for the same answer."""
+    key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
+    if key not in _VALIDATED:
+        _VALIDATED[key] = _validate(spark, definition, upstream_schema)
+    return _VALIDATED[key]
+
+
+def _validate(spark: SparkSession, definition: MVDefinition,
+              upstream_schema: pa.Schema) -> pa.Schema:
     """Parse and analyse each expression against the upstream schema; return the MV schema.
 
     Runs on an empty DataFrame of the upstream's exact types, so nothing is read or written.

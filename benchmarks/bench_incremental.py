@@ -25,7 +25,7 @@ import time
 
 from benchmarks import common as C
 
-MODES = ("arrangement", "no_shuffle")
+MODES = ("snapshot", "arrangement", "no_shuffle")
 
 
 def worker(args) -> dict:
@@ -40,9 +40,9 @@ def worker(args) -> dict:
     # driver holds it (arrangement), 1M-row barriers for no_shuffle (its one-barrier top-K
     # chunk of 5M rows runs the JVM out of heap, see docs/BENCHMARKS.md)
     one = math.ceil(args.rows * 1.25)
-    barrier_rows = args.barrier_rows or (one if args.mode == "arrangement"
+    barrier_rows = args.barrier_rows or (one if args.mode != "no_shuffle"
                                          else min(one, 1_000_000))
-    chunk = (math.ceil(barrier_rows / args.vnodes) if args.mode == "arrangement"
+    chunk = (math.ceil(barrier_rows / args.vnodes) if args.mode != "no_shuffle"
              else barrier_rows)
     d = C.bench_mv(args.pk, args.mode, args.vnodes, chunk, uri)
     tables = MVTables.under(run_dir, d.name, uri)
@@ -89,6 +89,8 @@ def worker(args) -> dict:
             mid = min(runs, key=lambda r: abs(r["seconds"] - med))
             out["cases"].append({"fraction": fraction, "changes": changes, "runs": runs,
                                  "median_seconds": round(med, 3), "median_run": mid})
+        if args.consecutive:
+            out["consecutive"] = consecutive(spark, d, tables, feeder, args, timed_barrier)
         latest = delta_store.latest_version(uri)
         refresh_dir = os.path.join(run_dir, "refresh")
         refresh = [C.full_refresh(spark, d, uri, latest, refresh_dir) for _ in range(args.repeat)]
@@ -105,6 +107,49 @@ def worker(args) -> dict:
     return out
 
 
+def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:
+    """--consecutive N barriers of 0.1% changes each (compaction included, as in production):
+    every barrier's time, and the time to read the whole MV at the end against the same read
+    once the MV is freshly compacted (what merge-on-read costs readers)."""
+    from backfill_assets import storage
+    from backfill_assets.storage import maintain
+
+    changes = max(1, round(args.rows * 0.001))
+    times = []
+    for i in range(args.consecutive):
+        feeder.apply(changes)
+        secs, _, rep = timed_barrier()
+        times.append(round(secs, 3))
+        if i % 20 == 0:
+            print(f"  consecutive barrier {i + 1}/{args.consecutive}: {secs:.2f}s "
+                  f"({rep.engine})", flush=True)
+    snap = storage.Snapshot.load(tables.mv)
+    files = {"files": len(snap.files), "files_with_dv": sum(1 for f in snap.files
+                                                           if f.deletion_vector)}
+    read_now = _read_seconds(spark, tables.mv)
+    maintain.compact(spark, snap, [c.name for c in d.primary_key], force=True)
+    read_compacted = _read_seconds(spark, tables.mv)
+    med = statistics.median(times)
+    return {"barriers": len(times), "changes_each": changes, "seconds": times,
+            "median": med, "max": max(times), "max_over_median": round(max(times) / med, 2),
+            "first20_median": statistics.median(times[:20]),
+            "last20_median": statistics.median(times[-20:]),
+            "read_seconds": read_now, "read_seconds_compacted": read_compacted,
+            "read_ratio": round(read_now / read_compacted, 2), **files}
+
+
+def _read_seconds(spark, uri: str, repeat: int = 3) -> float:
+    """Median time to read every live row of the table with the layer's Spark reader."""
+    from backfill_assets import spark_ops
+
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        spark_ops.read_version(spark, uri, None).write.format("noop").mode("overwrite").save()
+        runs.append(time.perf_counter() - t0)
+    return round(statistics.median(runs), 3)
+
+
 def run(args) -> dict:
     res: dict = {"machine": C.machine_info(), "args": vars(args), "runs": []}
     prev = C.Previous(args.name, args.fresh)
@@ -118,7 +163,8 @@ def run(args) -> dict:
                 continue
             extra = ["--repeat", str(args.repeat), "--mode", mode,
                      "--fractions", *map(str, args.fractions)]
-            extra += ["--barrier-rows", str(args.barrier_rows)]
+            extra += ["--barrier-rows", str(args.barrier_rows),
+                      "--consecutive", str(args.consecutive)]
             res["runs"].append(C.run_clean("benchmarks.bench_incremental",
                                             ["worker", *common, *extra]))
             path = C.save_results(args.name, res)
@@ -133,11 +179,24 @@ def print_report(res: dict) -> None:
     for r in res["runs"]:
         full = r["full_refresh_median"]
         for c in r["cases"]:
+            idle = r["cases"][0]["median_seconds"]
+            per_row = ((c["median_seconds"] - idle) * 1000 / c["changes"]
+                       if c["changes"] else None)
             rows.append([C.human_rows(r["rows"]), r["pk"], r["mode"],
                          f"{c['fraction'] * 100:g}%", c["changes"], c["median_seconds"], full,
-                         f"{full / c['median_seconds']:.1f}x"])
+                         f"{full / c['median_seconds']:.1f}x",
+                         f"{per_row:.3f}" if per_row is not None else "-"])
     C.print_table(["rows", "pk", "mode", "changed", "changes", "barrier s", "full refresh s",
-                   "refresh / barrier"], rows)
+                   "refresh / barrier", "ms per changed row"], rows)
+    for r in res["runs"]:
+        c = r.get("consecutive")
+        if c:
+            print(f"\n{c['barriers']} consecutive 0.1% barriers ({r['mode']}, "
+                  f"{C.human_rows(r['rows'])}): median {c['median']:.2f}s, max {c['max']:.2f}s "
+                  f"(max/median {c['max_over_median']}), first 20 {c['first20_median']:.2f}s, "
+                  f"last 20 {c['last20_median']:.2f}s; MV read {c['read_seconds']:.2f}s vs "
+                  f"{c['read_seconds_compacted']:.2f}s compacted ({c['read_ratio']}x), "
+                  f"{c['files']} files, {c['files_with_dv']} with a DV")
     print("\nPhases of the median barrier (wall / driver CPU / JVM CPU seconds)")
     for r in res["runs"]:
         for c in r["cases"]:
@@ -158,13 +217,15 @@ def main(argv=None) -> None:
                             help="snapshot rows per barrier of the initial backfill (0: one "
                                  "barrier in arrangement, 1M rows in no_shuffle)")
         parser.add_argument("--max-barriers", type=int, default=400)
+        parser.add_argument("--consecutive", type=int, default=0,
+                            help="then N consecutive 0.1%% barriers (flat time, read cost)")
     p.add_argument("--pk", nargs="+", default=["single"], choices=C.PK_SHAPES)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--modes", nargs="+", default=["snapshot"], choices=MODES)
     p.add_argument("--name", default="incremental")
     p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run")
     w = sub.choices["worker"]
     w.add_argument("--pk", default="single", choices=C.PK_SHAPES)
-    w.add_argument("--mode", default="arrangement", choices=MODES)
+    w.add_argument("--mode", default="snapshot", choices=MODES)
     args = p.parse_args(argv)
     if args.cmd == "worker":
         C.emit(worker(args))

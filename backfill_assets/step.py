@@ -27,6 +27,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets import arrow_changes, delta_store, mv_store, spark_ops, storage
+from backfill_assets.chunk_reads import (
+    Chunk,
+    bulk_chunk,
+    check_fresh_keys,
+    snapshot_chunk,
+    upstream_at,
+)
 from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import OP
@@ -53,13 +60,6 @@ from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.snapshot_read import replacing
 from backfill_assets.sources import SOURCES, SourceContext
-from backfill_assets.step_chunks import (
-    Chunk,
-    bulk_chunk,
-    check_fresh_keys,
-    snapshot_chunk,
-    upstream_at,
-)
 from backfill_assets.storage import maintain
 from backfill_assets.upstream_check import checked_upstream, strategy_for
 

@@ -611,7 +611,7 @@ class PhaseProfiler:
 
     def install(self) -> PhaseProfiler:
 
-        from backfill_assets import arrow_changes, barrier, mv_store, sources, step, step_chunks
+        from backfill_assets import arrow_changes, barrier, chunk_reads, mv_store, sources, step
         from backfill_assets.storage import keyed, maintain, merge
 
         self.wrap(barrier, "run_step", "step glue (other)")
@@ -638,8 +638,8 @@ class PhaseProfiler:
         self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
         self.wrap(step, "_forward", "forward netting (Spark)")
         self.wrap(step, "snapshot_chunk", "snapshot chunk: select + cache (Spark)")
-        self.wrap(step_chunks, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
-        self.wrap(step_chunks, "check_snapshot_keys",
+        self.wrap(chunk_reads, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
+        self.wrap(chunk_reads, "check_snapshot_keys",
                   "pk check: fresh vnodes' snapshot (Spark groupBy)")
         self.wrap(step, "write_progress", "progress commit (delta-rs)")
         self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")

@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env test demo ui screenshots lint clean-demo instance postgres
+.PHONY: env test test-all demo ui screenshots lint clean-demo instance postgres
 
 env: $(STAMP)
 
@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 
 test: env instance postgres
 	$(PY) -m pytest
+
+# everything but the soak: also the core scenarios' variants in the non-default modes (crash
+# matrix and races of arrangement / no_shuffle, no_shuffle e2e, the short soak); ~25 min more
+test-all: env instance postgres
+	$(PY) -m pytest -m "not soak"
 
 # PostgreSQL server binaries for the Postgres-backed Dagster test (tests/scale): Debian's
 # package, installed only where missing (the test starts its own server on 127.0.0.1)

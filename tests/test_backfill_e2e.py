@@ -25,7 +25,8 @@ from backfill_assets.upstream import UpstreamSpec
 from backfill_assets.upstream_check import checked_upstream
 from tests.support import LiveUpstream, assert_verified, drive, simple_mv, simple_row, simple_spec
 
-MODES = ["arrangement", "no_shuffle", "snapshot"]
+# no_shuffle's e2e variants are the slowest (one barrier per 32-row chunk): `make test-all`
+MODES = ["arrangement", pytest.param("no_shuffle", marks=pytest.mark.variant), "snapshot"]
 VNODES = 8
 SLICES = {"snapshot": {"slice_rows": 40}}  # ~3 vnodes of these tables per slice
 

@@ -102,6 +102,7 @@ EMPTY = H.TableState(H.Counter(), (), {"mv": None, "replica": None, "progress": 
 
 @pytest.mark.slow
 @pytest.mark.spark
+@pytest.mark.variant  # CI runs the default mode's crash matrix (snapshot, below)
 @pytest.mark.parametrize("mode", ["arrangement", "no_shuffle"])
 def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
     warehouse, dagster_home = str(tmp_path / "warehouse"), str(tmp_path / "dagster_home")
@@ -148,12 +149,15 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
 # the kill point over those steps. Kills follow each other in the first barrier, each on the
 # state the previous one left: between slices 1 and 2, inside slice 2's MV commit (its data
 # files written, no log entry), inside slice 2 (MV committed, progress not), before slice 3
-# writes, inside slice 3; then in the catch-up barrier that coalesces six versions, on the idle
-# barrier after it, and on a later change-feed barrier.
+# writes, inside slice 3; then in the catch-up barrier that coalesces six versions (inside its
+# merge-on-read commit too: after the data files, the change files, before the log entry), on
+# the idle barrier after it, and on a later change-feed barrier.
 SLICE_ROWS = 60
 SLICE_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
                    "before_write@2", "before_progress_commit@2"],
-               1: ["after_mv_commit"], 2: ["after_mv_commit"], 3: ["before_progress_commit"]}
+               # catch-up and later barriers are small (driver engine): kills inside its commit
+               1: [*STORAGE_KILLS, "after_mv_commit"], 2: ["after_mv_commit"],
+               3: ["mv_dv_file_written", "before_progress_commit"]}
 
 
 @pytest.mark.slow
@@ -173,6 +177,7 @@ def test_snapshot_mode_kills_inside_and_between_slices_and_in_catch_up(spark, tm
         ref.run(barrier)
     assert ref.reports[0].extra["slices_planned"] >= 3 and ref.reports[0].finished
     assert ref.reports[1].forwarded_rows > 0, "the catch-up barrier forwards nothing"
+    assert ref.reports[1].engine == ref.reports[3].engine == "driver"  # small barriers
     H.assert_oracle(spark, ref.d, ref.tables, "reference")
     crash = H.Chain(spark, warehouse, raw("crash_snapshot"))
     for i, barrier in enumerate(script):

@@ -32,7 +32,7 @@ from tests.support import assert_verified
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 VNODES = 8
-KILLS = 3
+KILLS = 2
 
 
 def _env(tmp_path, warehouse: str, home: str) -> dict:

@@ -196,6 +196,7 @@ def run_soak(spark, tmp_path, *, rounds: int | None, seconds: float, seed: int) 
 
 
 @pytest.mark.slow
+@pytest.mark.variant  # a short soak: `make test-all` (and `make soak` for the long one)
 @pytest.mark.spark
 def test_soak_short(spark, tmp_path, figures):
     """The CI version: a fixed seed and a fixed number of rounds (SOAK_SHORT_ROUNDS)."""

@@ -42,8 +42,9 @@ PHASES = {
     "after_mv_commit": "downstream_mv committed (forwarded changes + snapshot chunk)",
     "after_progress_commit": "backfill_progress committed",
 }
-# a long barrier (snapshot mode's slices) records the check's result at a progress commit
-# at most this often, so the asset page moves while it runs; the barrier's end always does
+# a long barrier of several steps (snapshot mode's slices) records the check's result at its
+# later progress commits at most this often, so the asset page moves while it runs; the
+# barrier's end always does (a one-step barrier records only that one)
 INTERIM_RESULT_SECONDS = 30.0
 
 
@@ -143,14 +144,15 @@ def record_vnodes(log_event: Callable[[object], None], d: MVDefinition, report: 
 class _PhaseLog:
     """A step hook that logs each phase boundary, so a running barrier is not silent (with
     the MV's percent done at each progress commit: one per slice in snapshot mode), records
-    the check's result at progress commits at most every INTERIM_RESULT_SECONDS, then calls
-    `then` (the kill points of the crash tests)."""
+    the check's result at a step's progress commit after the first at most every
+    INTERIM_RESULT_SECONDS, then calls `then` (the kill points of the crash tests)."""
 
     def __init__(self, context: dg.AssetExecutionContext, span: str, d: MVDefinition,
                  tables, controls: Controls, then: Hook) -> None:
         self.context, self.span, self.d, self.tables = context, span, d, tables
         self.controls, self.then = controls, then
         self.started = self.reported = time.monotonic()
+        self.commits = 0
 
     def __call__(self, point: str) -> None:
         if point in PHASES:
@@ -165,7 +167,8 @@ class _PhaseLog:
         figs = figures(self.d, self.tables, self.controls)
         if figs is None:
             return ""
-        if time.monotonic() - self.reported >= INTERIM_RESULT_SECONDS:
+        self.commits += 1
+        if self.commits > 1 and time.monotonic() - self.reported >= INTERIM_RESULT_SECONDS:
             self.reported = time.monotonic()
             self.context.log_event(progress_result(self.context.instance, figs, self.controls,
                                                    vnode_states(self.tables)))

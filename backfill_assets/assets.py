@@ -75,7 +75,9 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
     specs = [
         dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
                      skippable=True,
-                     description="The backfill's arrangement of the upstream, per vnode."),
+                     description="The backfill's arrangement of the upstream, per vnode: kept "
+                                 "by arrangement mode and by snapshot mode's throttled path "
+                                 "(a snapshot-mode bulk read needs none, so it stays empty)."),
         dg.AssetSpec(MV, deps=[REPLICA], partitions_def=parts, group_name="backfill",
                      skippable=True,
                      description=f"MV {d.name!r}: Delta, partitioned by vnode, change feed on. "

@@ -19,12 +19,12 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.barrier import controls_in_force, figures, run_barrier, vnode_states
-from backfill_assets.checks import progress_evaluation
+from backfill_assets.checks import progress_result
 from backfill_assets.controls import Controls
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
 from backfill_assets.partitions import split, vnode_key, vnode_partitions, vnodes_of
-from backfill_assets.progress_view import barrier_metadata, figures_metadata, vnode_metadata
+from backfill_assets.progress_view import barrier_metadata, vnode_metadata
 from backfill_assets.step import Hook, StepReport, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -42,6 +42,10 @@ PHASES = {
     "after_mv_commit": "downstream_mv committed (forwarded changes + snapshot chunk)",
     "after_progress_commit": "backfill_progress committed",
 }
+# a long barrier of several steps (snapshot mode's slices) records the check's result at its
+# later progress commits at most this often, so the asset page moves while it runs; the
+# barrier's end always does (a one-step barrier records only that one)
+INTERIM_RESULT_SECONDS = 30.0
 
 
 class BarrierConfig(dg.Config):
@@ -71,7 +75,9 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
     specs = [
         dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
                      skippable=True,
-                     description="The backfill's arrangement of the upstream, per vnode."),
+                     description="The backfill's arrangement of the upstream, per vnode: kept "
+                                 "by arrangement mode and by snapshot mode's throttled path "
+                                 "(a snapshot-mode bulk read needs none, so it stays empty)."),
         dg.AssetSpec(MV, deps=[REPLICA], partitions_def=parts, group_name="backfill",
                      skippable=True,
                      description=f"MV {d.name!r}: Delta, partitioned by vnode, change feed on. "
@@ -95,7 +101,8 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
         report = run_barrier(spark.spark_session, d, tables, vnodes,
                              version=config.barrier_version, overrides=controls,
-                             hook=_phase_log(context, span, hook or no_hook))
+                             hook=_PhaseLog(context, span, d, tables, controls,
+                                            hook or no_hook))
         figs = figures(d, tables, controls, report.v_new)
         if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
             context.log.warning(f"change feed gone, re-snapshot: {report.extra['resnapshots']}")
@@ -111,10 +118,8 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         context.log_event(dg.AssetObservation(
             MV, metadata=barrier_metadata(report, figs, controls, states)))
         record_vnodes(context.log_event, d, report, vnodes, figs.upstream_version)
-        # last, so the check's result is newer than every materialization the barrier made
-        context.log_event(progress_evaluation(figs, {
-            **figures_metadata(figs, controls, states),
-            "barrier_version": dg.MetadataValue.int(report.v_new)}))
+        # last: the result targets the MV's latest materialization (this barrier's, if any)
+        context.log_event(progress_result(context.instance, figs, controls, states, report.v_new))
         yield from ()
 
     return [upstream, vnode_backfill]
@@ -125,7 +130,9 @@ def record_vnodes(log_event: Callable[[object], None], d: MVDefinition, report: 
     """The per-vnode events of a barrier (also the follower's): progress (and replica) are
     materialized for every vnode committed, the MV only for finished vnodes, an unfinished
     vnode of the MV is observed with its facts instead."""
-    owned = (REPLICA, PROGRESS) if d.mode == "arrangement" else (PROGRESS,)
+    # snapshot mode's chunked path (rate limit or pause) keeps the replica as arrangement does
+    chunked = str(report.extra.get("snapshot_path", "")).startswith("chunked")
+    owned = (REPLICA, PROGRESS) if d.mode == "arrangement" or chunked else (PROGRESS,)
     for vnode in vnodes:
         key = vnode_key(vnode, d.vnode_count)
         meta = vnode_metadata(report, vnode, upstream_version)
@@ -136,15 +143,36 @@ def record_vnodes(log_event: Callable[[object], None], d: MVDefinition, report: 
         log_event(event(MV, partition=key, metadata=meta))
 
 
-def _phase_log(context: dg.AssetExecutionContext, span: str, then: Hook) -> Hook:
-    """A step hook that logs each phase boundary (so a running barrier is not silent), then
-    calls `then` (the kill points of the crash tests)."""
-    started = time.monotonic()
+class _PhaseLog:
+    """A step hook that logs each phase boundary, so a running barrier is not silent (with
+    the MV's percent done at each progress commit: one per slice in snapshot mode), records
+    the check's result at a step's progress commit after the first at most every
+    INTERIM_RESULT_SECONDS, then calls `then` (the kill points of the crash tests)."""
 
-    def hook(point: str) -> None:
+    def __init__(self, context: dg.AssetExecutionContext, span: str, d: MVDefinition,
+                 tables, controls: Controls, then: Hook) -> None:
+        self.context, self.span, self.d, self.tables = context, span, d, tables
+        self.controls, self.then = controls, then
+        self.started = self.reported = time.monotonic()
+        self.commits = 0
+
+    def __call__(self, point: str) -> None:
         if point in PHASES:
-            context.log.info(f"barrier for vnodes {span}: {PHASES[point]} "
-                             f"({time.monotonic() - started:.1f} s)")
-        then(point)
+            said = (f"barrier for vnodes {self.span}: {PHASES[point]} "
+                    f"({time.monotonic() - self.started:.1f} s)")
+            if point == "after_progress_commit":
+                said += self._progress()
+            self.context.log.info(said)
+        self.then(point)
 
-    return hook
+    def _progress(self) -> str:
+        figs = figures(self.d, self.tables, self.controls)
+        if figs is None:
+            return ""
+        self.commits += 1
+        if self.commits > 1 and time.monotonic() - self.reported >= INTERIM_RESULT_SECONDS:
+            self.reported = time.monotonic()
+            self.context.log_event(progress_result(self.context.instance, figs, self.controls,
+                                                   vnode_states(self.tables)))
+        return (f"; MV {figs.percent_done:.1f}% done, "
+                f"{figs.vnodes_finished}/{self.d.vnode_count} vnodes finished")

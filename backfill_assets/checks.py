@@ -12,10 +12,14 @@ recomputing the whole MV. `verify_job` (or "Execute" on the check) records its r
 """
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (
+    AssetCheckEvaluationTargetMaterializationData,
+)
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
 from backfill_assets.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.controls import Controls
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.oracle import Verdict, verify
@@ -59,6 +63,42 @@ def progress_evaluation(figs: MVFigures, metadata: dict) -> dg.AssetCheckEvaluat
         severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
         description=f"{figs.vnodes_finished}/{figs.vnode_count} vnodes finished, "
                     f"{figs.percent_done:.1f}% done, {figs.state}")
+
+
+def on_latest_materialization(instance: dg.DagsterInstance,
+                              evaluation: dg.AssetCheckEvaluation) -> dg.AssetCheckEvaluation:
+    """`evaluation` naming the MV's latest materialization as the one it checked.
+
+    Why: the asset page shows a check "Not evaluated" unless its latest result targets the
+    asset's latest materialization. A result logged by an op names none, so Dagster compares
+    times instead: the latest materialization against the check row's creation time, which
+    SQLite keeps in whole seconds and which is the run's *start* when the run planned the
+    check (the asset pages' launch does). A barrier that finished no vnode (most barriers
+    mid-backfill) and began within the second the previous barrier materialized read "Not
+    evaluated"; so did `backfill_finished` once the follower had materialized vnodes after
+    it. Log the MV's events first, then this."""
+    records = instance.fetch_materializations(evaluation.asset_key, limit=1).records
+    if not records:
+        return evaluation
+    latest = records[0]
+    return dg.AssetCheckEvaluation(
+        asset_key=evaluation.asset_key, check_name=evaluation.check_name,
+        passed=evaluation.passed, metadata=evaluation.metadata, severity=evaluation.severity,
+        description=evaluation.description, blocking=evaluation.blocking,
+        target_materialization_data=AssetCheckEvaluationTargetMaterializationData(
+            storage_id=latest.storage_id, run_id=latest.event_log_entry.run_id,
+            timestamp=latest.timestamp))
+
+
+def progress_result(instance: dg.DagsterInstance, figs: MVFigures, controls: Controls,
+                    states: dict[int, str], barrier_version: int | None = None
+                    ) -> dg.AssetCheckEvaluation:
+    """`backfill_finished` as a barrier (or a follower's barrier, or set_controls_job, so a
+    pause shows at once) records it, after the MV's events of that barrier."""
+    meta = figures_metadata(figs, controls, states)
+    if barrier_version is not None:
+        meta["barrier_version"] = dg.MetadataValue.int(barrier_version)
+    return on_latest_materialization(instance, progress_evaluation(figs, meta))
 
 
 def build_progress_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksDefinition:

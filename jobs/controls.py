@@ -3,8 +3,8 @@
 Takes effect at the next barrier; nothing restarts. The launchpad shows typed fields with
 descriptions (snapshot is a choice, numbers are numbers); a contradictory or out-of-range
 request fails with InvalidControl and writes nothing. The controls now in force are recorded
-at once as an observation of `downstream_mv`, so the asset page shows them before the next
-barrier runs.
+at once as an observation of `downstream_mv` and in the `backfill_finished` check's result
+(state "paused", no ETA), so the asset page shows them before the next barrier runs.
 
     dagster job execute -m backfill_assets.definitions -j set_controls_job \
         -c jobs/configs/pause.yaml
@@ -15,7 +15,8 @@ import dagster as dg
 from pydantic import Field
 
 from backfill_assets.assets import MV
-from backfill_assets.barrier import controls_in_force, mv_root
+from backfill_assets.barrier import controls_in_force, figures, mv_root, vnode_states
+from backfill_assets.checks import progress_result
 from backfill_assets.controls import SnapshotSide, read_controls, requested, write_controls
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.progress_view import controls_metadata
@@ -56,6 +57,10 @@ def build_controls_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
             **meta, "state": dg.MetadataValue.text(
                 "paused (from the next barrier)" if controls.rate_limit == 0 else
                 "controls changed (from the next barrier)")}))
+        figs = figures(d, tables, in_force)
+        if figs is not None:  # the check says "paused" (or resumed) now, not at the next barrier
+            context.log_event(progress_result(context.instance, figs, in_force,
+                                              vnode_states(tables)))
         return dg.Output(None, metadata={
             **meta, "chunk_size": "definition" if controls.chunk_size is None
             else controls.chunk_size})

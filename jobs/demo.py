@@ -1,7 +1,6 @@
 """`make demo`: the whole product on the embedded default, end to end.
 
-1. `upstream_load_job` (via `dagster job execute`, as a user would) creates an upstream of
-   DEMO_ROWS rows;
+1. `upstream_load_job` creates an upstream of DEMO_ROWS rows;
 2. a writer keeps committing changes to it (one Delta version per second) while
 3. `backfill_job` runs barrier after barrier (in this process, on the real Dagster instance
    under DAGSTER_HOME, so every run shows in `dagster dev`) until every vnode is finished,
@@ -10,6 +9,8 @@
 5. continuous mode: `follower_job` follows a new writer for DEMO_CONTINUOUS_SECONDS (15; 0
    skips it) in one run on a warm Spark session, then `stop_follower_job` stops it, and
 6. `verify_job` recomputes the MV independently and compares row for row.
+Every run is executed here but recorded as a run of the workspace's code location
+(`jobs.workspace_runs`), so `dagster dev` shows it on the Runs page *and* the Timeline.
 A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo)
 and leaves its settings in `demo.env` (warehouse, vnode count, MV definition), which `make ui`
 loads, so the UI serves the demo's MV: its partitions, lineage, runs and check results.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -68,18 +68,14 @@ def _forget_old_demo(instance) -> None:
     instance.wipe_assets([UPSTREAM, REPLICA, MV, PROGRESS])
 
 
-def _create_upstream(warehouse: str) -> None:
-    config = os.path.join(warehouse, "load.yaml")
-    with open(config, "w", encoding="utf-8") as f:
-        f.write("ops:\n  upstream_load:\n    config:\n      table: upstream\n"
-                f"      seed: 42\n      initial_rows: {DEMO_ROWS}\n      versions: 0\n")
-    cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "backfill_assets.definitions",
-           "-j", "upstream_load_job", "-c", config]
-    print("$ dagster job execute -m backfill_assets.definitions -j upstream_load_job -c ...")
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        print(proc.stdout[-2000:] + proc.stderr[-2000:])
-        raise SystemExit(f"upstream_load_job failed (exit {proc.returncode})")
+def _create_upstream(instance) -> None:
+    """upstream_load_job, as `dagster job execute ... -j upstream_load_job` would run it."""
+    from jobs.workspace_runs import run_in_workspace
+
+    print("upstream_load_job: the upstream table with its first rows")
+    run_in_workspace(instance, "upstream_load_job", run_config={**QUIET, "ops": {
+        "upstream_load": {"config": {"table": "upstream", "seed": 42,
+                                     "initial_rows": DEMO_ROWS, "versions": 0}}}})
 
 
 class _Writer(threading.Thread):
@@ -100,21 +96,21 @@ class _Writer(threading.Thread):
 
 
 def main() -> int:
-    warehouse = _setup_env()
+    _setup_env()
     _leave_settings()
     started = time.monotonic()
-    _create_upstream(warehouse)
 
     import dagster as dg
 
     from backfill_assets import definitions
     from backfill_assets.barrier import mv_root
+    from jobs.workspace_runs import run_in_workspace
     from resources.mv import mv_tables
 
-    defs, mv = definitions.defs, definitions.mv
+    mv = definitions.mv
     instance = dg.DagsterInstance.get()
     _forget_old_demo(instance)
-    backfill = defs.resolve_job_def("backfill_job")
+    _create_upstream(instance)
     writer = _Writer(mv_tables(mv).upstream)
     writer.start()
     print(f"MV {mv.name!r} ({mv.mode}) over {DEMO_ROWS} rows, {mv.vnode_count} vnodes, "
@@ -124,9 +120,8 @@ def main() -> int:
         if after_finish is not None and barriers - after_finish == MAINTENANCE_BARRIERS - 1:
             writer.stop.set()
             writer.join()
-        result = backfill.execute_in_process(instance=instance, raise_on_error=True,
-                                             run_config=QUIET)
-        meta = _run_metadata(result)
+        result = run_in_workspace(instance, "backfill_job", run_config=QUIET)
+        meta = _observed(result)
         barriers += 1
         snapshot_rows += meta["rows_read_from_snapshot"]
         forwarded += meta["rows_forwarded_from_change_feed"]
@@ -137,11 +132,10 @@ def main() -> int:
               f"{mv.vnode_count}, lag {meta['lag_versions']} versions")
         if after_finish is None and meta["percent_done"] >= 100.0:
             after_finish = barriers
-    _continuous_phase(defs, instance, mv_tables(mv).upstream)
+    _continuous_phase(instance, mv_tables(mv).upstream)
     seconds = time.monotonic() - started
-    verify = defs.resolve_job_def("verify_job").execute_in_process(
-        instance=instance, raise_on_error=False, run_config=QUIET)
-    rows = verify.output_for_node("verify_mv") if verify.success else 0
+    verify = run_in_workspace(instance, "verify_job", run_config=QUIET, raise_on_error=False)
+    rows = _checked(verify).get("rows_compared", 0)
     print(f"\nsummary: {DEMO_ROWS} upstream rows, {writer.versions} change versions written "
           f"during the backfill, {barriers} barriers ({MAINTENANCE_BARRIERS} of pure change-feed "
           f"maintenance), {seconds:.0f} s, {snapshot_rows / seconds:,.0f} snapshot rows/s, "
@@ -153,18 +147,20 @@ def main() -> int:
     return 0 if verify.success else 1
 
 
-def _continuous_phase(defs, instance, upstream_uri: str) -> None:
+def _continuous_phase(instance, upstream_uri: str) -> None:
     """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
     committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
     import dagster as dg
 
+    from jobs.workspace_runs import run_in_workspace
+
     if CONTINUOUS_SECONDS <= 0:
         return
     print(f"\ncontinuous mode: follower_job follows a writer for {CONTINUOUS_SECONDS} s")
-    follower, result = defs.resolve_job_def("follower_job"), {}
+    result = {}
     config = {**QUIET, "ops": {"follow_upstream": {"config": {"poll_seconds": 0.5}}}}
-    thread = threading.Thread(target=lambda: result.update(run=follower.execute_in_process(
-        instance=instance, run_config=config, raise_on_error=False)), daemon=True)
+    thread = threading.Thread(target=lambda: result.update(run=run_in_workspace(
+        instance, "follower_job", run_config=config, raise_on_error=False)), daemon=True)
     writer = _Writer(upstream_uri)
     thread.start()
     writer.start()
@@ -180,13 +176,12 @@ def _continuous_phase(defs, instance, upstream_uri: str) -> None:
     writer.stop.set()
     writer.join()
     time.sleep(2)  # let the follower take the writer's last version
-    defs.resolve_job_def("stop_follower_job").execute_in_process(instance=instance,
-                                                                   run_config=QUIET)
+    run_in_workspace(instance, "stop_follower_job", run_config=QUIET)
     thread.join()
     print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}")
 
 
-def _run_metadata(result) -> dict:
+def _observed(result) -> dict:
     """The MV-wide figures the barrier recorded as an observation of downstream_mv."""
     for event in result.all_events:
         if event.event_type_value != "ASSET_OBSERVATION":
@@ -195,6 +190,14 @@ def _run_metadata(result) -> dict:
         if observation.asset_key.path == ["downstream_mv"] and observation.partition is None:
             return {k: v.value for k, v in observation.metadata.items()}
     raise RuntimeError("backfill_job recorded no barrier observation")
+
+
+def _checked(result) -> dict:
+    """The metadata of the asset check result a run recorded (verify_job: matches_oracle)."""
+    for event in result.all_events:
+        if event.event_type_value == "ASSET_CHECK_EVALUATION":
+            return {k: v.value for k, v in event.event_specific_data.metadata.items()}
+    return {}
 
 
 if __name__ == "__main__":

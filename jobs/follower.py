@@ -19,6 +19,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from backfill_assets.assets import MV, record_vnodes
 from backfill_assets.barrier import controls_in_force, vnode_states
+from backfill_assets.checks import progress_result
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.errors import FollowerAlreadyRunning
 from backfill_assets.follower import (
@@ -101,7 +102,8 @@ def _vnodes(run: dg.DagsterRun, config: FollowerConfig, vnode_count: int) -> lis
 
 class _Emitter:
     """Per barrier: a log line, materializations of the vnodes whose progress moved, one
-    observation of `downstream_mv` with the run figures and lag, and run tags (the run page's
+    observation of `downstream_mv` with the run figures and lag, the `backfill_finished` check
+    result (so the check speaks of the follower's latest barrier), and run tags (the run page's
     header) with barriers done, lag and rows/s. Unchanged vnodes emit nothing: a follower at
     256 vnodes must not spend seconds per barrier on events."""
 
@@ -121,11 +123,12 @@ class _Emitter:
             f"{figs.vnodes_finished}/{self.d.vnode_count} finished")
         record_vnodes(ctx.log_event, self.d, report, moved, rec.upstream_version)
         to_mv = rec.commit_to_mv_seconds
+        controls, states = controls_in_force(self.d, self.tables), vnode_states(self.tables)
         ctx.log_event(dg.AssetObservation(MV, metadata={
-            **barrier_metadata(report, figs, controls_in_force(self.d, self.tables),
-                               vnode_states(self.tables)),
+            **barrier_metadata(report, figs, controls, states),
             **lag, "follower_barrier": rec.number,
             "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}))
+        ctx.log_event(progress_result(ctx.instance, figs, controls, states, report.v_new))
         ctx.instance.add_run_tags(ctx.run_id, {
             "follower/barriers": str(rec.number), "follower/version": str(report.v_new),
             "follower/lag_versions": str(rec.lag_versions),

@@ -8,7 +8,7 @@ the asset page shows when the MV was last verified and how; the run fails on any
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.checks import evaluation, run_oracle
+from backfill_assets.checks import evaluation, on_latest_materialization, run_oracle
 from backfill_assets.core.mv_definition import MVDefinition
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -21,7 +21,7 @@ def build_verify_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
                   warehouse: WarehouseResource) -> dg.Output:
         verdict, meta = run_oracle(spark.spark_session, d,
                                    mv_tables(d, settings, warehouse.options()))
-        context.log_event(evaluation(verdict, meta))
+        context.log_event(on_latest_materialization(context.instance, evaluation(verdict, meta)))
         context.log.info(f"verified {verdict.rows_compared} rows over {len(verdict.vnodes)} "
                          f"vnodes: {len(verdict.failures())} vnodes differ")
         if not verdict.ok:

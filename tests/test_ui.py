@@ -1,38 +1,38 @@
 """What a user sees in `dagster dev`, asked through Dagster's GraphQL API (as the UI does).
 
 A small platform (8 vnodes) is brought to a mixed state through the UI's own route (asset
-materializations of a vnode range with the asset check added, as both launch dialogs do), then
-verified and paused; `dagster dev` serves it and the test compares the partition statuses with
-the progress table, and looks for the check result and the figures. `quiet`: the server's
-barrier sensor must not start barriers under the test (see jobs/dagster_dev.py).
+materializations of a vnode range with the asset checks added, as both launch dialogs do), then
+verified and paused. Every run goes through `jobs.workspace_runs` as the demo's do (runs of the
+workspace's code location). `dagster dev` serves it and the test compares the partition
+statuses with the progress table, looks for the check results as the asset page shows them
+(not "Not evaluated"), the figures, and the runs as the Timeline queries them. `quiet`: the
+server's barrier sensor must not start barriers under the test (see jobs/dagster_dev.py).
+The state is left in the test's tmp folder with a `platform.env`, so the mid-backfill
+screenshots are taken from it (README: docs/screenshots/mid_backfill).
 """
 
 from __future__ import annotations
 
 import os
+import shlex
+import sys
+import time
 
 import dagster as dg
 import pytest
 import yaml
+from dagster._core.definitions.reconstruct import ReconstructableJob
 
 from backfill_assets import mv_store
-from backfill_assets.assets import build_assets
-from backfill_assets.checks import (
-    CHECK_NAME,
-    PROGRESS_CHECK,
-    build_oracle_check,
-    build_progress_check,
-)
+from backfill_assets.assets import MV, PROGRESS, REPLICA
+from backfill_assets.checks import CHECK_NAME, PROGRESS_CHECK
 from backfill_assets.core import codec
 from backfill_assets.load_generator import LoadParams, run_load
 from backfill_assets.partitions import range_tags, vnode_key
-from jobs.controls import build_controls_job
 from jobs.dagster_dev import ROOT, dagster_dev, graphql
-from jobs.verify import build_verify_job
+from jobs.workspace_runs import ASSET_JOB, MODULE, run_in_workspace
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
-from resources.spark import spark_resource
-from resources.warehouse import warehouse_resource
 
 VNODES = 8
 ASSETS = """
@@ -52,6 +52,20 @@ query Checks($key: AssetKeyInput!, $name: String!) {
   assetCheckExecutions(assetKey: $key, checkName: $name, limit: 10) {
     runId status evaluation { success metadataEntries { label } } }
 }"""
+# what the asset page's check list reads ("Not evaluated" when this is null)
+CHECK_STATUS = """
+query CheckStatus($keys: [AssetKeyInput!]) { assetNodes(assetKeys: $keys) {
+  assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
+    status evaluation { severity description } } } } } } }"""
+# what Overview > Timeline asks (useRunsForTimeline.tsx): a run without repositoryOrigin is
+# dropped, the others are grouped by (location, repository, job) of the workspace
+TIMELINE = """
+query Timeline($filter: RunsFilter!) { runsOrError(filter: $filter, limit: 500) {
+  ... on Runs { results { id pipelineName status startTime endTime
+    repositoryOrigin { repositoryName repositoryLocationName } } } } }"""
+WORKSPACE_JOBS = """{ workspaceOrError { ... on Workspace { locationEntries { name
+  locationOrLoadError { ... on RepositoryLocation { repositories { name
+    pipelines { name } } } } } } } }"""
 
 
 def _mv_yaml(tmp_path, chunk_size: int) -> str:
@@ -65,53 +79,65 @@ def _mv_yaml(tmp_path, chunk_size: int) -> str:
     return str(path)
 
 
-def _small_platform(tmp_path, warehouse: str, dagster_home: str) -> dict:
-    """vnodes 0..3 finished, 4..5 in progress, 6..7 not started; verified; then paused."""
-    env = {**os.environ, "BACKFILL_WAREHOUSE": warehouse, "DAGSTER_HOME": dagster_home,
+@pytest.fixture
+def platform(tmp_path, warehouse, dagster_home, monkeypatch):
+    """The settings of the small platform, in this process's environment, with the workspace's
+    definitions module loaded for them (and forgotten afterwards)."""
+    env = {"BACKFILL_WAREHOUSE": warehouse, "DAGSTER_HOME": dagster_home,
            "BACKFILL_VNODE_COUNT": str(VNODES),
            "BACKFILL_MV_CONFIG": _mv_yaml(tmp_path, chunk_size=50)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    (tmp_path / "platform.env").write_text(  # for docs/screenshots/take.py --env
+        "".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items() if k != "DAGSTER_HOME"))
+    _forget_definitions()
+    yield {**os.environ, **env}
+    _forget_definitions()
+
+
+def _forget_definitions() -> None:
+    """The definitions module reads the settings when imported; runs reconstruct the job
+    from it (and Dagster keeps the last job loaded), so drop both."""
+    sys.modules.pop(MODULE, None)
+    ReconstructableJob.get_definition.cache_clear()
+    ReconstructableJob.get_repository_definition.cache_clear()
+
+
+def _small_platform(env: dict) -> dict:
+    """vnodes 0..3 finished, 4..5 in progress, 6..7 not started; verified; then paused."""
     settings = load_settings(env)
     d = load_mv_definition(settings)
     run_load(settings.table_uri("upstream"), LoadParams(seed=5, initial_rows=600, versions=1,
                                                         changes_per_version=20),
              vnode_count=VNODES)
-    instance = dg.DagsterInstance.from_config(dagster_home)
-    resources = {"spark": spark_resource(settings), "warehouse": warehouse_resource(settings)}
-    checks = [build_oracle_check(d, settings), build_progress_check(d, settings)]
-    ui_selection = (dg.AssetSelection.assets("replicated_state", "downstream_mv",
-                                             "backfill_progress")
-                    | dg.AssetSelection.checks_for_assets("downstream_mv"))
-    for first, last in ((0, 3), (0, 3), (4, 5)):
-        result = dg.materialize([*build_assets(d, settings), *checks], instance=instance,
-                                selection=ui_selection, resources=resources,
-                                tags=range_tags(first, last, VNODES))
+    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    for first, last in ((0, 3), (0, 3), (4, 5)):  # "Materialize" on the asset pages
+        result = run_in_workspace(instance, ASSET_JOB, asset_selection={REPLICA, MV, PROGRESS},
+                                  tags=range_tags(first, last, VNODES))
         assert result.success
         names = [e.check_name for e in result.get_asset_check_evaluations()]
         assert names == [PROGRESS_CHECK]  # the oracle is skipped: not recomputed per barrier
         said = [e.user_message for e in instance.all_logs(result.run_id)]
         assert any("downstream_mv committed" in m for m in said)  # phases, while it runs
-    verify = build_verify_job(d, settings).execute_in_process(instance=instance,
-                                                              resources=resources)
-    assert verify.success
-    controls = build_controls_job(d, settings).execute_in_process(
-        instance=instance, run_config={"ops": {"set_controls": {"config": {
-            "snapshot": "pause"}}}})
-    assert controls.success
+        assert any("backfill_progress committed" in m and "% done" in m for m in said)
+    assert run_in_workspace(instance, "verify_job").success
+    assert run_in_workspace(instance, "set_controls_job", run_config={"ops": {"set_controls": {
+        "config": {"snapshot": "pause"}}}}).success
     tables = mv_tables(d, settings)
     rows = mv_store.read_rows(mv_store.open_table(tables.progress, tables.storage_options), None,
                               [codec.VNODE, codec.FINISHED]).to_pylist()
-    env["finished"] = {vnode_key(r[codec.VNODE], VNODES) for r in rows if r[codec.FINISHED]}
-    env["started"] = {vnode_key(r[codec.VNODE], VNODES) for r in rows}
-    return env
+    return {"finished": {vnode_key(r[codec.VNODE], VNODES) for r in rows if r[codec.FINISHED]},
+            "started": {vnode_key(r[codec.VNODE], VNODES) for r in rows}}
 
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, warehouse, dagster_home):
-    env = _small_platform(tmp_path, warehouse, dagster_home)
-    finished, started = env.pop("finished"), env.pop("started")
+def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, platform):
+    since = time.time()
+    vnodes = _small_platform(platform)
+    finished, started = vnodes["finished"], vnodes["started"]
     assert finished == {"0", "1", "2", "3"} and started == finished | {"4", "5"}
-    with dagster_dev(env, str(tmp_path / "dagster_dev.log"), quiet=True) as url:
+    with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True) as url:
         keys = [{"path": [k]} for k in ("upstream_table", "replicated_state", "downstream_mv",
                                         "backfill_progress")]
         nodes = {n["assetKey"]["path"][0]: n
@@ -120,6 +146,10 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, warehouse, dag
                                        "name": CHECK_NAME})["assetCheckExecutions"]
         progress_checks = graphql(url, CHECKS, {"key": {"path": ["downstream_mv"]},
                                                 "name": PROGRESS_CHECK})["assetCheckExecutions"]
+        shown = graphql(url, CHECK_STATUS, {"keys": [{"path": ["downstream_mv"]}]})
+        timeline = graphql(url, TIMELINE, {"filter": {
+            "statuses": ["SUCCESS", "FAILURE", "CANCELED"], "updatedAfter": since}})
+        workspace = graphql(url, WORKSPACE_JOBS)["workspaceOrError"]["locationEntries"]
     mv, progress = nodes["downstream_mv"], nodes["backfill_progress"]
     assert set(mv["assetPartitionStatuses"]["materializedPartitions"]) == finished
     assert set(mv["assetPartitionStatuses"]["unmaterializedPartitions"]) == \
@@ -148,6 +178,34 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, warehouse, dag
     assert evaluated[0]["evaluation"]["success"] is True
     assert "rows_compared" in {e["label"] for e in evaluated[0]["evaluation"]["metadataEntries"]}
     assert all(c["status"] == "SKIPPED" for c in checks if not c["evaluation"])
-    assert len(progress_checks) == 3 and progress_checks[0]["status"] == "FAILED"  # a warning
+    # three barriers and the pause; the latest is a warning that says where the MV stands
+    assert len(progress_checks) == 4 and progress_checks[0]["status"] == "FAILED"
     latest = {e["label"] for e in progress_checks[0]["evaluation"]["metadataEntries"]}
     assert {"percent_done", "rows_per_second", "lag_versions", "vnodes_finished"} <= latest
+    _assert_checks_shown(shown)
+    _assert_timeline(timeline, workspace)
+
+
+def _assert_checks_shown(shown: dict) -> None:
+    """Both checks show their latest result on the asset page, not "Not evaluated"."""
+    checks = {c["name"]: c["executionForLatestMaterialization"]
+              for c in shown["assetNodes"][0]["assetChecksOrError"]["checks"]}
+    assert checks[CHECK_NAME]["status"] == "SUCCEEDED"
+    progress = checks[PROGRESS_CHECK]
+    assert progress["status"] == "FAILED" and progress["evaluation"]["severity"] == "WARN"
+    assert progress["evaluation"]["description"].startswith(f"4/{VNODES} vnodes finished, ")
+    assert progress["evaluation"]["description"].endswith("% done, paused")
+
+
+def _assert_timeline(timeline: dict, workspace: list) -> None:
+    """Every run is drawn on the Timeline, in a row of a job the workspace serves."""
+    runs = timeline["runsOrError"]["results"]
+    assert len(runs) == 5 and all(r["status"] == "SUCCESS" for r in runs)
+    served = {(e["name"], repo["name"], job["name"]) for e in workspace
+              for repo in e["locationOrLoadError"]["repositories"] for job in repo["pipelines"]}
+    drawn = {(r["repositoryOrigin"]["repositoryLocationName"],
+              r["repositoryOrigin"]["repositoryName"], r["pipelineName"])
+             for r in runs if r["repositoryOrigin"] and r["startTime"]}
+    assert drawn == {("backfill_assets", "__repository__", job)
+                     for job in (ASSET_JOB, "verify_job", "set_controls_job")}
+    assert drawn <= served

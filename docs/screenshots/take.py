@@ -37,6 +37,7 @@ VIEWS = {
     "mv_oracle_check.png": "/assets/downstream_mv?view=checks&checkDetail=matches_oracle",
     "controls_launchpad.png": f"/locations/{LOCATION}/jobs/set_controls_job/playground",
     "runs.png": "/runs",
+    "timeline.png": "/overview/activity/timeline",
 }
 
 

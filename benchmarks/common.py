@@ -175,6 +175,7 @@ def run_worker(module: str, args: Sequence[str], *, lock: bool = True,
         for line in proc.stdout:
             if line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT "):])
+                sys.stdout.write("    " + line)  # kept in the log, even if measured again
             elif "java.lang.OutOfMemoryError" in line:
                 sys.stdout.write("    " + line)
                 threading.Timer(10, kill, args=("Spark JVM OutOfMemoryError",)).start()

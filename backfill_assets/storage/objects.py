@@ -309,8 +309,9 @@ def check_conditional_writes(root: str, storage_options: StorageOptions = None) 
     """Probe, once per process and store (bucket + options), that a create-only write under
     ``root`` refuses to overwrite; raise ConditionalWritesUnsupported when the store silently
     replaced it. Every write path of the platform (table creation, the storage layer's
-    commits, upstream DML) calls this before its first commit, so an unsafe store is refused before anything is written; a refusal is
-    not remembered (a fixed store passes on the next call). Local folders need no probe."""
+    commits, upstream DML) calls this before its first commit, so an unsafe store is refused
+    before anything is written; a refusal is not remembered (a fixed store passes on the next
+    call). Local folders need no probe."""
     loc = parse(root)
     if loc.scheme == LOCAL:
         return

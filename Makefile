@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env test test-all demo ui screenshots lint clean-demo instance postgres
+.PHONY: env test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres
 
 env: $(STAMP)
 
@@ -38,6 +38,11 @@ postgres:
 
 demo: env instance
 	$(PY) -m jobs.demo
+
+# the demo on a local standalone Spark cluster with every table on a local S3-compatible server
+# (moto); both are started on 127.0.0.1 and stopped by jobs/demo_cluster.py (DEMO_ROWS, 100000)
+demo-cluster: env
+	$(PY) -m jobs.demo_cluster
 
 # `make demo` leaves its settings (warehouse, vnode count, MV definition) in $(DEMO_ENV): the
 # UI then serves the demo's MV. Without that file the UI serves the defaults (./warehouse).

@@ -66,6 +66,7 @@ def test_backfill_through_spark_connect_with_tables_on_s3(spark_connect, s3_serv
 def test_barrier_sensor_reads_an_upstream_on_s3(s3_server, tmp_path, monkeypatch):
     """The sensor runs outside any run (no resources): it resolves the storage options from
     settings itself (BACKFILL_STORAGE_OPTIONS names the env vars) and asks for a barrier."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     import dagster as dg
 
     from backfill_assets.sensors import build_barrier_sensor
@@ -76,7 +77,11 @@ def test_barrier_sensor_reads_an_upstream_on_s3(s3_server, tmp_path, monkeypatch
     run_load(f"{warehouse}/upstream", LoadParams(seed=7, initial_rows=200, versions=1,
                                                  changes_per_version=10),
              vnode_count=VNODES, storage_options=s3_server.storage_options)
-    env = {**s3_server.env(), "BACKFILL_WAREHOUSE": warehouse,
+    # values in variables of other names than deltalake's (which it would read by itself)
+    opts = s3_server.storage_options
+    env = {**{f"STORE_{k}": v for k, v in opts.items()},
+           "BACKFILL_STORAGE_OPTIONS": json.dumps({k: f"STORE_{k}" for k in opts}),
+           "BACKFILL_WAREHOUSE": warehouse,
            "BACKFILL_VNODE_COUNT": str(VNODES),
            "BACKFILL_MV_CONFIG": mv_yaml(tmp_path, vnode_count=VNODES)}
     for key, value in env.items():

@@ -62,7 +62,7 @@ def _write(df, out: str) -> None:
 
     from backfill_assets.storage.write import write_files
 
-    write_files(df, out, _opts(), to_arrow_schema(df.schema))
+    write_files(df, out, _opts(), to_arrow_schema(df.schema, timezone="UTC"))
 
 
 def _read(spark, uri: str, version: int | None):

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
-from backfill_assets.errors import InvalidControl
+from backfill_assets.errors import InvalidControl, UnsupportedStorage
 
 UNSET = "unset"
 
@@ -75,6 +75,17 @@ def requested(current: Controls, snapshot: SnapshotSide, rate_limit: int | None 
     return Controls(chunk, rate).validated()
 
 
+def refuse_remote(mv_root: str, what: str) -> None:
+    """These small files are local-file only so far: on an object-store warehouse they would
+    land in a local folder that other machines never see, so refuse by name instead."""
+    if "://" in mv_root:
+        raise UnsupportedStorage(
+            f"{what} are kept as files in the MV's folder, which is on an object store here "
+            f"({mv_root}): not supported yet, nothing was written. Run the backfill without "
+            "them (the MV definition's chunk_size / rate_limit apply), or use a local or "
+            "shared-folder warehouse")
+
+
 def controls_path(mv_root: str) -> str:
     return os.path.join(mv_root, "controls.json")
 
@@ -91,6 +102,7 @@ def read_controls(mv_root: str) -> Controls:
 def write_controls(mv_root: str, controls: Controls) -> Controls:
     """Atomically replace the controls (a reader never sees half a file)."""
     controls.validated()
+    refuse_remote(mv_root, "runtime controls (rate limit, pause, chunk size)")
     os.makedirs(mv_root, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=mv_root, prefix=".controls-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:

@@ -99,6 +99,7 @@ def create_table(
     ``metadata`` goes into the table configuration (keys outside ``delta.*`` are allowed and
     kept by every later commit), which is how the platform records e.g. the primary key.
     """
+    check_commits_safe(uri, storage_options)
     configuration: dict[str, str | None] = {CDF_PROPERTY: "true" if cdf else "false"}
     configuration.update(metadata or {})
     return DeltaTable.create(
@@ -112,6 +113,14 @@ def create_table(
         storage_options=_opts(storage_options),
         raise_if_key_not_exists=False,
     )
+
+
+def check_commits_safe(uri: str, storage_options: StorageOptions = None) -> None:
+    """Before writing to an object store: refuse one that ignores conditional writes
+    (ConditionalWritesUnsupported; probed once per store and process, nothing for a folder)."""
+    from backfill_assets.storage import objects  # lazy: the storage package imports this one
+
+    objects.check_conditional_writes(uri, storage_options)
 
 
 def latest_version(uri: str, storage_options: StorageOptions = None) -> int:

@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 
 from backfill_assets import mv_store
 from backfill_assets.barrier import controls_in_force, figures, mv_root, run_barrier
-from backfill_assets.controls import read_controls
+from backfill_assets.controls import read_controls, refuse_remote
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.errors import ConcurrentBackfillRun
@@ -71,6 +71,7 @@ def stop_path(root: str) -> str:
 def request_stop(tables: MVTables, reason: str) -> None:
     """Ask every follower of the MV to stop after its barrier in flight (atomic write)."""
     root = mv_root(tables)
+    refuse_remote(root, "follower stop requests")
     os.makedirs(root, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".follower-stop-")
     with os.fdopen(fd, "w", encoding="utf-8") as f:

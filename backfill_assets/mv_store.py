@@ -23,7 +23,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from backfill_assets.arrow_types import normalize_schema
 from backfill_assets.delta_store import arrangement_properties, arrow_schema
 from backfill_assets.errors import ConcurrentBackfillRun, WarehouseNotWritable
-from backfill_assets.storage import Intent, ensure_mor_table
+from backfill_assets.storage import Intent, ensure_mor_table, objects
 
 STEP_METADATA_KEY = "backfill.step"
 
@@ -77,6 +77,7 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str]
                  cdf: bool, description: str | None = None) -> DeltaTable:
     """Open the vnode-partitioned table (the progress table), creating it empty when
     missing."""
+    objects.check_conditional_writes(uri, storage_options)  # before the first write
     table = open_table(uri, storage_options)
     if table is not None:
         return table

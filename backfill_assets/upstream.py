@@ -444,6 +444,7 @@ def apply_dml(uri: str, batch: DmlBatch, *, spec: UpstreamSpec | None = None,
     if not changes:
         return table.version()
     _check_against_table(uri, spec, changes, storage_options, table.version())
+    delta_store.check_commits_safe(uri, storage_options)
 
     source = _source_table(spec, changes)
     vnodes = sorted(set(source.column("_m_vnode").to_pylist()))
@@ -536,6 +537,7 @@ def insert_rows(uri: str, rows: pa.Table, *, spec: UpstreamSpec | None = None,
             raise DuplicatePrimaryKey(
                 f"{sum(found)} inserted key(s) already exist in {spec.name!r}, e.g. {dup!r}"
             )
+    delta_store.check_commits_safe(uri, storage_options)
     write_deltalake(uri, data, mode="append", storage_options=storage_options,
                     commit_properties=delta_store.commit_properties(
                         {"backfill.dml": {"insert": data.num_rows}, **(commit_metadata or {})}))

@@ -14,6 +14,11 @@ Every run is executed here but recorded as a run of the workspace's code locatio
 A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo)
 and leaves its settings in `demo.env` (warehouse, vnode count, MV definition), which `make ui`
 loads, so the UI serves the demo's MV: its partitions, lineage, runs and check results.
+
+`make demo-cluster` (jobs/demo_cluster.py) runs this same script with an object-store
+warehouse already set (BACKFILL_WAREHOUSE=s3://..., BACKFILL_STORAGE_OPTIONS) and Spark on a
+standalone cluster: then the warehouse is used as given and no demo.env is left (its servers
+are gone when it ends).
 """
 
 from __future__ import annotations
@@ -34,12 +39,19 @@ CONTINUOUS_SECONDS = int(os.environ.get("DEMO_CONTINUOUS_SECONDS", "15"))
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the UI has the full log
 
 
+def _remote() -> bool:
+    """True when the caller set an object-store warehouse (make demo-cluster)."""
+    return "://" in os.environ.get("BACKFILL_WAREHOUSE", "")
+
+
 def _setup_env() -> str:
+    os.environ.setdefault("BACKFILL_VNODE_COUNT", DEMO_VNODES)
+    if _remote():
+        return os.environ["BACKFILL_WAREHOUSE"]
     warehouse = os.path.join(ROOT, "warehouse", "demo")
     shutil.rmtree(warehouse, ignore_errors=True)
     os.makedirs(warehouse)
     os.environ["BACKFILL_WAREHOUSE"] = warehouse
-    os.environ.setdefault("BACKFILL_VNODE_COUNT", DEMO_VNODES)
     os.environ.setdefault("DAGSTER_HOME", os.path.join(ROOT, ".dagster_home"))
     os.makedirs(os.environ["DAGSTER_HOME"], exist_ok=True)
     return warehouse
@@ -81,23 +93,26 @@ def _create_upstream(instance) -> None:
 class _Writer(threading.Thread):
     """Commits one DML version per second to the upstream until stopped."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
         super().__init__(daemon=True)
         self.uri, self.stop, self.versions = uri, threading.Event(), 0
+        self.storage_options = storage_options or None
 
     def run(self) -> None:
         from backfill_assets.load_generator import LoadParams, run_load
 
         while not self.stop.is_set():
             run_load(self.uri, LoadParams(seed=1000 + self.versions, versions=1,
-                                          changes_per_version=200))
+                                          changes_per_version=200),
+                     storage_options=self.storage_options)
             self.versions += 1
             self.stop.wait(1.0)
 
 
 def main() -> int:
     _setup_env()
-    _leave_settings()
+    if not _remote():
+        _leave_settings()
     started = time.monotonic()
 
     import dagster as dg
@@ -111,7 +126,8 @@ def main() -> int:
     instance = dg.DagsterInstance.get()
     _forget_old_demo(instance)
     _create_upstream(instance)
-    writer = _Writer(mv_tables(mv).upstream)
+    tables = mv_tables(mv)
+    writer = _Writer(tables.upstream, dict(tables.storage_options))
     writer.start()
     print(f"MV {mv.name!r} ({mv.mode}) over {DEMO_ROWS} rows, {mv.vnode_count} vnodes, "
           f"chunk {mv.chunk_size}/vnode; the writer commits a version every second")
@@ -132,7 +148,7 @@ def main() -> int:
               f"{mv.vnode_count}, lag {meta['lag_versions']} versions")
         if after_finish is None and meta["percent_done"] >= 100.0:
             after_finish = barriers
-    _continuous_phase(instance, mv_tables(mv).upstream)
+    _continuous_phase(instance, tables)
     seconds = time.monotonic() - started
     verify = run_in_workspace(instance, "verify_job", run_config=QUIET, raise_on_error=False)
     rows = _checked(verify).get("rows_compared", 0)
@@ -142,12 +158,13 @@ def main() -> int:
           f"{forwarded} changes forwarded")
     verdict = f"verified {rows} rows, 0 mismatches" if verify.success else "FAILED"
     print(f"verify_job: {verdict}")
-    print(f"tables under {mv_root(mv_tables(mv))}; settings for the UI in {DEMO_ENV}: "
-          "`make ui` serves this MV")
+    where = f"tables under {mv_root(tables)}"
+    print(where if _remote() else f"{where}; settings for the UI in {DEMO_ENV}: `make ui` "
+          "serves this MV")
     return 0 if verify.success else 1
 
 
-def _continuous_phase(instance, upstream_uri: str) -> None:
+def _continuous_phase(instance, tables) -> None:
     """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
     committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
     import dagster as dg
@@ -161,7 +178,7 @@ def _continuous_phase(instance, upstream_uri: str) -> None:
     config = {**QUIET, "ops": {"follow_upstream": {"config": {"poll_seconds": 0.5}}}}
     thread = threading.Thread(target=lambda: result.update(run=run_in_workspace(
         instance, "follower_job", run_config=config, raise_on_error=False)), daemon=True)
-    writer = _Writer(upstream_uri)
+    writer = _Writer(tables.upstream, dict(tables.storage_options))
     thread.start()
     writer.start()
     deadline, shown = time.monotonic() + CONTINUOUS_SECONDS, None

@@ -38,4 +38,6 @@ def load_mv_definition(settings: Settings | None = None, path: str | None = None
 def mv_tables(d: MVDefinition, settings: Settings | None = None,
               storage_options: dict[str, str] | None = None) -> MVTables:
     settings = settings or load_settings()
+    if storage_options is None:  # outside a run (sensor, scripts): resolve them here
+        storage_options = settings.storage_options()
     return MVTables.under(settings.warehouse_root, d.name, d.upstream, storage_options)

@@ -86,6 +86,13 @@ class Settings:
     test_kill_at: str | None = None  # fault injection for the crash tests (never in production)
     dagster_home: str | None = None
 
+    def storage_options(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The object-store options with their values read from the environment now: what the
+        resources' EnvVars resolve to inside a run, for code outside one (the barrier sensor,
+        scripts). Options whose variable is unset are left out."""
+        env = os.environ if environ is None else environ
+        return {k: env[v] for k, v in self.storage_options_env.items() if v in env}
+
     def table_uri(self, name: str) -> str:
         """URI of a table called ``name`` under the warehouse root."""
         return join_uri(self.warehouse_root, name)

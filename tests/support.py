@@ -60,9 +60,10 @@ class LiveUpstream:
     make_row: Callable[[random.Random, object], dict]
     next_key: Callable[[random.Random], object]
     keys: set = field(default_factory=set)
+    storage_options: dict | None = None  # deltalake-style options of an object-store URI
 
     def create(self, rows: int) -> None:
-        create_upstream(self.uri, self.spec)
+        create_upstream(self.uri, self.spec, self.storage_options)
         batch = [self.make_row(self.rng, self.fresh_key()) for _ in range(rows)]
         self.apply(DmlBatch(inserts=batch))
 
@@ -74,7 +75,7 @@ class LiveUpstream:
                 return key
 
     def apply(self, batch: DmlBatch) -> int:
-        return apply_dml(self.uri, batch, spec=self.spec)
+        return apply_dml(self.uri, batch, spec=self.spec, storage_options=self.storage_options)
 
     def random_batch(self, size: int) -> DmlBatch:
         """A mix of inserts, updates, deletes and pk changes over random existing keys."""

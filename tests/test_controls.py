@@ -121,3 +121,19 @@ def test_no_shuffle_refuses_to_rescale_while_in_progress(spark, warehouse):
     run_barrier(spark, d, tables, [0, 1, 2, 3])  # finished: any ranges from now on
     run_barrier(spark, d, tables, [4, 5, 6, 7])
     assert_verified(spark, d, tables)
+
+
+def test_controls_and_stop_requests_refuse_an_object_store_warehouse(tmp_path, monkeypatch):
+    """They are local files so far: on an s3:// warehouse they would land in a local folder
+    no other machine sees, so they fail by name and write nothing (README, Scale out)."""
+    from backfill_assets.errors import UnsupportedStorage
+    from backfill_assets.follower import request_stop
+
+    monkeypatch.chdir(tmp_path)
+    tables = MVTables.under("s3://bucket/warehouse", "orders_mv", "orders")
+    assert read_controls(mv_root(tables)) == Controls()  # nothing set: the defaults
+    with pytest.raises(UnsupportedStorage, match="nothing was written"):
+        update_controls(mv_root(tables), rate_limit=100)
+    with pytest.raises(UnsupportedStorage, match="follower stop requests"):
+        request_stop(tables, "test")
+    assert list(tmp_path.iterdir()) == []

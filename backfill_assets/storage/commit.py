@@ -61,6 +61,7 @@ def _no_hook(point: str) -> None:
 def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook) -> int:
     """Commit ``change`` on top of ``snap`` (the version it was planned on); the new version.
     Raises ConcurrentBackfillRun when another writer took this step's vnodes or files."""
+    objects.check_conditional_writes(snap.uri, snap.storage_options)  # once per store
     base = snap
     for _ in range(COMMIT_ATTEMPTS):
         target = base.version + 1

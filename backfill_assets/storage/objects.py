@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -305,30 +306,54 @@ def delete(uri: str, storage_options: StorageOptions = None) -> bool:
 
 
 def check_conditional_writes(root: str, storage_options: StorageOptions = None) -> None:
-    """Probe, once per process and store, that a create-only write under ``root`` refuses to
-    overwrite; raise ConditionalWritesUnsupported when the store silently replaced it."""
+    """Probe, once per process and store (bucket + options), that a create-only write under
+    ``root`` refuses to overwrite; raise ConditionalWritesUnsupported when the store silently
+    replaced it. Every write path of the platform (table creation, the storage layer's
+    commits, upstream DML) calls this before its first commit, so an unsafe store is refused
+    before anything is written; a refusal is not remembered (a fixed store passes on the next
+    call). Local folders need no probe."""
     loc = parse(root)
     if loc.scheme == LOCAL:
         return
-    _probe(loc.bucket, loc.key, _canonical(storage_options))
+    options = _canonical(storage_options)
+    store = (loc.bucket, options)
+    with _PROBE_LOCK:
+        if store in _PROBED:
+            return
+        _probe(loc.bucket, loc.key, options)
+        _PROBED.add(store)
 
 
-@functools.lru_cache(maxsize=16)
+_PROBED: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+_PROBE_LOCK = threading.Lock()
+
+
 def _probe(bucket: str, key: str, options: tuple[tuple[str, str], ...]) -> None:
-    uri = f"s3://{bucket}/{key}/_put_if_absent_probe/{uuid.uuid4().hex}".replace("//_", "/_")
+    """Two create-only PUTs of one fresh name under ``key``: the second must be refused."""
+    uri = join(f"s3://{bucket}", key, "_put_if_absent_probe", uuid.uuid4().hex)
     opts = dict(options)
-    endpoint = opts.get("endpoint", "AWS")
+    endpoint = opts.get("endpoint", "AWS S3")
     try:
-        if not put_if_absent(uri, b"first", _aliased(opts)):
+        try:
+            first = put_if_absent(uri, b"first", _aliased(opts))
+            second = put_if_absent(uri, b"second", _aliased(opts))
+        except NotImplementedError as exc:  # obstore: conditional put switched off
+            raise _unsupported(endpoint, f"the client refused a create-only PUT ({exc})") from exc
+        if not first:
             raise ConditionalWritesUnsupported(f"probe object {uri} existed before it was written")
-        if put_if_absent(uri, b"second", _aliased(opts)):
-            raise ConditionalWritesUnsupported(
-                f"the object store at {endpoint} overwrote an object on a create-only PUT "
-                "(If-None-Match: *): concurrent commits could both succeed. Use a store that "
-                "supports conditional writes (AWS S3, MinIO, R2) or a locking provider"
-            )
+        if second:
+            raise _unsupported(endpoint, "it overwrote an object on a create-only PUT "
+                               "(If-None-Match: *)")
     finally:
         delete(uri, _aliased(opts))
+
+
+def _unsupported(endpoint: str, what: str) -> ConditionalWritesUnsupported:
+    return ConditionalWritesUnsupported(
+        f"the object store at {endpoint} cannot be committed to safely: {what}, so two "
+        "concurrent commits could both succeed. Nothing was written. Use a store that supports "
+        "conditional writes (AWS S3, MinIO, Cloudflare R2, Ceph RGW 18+) or keep the tables in "
+        "a local/shared folder")
 
 
 def _aliased(canonical: Mapping[str, str]) -> dict[str, str]:

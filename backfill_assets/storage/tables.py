@@ -39,6 +39,7 @@ def ensure_mor_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, 
     """Open the table, creating it (empty, DVs on) when missing; safe against a racing
     creator: the loser uses the winner's table."""
     opts = dict(storage_options or {}) or None
+    objects.check_conditional_writes(uri, storage_options)  # before the first write
     table = open_mor_table(uri, storage_options)
     if table is None:
         config = {CDF_PROPERTY: "true" if cdf else "false", **dict(configuration or {})}

@@ -64,33 +64,36 @@ def definition(raw: dict):
     return MVDefinition.from_dict(raw)
 
 
-def tables_of(warehouse: str, raw: dict):
+def tables_of(warehouse: str, raw: dict, storage_options: dict | None = None):
     from backfill_assets.mv_store import MVTables
 
-    return MVTables.under(warehouse, raw["name"], raw["upstream"])
+    return MVTables.under(warehouse, raw["name"], raw["upstream"], storage_options)
 
 
-def orders(warehouse: str, seed: int, vnode_count: int = VNODES, name: str = "orders"):
-    """A seeded LiveUpstream of the e2e tests' `orders` table (not created yet)."""
+def orders(warehouse: str, seed: int, vnode_count: int = VNODES, name: str = "orders",
+           storage_options: dict | None = None):
+    """A seeded LiveUpstream of the e2e tests' `orders` table (not created yet); the
+    warehouse may be an object-store URI reached with ``storage_options``."""
     from tests.support import LiveUpstream, simple_row, simple_spec
 
     return LiveUpstream(f"{warehouse}/{name}", simple_spec(vnode_count, name),
-                        random.Random(seed), simple_row, lambda rng: rng.randint(1, 100_000))
+                        random.Random(seed), simple_row, lambda rng: rng.randint(1, 100_000),
+                        storage_options=storage_options)
 
 
 def prewrite(live, rows: int, batches: int, changes: int) -> list[int]:
     """Create the upstream, load `rows`, then `batches` DML versions; the versions written."""
     live.create(rows)
-    versions = [latest(live.uri)]
+    versions = [latest(live.uri, live.storage_options)]
     for _ in range(batches):
         versions.append(live.apply(live.random_batch(changes)))
     return versions
 
 
-def latest(uri: str) -> int:
+def latest(uri: str, storage_options: dict | None = None) -> int:
     from deltalake import DeltaTable
 
-    return DeltaTable(uri).version()
+    return DeltaTable(uri, storage_options=storage_options or None).version()
 
 
 # ---------------------------------------------------------------------------- table states
@@ -114,16 +117,16 @@ def _frozen(row: dict) -> tuple:
     return tuple(sorted((k, repr(v)) for k, v in row.items()))
 
 
-def _open(uri: str):
+def _open(uri: str, storage_options=None, version: int | None = None):
     from backfill_assets.mv_store import open_table
 
-    return open_table(uri, {})
+    return open_table(uri, storage_options or {}, version)
 
 
 def table_versions(tables) -> dict:
     out = {}
     for name in ("mv", "replica", "progress"):
-        t = _open(getattr(tables, name))
+        t = _open(getattr(tables, name), tables.storage_options)
         out[name] = None if t is None else t.version()
     return out
 
@@ -131,10 +134,10 @@ def table_versions(tables) -> dict:
 def snapshot(tables, key_names: Sequence[str] = ("id",)) -> TableState:
     from backfill_assets.mv_store import read_rows
 
-    mv = _open(tables.mv)
+    mv = _open(tables.mv, tables.storage_options)
     rows = read_rows(mv).to_pylist() if mv is not None else []
     keys = Counter((r["vnode"], *(r[k] for k in key_names)) for r in rows)
-    progress = _open(tables.progress)
+    progress = _open(tables.progress, tables.storage_options)
     prows = read_rows(progress).to_pylist() if progress is not None else []
     return TableState(Counter(_frozen(r) for r in rows),
                       tuple(sorted(_frozen(r) for r in prows)),
@@ -181,7 +184,8 @@ def recovered_progress(d, tables, vnodes: Sequence[int]) -> dict:
     from backfill_assets.recovery import recover_state
     from backfill_assets.upstream_check import checked_upstream
 
-    progress_table, mv = _open(tables.progress), _open(tables.mv)
+    progress_table = _open(tables.progress, tables.storage_options)
+    mv = _open(tables.mv, tables.storage_options)
     if progress_table is None or mv is None:
         return {}
     key_order = checked_upstream(tables, d, None).key_order
@@ -206,7 +210,7 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     verdict = verify(spark, d, tables, vnodes, progress=progress)
     check.rows_compared += verdict.rows_compared
     check.failures += [("mv", v.vnode, v.missing, v.unexpected) for v in verdict.failures()]
-    replica = _open(tables.replica)
+    replica = _open(tables.replica, tables.storage_options)
     if d.mode != "arrangement" or replica is None:
         return check
     names = [f.name for f in upstream.schema]
@@ -220,7 +224,8 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     for version in sorted({at[v] for v in live}):
         group = {v for v in live if at[v] == version}
         want = defaultdict(Counter)
-        for row in read_rows(_open_at(tables.upstream, version), None, names).to_pylist():
+        upstream_at = _open(tables.upstream, tables.storage_options, version)
+        for row in read_rows(upstream_at, None, names).to_pylist():
             k = vnode_of((row["id"],), upstream.key_types, d.vnode_count)
             if k in group:
                 want[k][_frozen(row)] += 1
@@ -230,12 +235,6 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
                 check.failures.append(("replica", vnode, sum((want[vnode] - got[vnode]).values()),
                                        sum((got[vnode] - want[vnode]).values())))
     return check
-
-
-def _open_at(uri: str, version: int):
-    from backfill_assets.mv_store import open_table
-
-    return open_table(uri, {}, version)
 
 
 def assert_recovered_invariant(spark, d, tables, what: str) -> int:
@@ -297,6 +296,7 @@ class Chain:
     raw: dict
     states: list = field(default_factory=list)
     reports: list = field(default_factory=list)
+    storage_options: dict | None = None  # an object-store warehouse's options
 
     @property
     def d(self):
@@ -304,7 +304,7 @@ class Chain:
 
     @property
     def tables(self):
-        return tables_of(self.warehouse, self.raw)
+        return tables_of(self.warehouse, self.raw, self.storage_options)
 
     def run(self, b: Barrier, hook=None):
         from backfill_assets.barrier import run_barrier
@@ -322,7 +322,9 @@ class Chain:
 
 
 def child_env(warehouse: str, *, dagster_home: str | None = None, mv_config: str | None = None,
-              kill_at: str | None = None, master: str = "local[2]") -> dict:
+              kill_at: str | None = None, master: str = "local[2]",
+              extra: dict | None = None) -> dict:
+    """A child's environment; ``extra`` adds settings (an object store's, a Spark conf)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
     env.update({"BACKFILL_WAREHOUSE": warehouse, "BACKFILL_SPARK_MASTER": master,
                 "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -333,6 +335,7 @@ def child_env(warehouse: str, *, dagster_home: str | None = None, mv_config: str
         env["BACKFILL_MV_CONFIG"] = mv_config
     if kill_at:
         env["BACKFILL_TEST_KILL_AT"] = kill_at
+    env.update(extra or {})
     return env
 
 
@@ -377,7 +380,7 @@ class ChildResult:
 
 def dagster_backfill(warehouse: str, dagster_home: str, raw: dict, version: int,
                      vnodes: Sequence[int], *, kill_at: str | None = None,
-                     master: str = "local[2]") -> ChildResult:
+                     master: str = "local[2]", extra_env: dict | None = None) -> ChildResult:
     """`dagster job execute -j backfill_job` for one barrier over the vnode range."""
     from backfill_assets.partitions import range_tags
 
@@ -391,24 +394,27 @@ def dagster_backfill(warehouse: str, dagster_home: str, raw: dict, version: int,
     cmd = [sys.executable, "-m", "dagster", "job", "execute", "-m", "backfill_assets.definitions",
            "-j", "backfill_job", "-c", run_config, "--tags", json.dumps(tags)]
     env = child_env(warehouse, dagster_home=dagster_home, mv_config=mv_config, kill_at=kill_at,
-                    master=master)
+                    master=master, extra=extra_env)
     return _run(cmd, env)
 
 
 def light_args(warehouse: str, raw: dict, version: int | None, vnodes: Sequence[int], *,
                kill_at: str | None = None, rendezvous: dict | None = None,
-               chunk_size: int | None = None, rate_limit: int | None = None) -> dict:
+               chunk_size: int | None = None, rate_limit: int | None = None,
+               storage_options: dict | None = None) -> dict:
     return {"warehouse": warehouse, "mv": raw, "version": version, "vnodes": list(vnodes),
             "kill_at": kill_at, "rendezvous": rendezvous, "chunk_size": chunk_size,
-            "rate_limit": rate_limit}
+            "rate_limit": rate_limit, "storage_options": storage_options}
 
 
 def light_command(args: dict) -> list[str]:
     return [sys.executable, "-m", "tests.reliability.harness", json.dumps(args)]
 
 
-def light_backfill(args: dict, master: str = "local[2]") -> ChildResult:
-    return _run(light_command(args), child_env(args["warehouse"], master=master))
+def light_backfill(args: dict, master: str = "local[2]",
+                   extra_env: dict | None = None) -> ChildResult:
+    return _run(light_command(args), child_env(args["warehouse"], master=master,
+                                               extra=extra_env))
 
 
 def start_light(args: dict, master: str = "local[1]") -> tuple[subprocess.Popen, float]:
@@ -462,7 +468,7 @@ def _child_main(args: dict) -> int:
 
     spark = get_spark(load_settings())
     raw = args["mv"]
-    d, tables = definition(raw), tables_of(args["warehouse"], raw)
+    d, tables = definition(raw), tables_of(args["warehouse"], raw, args.get("storage_options"))
     kill, meet = kill_hook(args.get("kill_at")), rendezvous_hook(args.get("rendezvous"))
 
     def hook(point: str) -> None:

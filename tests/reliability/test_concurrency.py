@@ -43,12 +43,14 @@ VARIANTS = {"arrangement-overlap", "arrangement-disjoint", "no_shuffle-same",
             "no_shuffle-disjoint"}
 
 
-def _race(warehouse: str, raw: dict, version: int, a: tuple, b: tuple, rdv_dir: str) -> dict:
+def _race(warehouse: str, raw: dict, version: int, a: tuple, b: tuple, rdv_dir: str,
+          storage_options: dict | None = None) -> dict:
     peers = ["a", "b"]
     started = {}
     for me, vnodes in (("a", a), ("b", b)):
         rdv = {"dir": rdv_dir, "me": me, "peers": peers, "point": "before_write"}
-        started[me] = H.start_light(H.light_args(warehouse, raw, version, vnodes, rendezvous=rdv))
+        started[me] = H.start_light(H.light_args(warehouse, raw, version, vnodes, rendezvous=rdv,
+                                                 storage_options=storage_options))
     return {me: H.finish(s) for me, s in started.items()}
 
 
@@ -57,12 +59,21 @@ def _race(warehouse: str, raw: dict, version: int, a: tuple, b: tuple, rdv_dir: 
 @pytest.mark.parametrize("case", [
     pytest.param(c, marks=pytest.mark.variant) if c in VARIANTS else c for c in CASES])
 def test_two_runs_at_the_same_time(spark, tmp_path, case, figures):
+    run_race_case(spark, str(tmp_path / "warehouse"), case, str(tmp_path), figures)
+
+
+def run_race_case(spark, warehouse: str, case: str, rdv_root: str, figures,
+                  storage_options: dict | None = None) -> None:
+    """One case of CASES with the warehouse at ``warehouse`` (a folder, or an object-store
+    URI reached with ``storage_options``: tests/reliability/test_object_store.py)."""
     mode, a, b, loser_expected, first = CASES[case]
-    warehouse = str(tmp_path / "warehouse")
-    live = H.orders(warehouse, seed=21)
+    opts = storage_options
+    live = H.orders(warehouse, seed=21, storage_options=opts)
     versions = H.prewrite(live, rows=200, batches=2, changes=10)
-    ref = H.Chain(spark, warehouse, H.mv_raw(f"ref_{mode}", mode, CHUNK[mode], live.uri))
-    race = H.Chain(spark, warehouse, H.mv_raw(f"race_{mode}", mode, CHUNK[mode], live.uri))
+    ref = H.Chain(spark, warehouse, H.mv_raw(f"ref_{mode}", mode, CHUNK[mode], live.uri),
+                  storage_options=opts)
+    race = H.Chain(spark, warehouse, H.mv_raw(f"race_{mode}", mode, CHUNK[mode], live.uri),
+                   storage_options=opts)
     if not first:
         for chain in (ref, race):
             chain.run(H.Barrier(versions[0], a))
@@ -70,7 +81,7 @@ def test_two_runs_at_the_same_time(spark, tmp_path, case, figures):
     for n, version in enumerate([versions[0] if first else versions[-1]]):
         ref.run(H.Barrier(version, a))
         ref.run(H.Barrier(version, b))
-        results = _race(warehouse, race.raw, version, a, b, str(tmp_path / f"rdv{n}"))
+        results = _race(warehouse, race.raw, version, a, b, f"{rdv_root}/rdv{n}", opts)
         errors = {me: r.error for me, r in results.items()}
         for me, r in results.items():
             assert r.returncode in (0, 3) and r.result is not None, r.output[-3000:]

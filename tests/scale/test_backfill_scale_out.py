@@ -61,3 +61,37 @@ def test_backfill_on_the_cluster_with_tables_on_s3(spark_cluster, s3_server, tmp
 
 def test_backfill_through_spark_connect_with_tables_on_s3(spark_connect, s3_server, tmp_path):
     _scenario(tmp_path, s3_server, {"BACKFILL_SPARK_REMOTE": spark_connect.remote_url})
+
+
+def test_barrier_sensor_reads_an_upstream_on_s3(s3_server, tmp_path, monkeypatch):
+    """The sensor runs outside any run (no resources): it resolves the storage options from
+    settings itself (BACKFILL_STORAGE_OPTIONS names the env vars) and asks for a barrier."""
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    import dagster as dg
+
+    from backfill_assets.sensors import build_barrier_sensor
+    from resources.mv import load_mv_definition
+    from resources.settings import load_settings
+
+    warehouse = s3_server.fresh_uri("sensor")
+    run_load(f"{warehouse}/upstream", LoadParams(seed=7, initial_rows=200, versions=1,
+                                                 changes_per_version=10),
+             vnode_count=VNODES, storage_options=s3_server.storage_options)
+    # values in variables of other names than deltalake's (which it would read by itself)
+    opts = s3_server.storage_options
+    env = {**{f"STORE_{k}": v for k, v in opts.items()},
+           "BACKFILL_STORAGE_OPTIONS": json.dumps({k: f"STORE_{k}" for k in opts}),
+           "BACKFILL_WAREHOUSE": warehouse,
+           "BACKFILL_VNODE_COUNT": str(VNODES),
+           "BACKFILL_MV_CONFIG": mv_yaml(tmp_path, vnode_count=VNODES)}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = load_settings()
+    sensor = build_barrier_sensor(load_mv_definition(settings), settings, "backfill_job", 2)
+    with dg.DagsterInstance.ephemeral() as instance:
+        requests = sensor(dg.build_sensor_context(instance=instance))
+    assert [r.tags["dagster/asset_partition_range_start"] for r in requests] == ["0", "4"]
+    from backfill_assets.delta_store import latest_version
+
+    version = latest_version(f"{warehouse}/upstream", s3_server.storage_options)
+    assert all(f":v{version}:" in r.run_key for r in requests)

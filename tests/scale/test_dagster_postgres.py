@@ -2,15 +2,20 @@
 
 The documented file is used as it is: DAGSTER_HOME holds a copy, the DAGSTER_PG_* variables
 point it at the loopback PostgreSQL server the fixture started. ``dagster job execute`` runs a
-barrier over a tiny upstream made by the project's load generator, the barrier sensor is
-evaluated with that instance, and ``dagster job launch`` shows runs are queued (the queued run
-coordinator) with the per-MV concurrency tag the limits key on.
+barrier over a tiny upstream made by the project's load generator and the barrier sensor is
+evaluated with that instance. Then ``dagster-daemon run`` does what it does in production: its
+sensor loop turns the next upstream version into one run per vnode range (3 ranges), the
+queued run coordinator queues them, and the daemon dequeues at most 2 at a time for the MV (the
+per-MV tag limit of the file): the third run is seen QUEUED while two are in flight, and all
+three succeed. Finally ``dagster job launch`` shows a command-line launch is queued too.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
+import time
 
 import dagster as dg
 import pytest
@@ -22,10 +27,13 @@ from jobs.backfill import MV_TAG
 from resources.mv import load_mv_definition
 from resources.settings import load_settings
 from resources.spark import child_env
+from tests.infra import procs
 from tests.infra.dagster_cli import ROOT, dagster, execute, mv_yaml
 
 DEPLOY_YAML = os.path.join(ROOT, "deploy", "dagster.postgres.yaml")
 VNODES = 8
+SENSOR = "upstream_barrier_sensor"
+IN_FLIGHT = (dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
@@ -76,8 +84,51 @@ def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_pat
         version = DeltaTable(f"{warehouse}/upstream").version()
         assert all(f":v{version}:" in r.run_key for r in requests)
 
+    _daemon_runs_the_sensor_barrier(env, home, tmp_path, version)
+
     # a launched run goes through the queued run coordinator (no daemon here: it stays queued)
     dagster(env, "job", "launch", "-m", "backfill_assets.definitions", "-j", "backfill_job")
     with dg.DagsterInstance.from_config(str(home)) as instance:
         queued = instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED]))
         assert len(queued) == 1 and queued[0].tags[MV_TAG] == "orders_mv"
+
+
+def _daemon_runs_the_sensor_barrier(env: dict, home, tmp_path, version: int) -> None:
+    """The daemon ticks the sensor (3 vnode ranges), queues 3 runs, runs at most 2 at once."""
+    daemon_env = {**env, "BACKFILL_RUN_RANGES": "3", "BACKFILL_SPARK_MASTER": "local[1]"}
+    exe = os.path.join(os.path.dirname(sys.executable), "dagster-daemon")
+    daemon = procs.start("dagster-daemon", [exe, "run", "-w", "workspace.yaml"],
+                         str(tmp_path / "daemon.log"), env=daemon_env, cwd=ROOT)
+    held = in_flight_max = 0
+    with procs.running(daemon), dg.DagsterInstance.from_config(str(home)) as instance:
+        deadline = time.monotonic() + 420
+        while True:
+            runs = instance.get_runs(dg.RunsFilter(tags={"dagster/sensor_name": SENSOR}))
+            flying = sum(r.status in IN_FLIGHT for r in runs)
+            queued = sum(r.status == dg.DagsterRunStatus.QUEUED for r in runs)
+            in_flight_max = max(in_flight_max, flying)
+            held += flying == 2 and queued >= 1  # the limit holding a run back
+            if len(runs) == 3 and all(r.is_finished for r in runs):
+                break
+            assert time.monotonic() < deadline, \
+                f"runs {[r.status for r in runs]}; daemon log:\n{daemon.log_tail()}"
+            assert daemon.proc.poll() is None, daemon.log_tail()
+            time.sleep(1)
+        assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), \
+            [(r.run_id, r.status) for r in runs]
+        assert sorted(r.tags["dagster/asset_partition_range_start"] for r in runs) == \
+            ["0", "3", "5"]
+        assert all(f":v{version}:" in r.tags["dagster/run_key"] for r in runs)
+        assert in_flight_max <= 2 and held, (in_flight_max, held)
+        records = instance.get_run_records(dg.RunsFilter(run_ids=[r.run_id for r in runs]))
+        spans = [(r.start_time, r.end_time) for r in records]
+        overlap = max(sum(a <= t < b for a, b in spans) for t, _ in spans)
+        assert overlap <= 2, spans  # by the run records' own start/end times too
+        for run in runs:
+            kinds = {e.dagster_event.event_type_value for e in instance.all_logs(run.run_id)
+                     if e.dagster_event is not None}
+            # queued by the coordinator, then started by the daemon's run queue
+            assert {"PIPELINE_ENQUEUED", "PIPELINE_STARTING"} <= kinds, (run.run_id, kinds)
+        done = instance.fetch_materializations(dg.AssetKey("downstream_mv"), limit=100).records
+        fresh = {r.partition_key for r in done if r.run_id in {x.run_id for x in runs}}
+        assert fresh == {str(v) for v in range(VNODES)}

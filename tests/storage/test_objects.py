@@ -17,6 +17,7 @@ import pytest
 
 from backfill_assets.core.errors import ConditionalWritesUnsupported, UnsupportedStorage
 from backfill_assets.storage import objects
+from tests.infra.s3_proxy import start_proxy
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -125,9 +126,23 @@ def test_uri_parsing_and_option_aliases(tmp_path):
     assert canon == {"endpoint": "http://h:1", "region": "eu-west-1"}
 
 
-def test_store_ignoring_conditional_writes_is_refused(monkeypatch, s3_server):
-    """A store that overwrites on a create-only PUT must be named, not trusted."""
-    monkeypatch.setattr(objects, "put_if_absent", lambda uri, data, opts=None: True)
-    objects._probe.cache_clear()
-    with pytest.raises(ConditionalWritesUnsupported, match="If-None-Match"):
-        objects.check_conditional_writes(s3_server.fresh_uri("probe"), s3_server.storage_options)
+def test_store_ignoring_conditional_writes_is_refused(s3_server):
+    """A real endpoint without conditional writes (moto behind a proxy that drops
+    If-None-Match, tests/infra/s3_proxy.py): the probe names it, and the platform's write paths
+    (here: creating an upstream table through delta-rs) refuse it before writing anything."""
+    from backfill_assets.upstream import create_upstream
+    from tests.support import simple_spec
+
+    proxy = start_proxy(s3_server.endpoint)
+    try:
+        unsafe = proxy.storage_options(s3_server.storage_options)
+        base = s3_server.fresh_uri("probe")
+        with pytest.raises(ConditionalWritesUnsupported, match="If-None-Match"):
+            objects.check_conditional_writes(base, unsafe)
+        with pytest.raises(ConditionalWritesUnsupported, match="Nothing was written"):
+            create_upstream(f"{base}/orders", simple_spec(8), unsafe)
+        assert objects.list_prefix(base, s3_server.storage_options) == []
+        # the same bucket through moto itself passes, once per store and process
+        objects.check_conditional_writes(base, s3_server.storage_options)
+    finally:
+        proxy.stop()

@@ -112,7 +112,8 @@ def test_kill_after_executors_uploaded_on_the_cluster(spark, s3_server, spark_cl
                  extra_env={"BACKFILL_SPARK_CONF": CLUSTER_CONF})
 
 
-@pytest.mark.parametrize("case", ["snapshot-same", "arrangement-overlap"])
+@pytest.mark.parametrize("case", [
+    "snapshot-same", pytest.param("arrangement-overlap", marks=pytest.mark.variant)])
 def test_two_runs_at_the_same_time_on_s3(spark, s3_server, tmp_path, case, figures):
     run_race_case(spark, s3_server.fresh_uri("race"), case, str(tmp_path), figures,
                   storage_options=dict(s3_server.storage_options))

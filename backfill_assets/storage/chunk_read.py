@@ -31,6 +31,7 @@ from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage import dv
 from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.prune import files_in_vnodes
 from backfill_assets.storage.read import _partition_row, file_rows
 from backfill_assets.storage.seek import ChunkFiles
 from backfill_assets.storage.spark_types import exchange_schema, spark_schema
@@ -84,7 +85,9 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema)
         held += estimate[v]
     tasks = []
     for vnodes in ranges:
-        files = {f.path: f for v in vnodes for f in per_vnode[v]}
+        # only the files meeting the task's vnodes (a no_shuffle group's list is the run's)
+        files = {f.path: f for f in files_in_vnodes(
+            list({f.path: f for v in vnodes for f in per_vnode[v]}.values()), vnodes)}
         entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
                     "dv": f.deletion_vector,
                     "parts": _b64(_partition_row(f, parts, out))} for f in files.values()]

@@ -3,7 +3,7 @@ replica files that hold its chunk, however much of the vnode is left, and the MV
 under live DML (the oracle after the barriers).
 
 The replica is created beforehand with 8-row files (production: at least 4,096) so that a
-400-row table already has many files per vnode to seek among.
+200-row table already has many files per vnode to seek among.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ VNODES, CHUNK, FILE_ROWS, CHANGES = 4, 10, 8, 4
 def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehouse):
     live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(5),
                         simple_row, lambda rng: rng.randint(1, 100_000))
-    live.create(rows=400)
+    live.create(rows=200)
     d = simple_mv(VNODES, mode="arrangement", chunk_size=CHUNK)
     tables = MVTables.under(warehouse, d.name, "orders")
     schema = replica_schema(checked_upstream(tables, d, None).schema)
@@ -43,6 +43,6 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     replica = storage.Snapshot.load(tables.replica, None, {})
     one_vnode = [f for f in replica.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
-    assert len(one_vnode) >= 400 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
+    assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
     drive(spark, d, tables, live, ranges=[range(VNODES)], changes_per_barrier=CHANGES,
           extra_barriers=1, check_every=4)

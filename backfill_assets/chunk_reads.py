@@ -1,6 +1,8 @@
 """The snapshot side of a step: the next chunk after each unfinished vnode's position.
 
-Chunked modes select a bounded, key-ordered chunk per vnode (`snapshot_chunk`); snapshot mode
+Chunked modes read a bounded, key-ordered chunk per vnode by a seek (`snapshot_chunk`: only the
+files that can hold it, storage.seek; sorted in the read tasks and handed on already clustered,
+storage.chunk_read; no_shuffle cuts its shared limit with `first_rows`); snapshot mode
 reads each vnode's remainder whole (`bulk_chunk`). Both come back as a projected DataFrame
 plus per-vnode stats (rows read, last key) for the position strategy; rows never pass through
 the driver.
@@ -18,28 +20,37 @@ from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, InProgress
 from backfill_assets.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
-from backfill_assets.mv_spark import BAD_KEY, chunk_stats, project, select_chunk
+from backfill_assets.mv_spark import BAD_KEY, chunk_stats, first_rows, project
 from backfill_assets.snapshot_read import read_remainder
 from backfill_assets.sources import SourceContext, keys_kept_unique
 
 
 @dataclass
 class Chunk:
+    """What a step's snapshot read produced."""
+
     rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
     read: int
     stats: dict
+    scanned: int | None = None  # rows of the files a seek read (None: not a seek)
 
 
 def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
-                    d: MVDefinition) -> Chunk:
-    """Select the next chunk after each unfinished vnode's position (in Spark: the rows never
-    pass through the driver); per-vnode stats (rows read, last key) come back to the driver."""
+                   d: MVDefinition) -> Chunk:
+    """Chunked modes: the next chunk after each unfinished vnode's position, read from only
+    the files that can hold it (the rows never pass through the driver); per-vnode stats (rows
+    read, last key) come back to the driver. no_shuffle cuts its shared limit from the read
+    tasks' candidates (`first_rows`)."""
     readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
     if not readers or plan.chunk_limit == 0:
         return Chunk(None, 0, {})
     positions = {v: position(state.current(v)) for v in readers}
-    chunk = project(select_chunk(source.rows(ctx, readers), positions, state.key_order,
-                                 plan.chunk_limit, per_vnode=not plan.shared_read), d).cache()
+    rows, scanned = source.chunk(ctx, positions, state.key_order, plan.chunk_limit,
+                                 plan.shared_read)
+    candidates = rows.cache() if plan.shared_read else None
+    if candidates is not None:
+        rows = first_rows(candidates, state.key_order, plan.chunk_limit)
+    chunk = project(rows, d).cache()
     try:
         stats = chunk_stats(chunk, state.key_order.names)
         if stats.bad_keys:
@@ -48,12 +59,15 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
     except Exception:
         chunk.unpersist()
         raise
+    finally:
+        if candidates is not None:
+            candidates.unpersist()
     per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None))) for v in readers}
     read = sum(n for n, _ in stats.per_vnode.values())
     if not read:
         chunk.unpersist()
-        return Chunk(None, 0, per_vnode)
-    return Chunk(chunk, read, per_vnode)
+        return Chunk(None, 0, per_vnode, scanned)
+    return Chunk(chunk, read, per_vnode, scanned)
 
 
 def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,

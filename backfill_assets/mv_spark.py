@@ -33,6 +33,7 @@ from backfill_assets.core.names import (
 from backfill_assets.core.names import POSITION as POS
 from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.core.progress import Completed, InProgress
+from backfill_assets.core.snapshot import last_key_sort_sql
 from backfill_assets.errors import InvalidMVExpression
 from backfill_assets.spark_ops import spark_schema
 
@@ -199,6 +200,24 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     ranked = pending.withColumn(RN, F.row_number().over(window))
     ranked = ranked.withColumn(BAD_KEY, F.coalesce(same, F.lit(False)) | null)
     return ranked.where(F.col(RN) <= limit) if per_vnode else ranked
+
+
+def first_rows(rows: DataFrame, key_order: KeyOrder, limit: int) -> DataFrame:
+    """no_shuffle's shared read: the run's first ``limit`` rows in key order, out of the
+    read tasks' candidates (each task kept its own first ``limit``). The cut is the
+    ``limit``-th key, from a top-k of the keys (Spark keeps ``limit`` keys per partition and
+    sorts nothing else); the filter keeps each task's partitioning and (vnode, key) order, so
+    the rows still reach the writer clustered."""
+    keys = [F.col(f"`{k}`") for k in key_order.names]
+    top = rows.select(*keys).orderBy(*order_columns(key_order)).limit(limit)
+    sort = F.struct(*[F.expr(e).alias(f"_o{i}")
+                      for i, e in enumerate(last_key_sort_sql(key_order))])
+    found = top.agg(F.count(F.lit(1)).alias("n"),
+                    F.max_by(F.struct(*keys), sort).alias("last")).toArrow().to_pylist()[0]
+    if found["n"] < limit:
+        return rows  # fewer candidates than the limit: all of them
+    cut = tuple(found["last"][k] for k in key_order.names)
+    return rows.where(F.expr(key_order.sql_at_or_before(cut)))
 
 
 @dataclass(frozen=True)

@@ -131,12 +131,14 @@ def intent(mv_name: str, phase: str, vnodes: Sequence[int], version: int,
 
 
 def ensure_data_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str], *,
-                      cdf: bool, key_names: Sequence[str], vnode_count: int) -> DeltaTable:
+                      cdf: bool, key_names: Sequence[str], vnode_count: int,
+                      layout: Mapping[str, str] | None = None) -> DeltaTable:
     """The MV or the replica (merge-on-read, created when missing), recording its primary key
-    and vnode count like a platform upstream, so another MV can be built on it."""
+    and vnode count like a platform upstream, so another MV can be built on it; ``layout``:
+    storage layout properties fixed at creation (the replica's ``backfill.seekFileRows``)."""
     if "://" not in uri:
         _check_writable(uri)
-    config = arrangement_properties(key_names, vnode_count)
+    config = {**arrangement_properties(key_names, vnode_count), **dict(layout or {})}
     return ensure_mor_table(uri, schema, storage_options, cdf=cdf, configuration=config)
 
 

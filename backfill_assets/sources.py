@@ -21,9 +21,12 @@ from typing import Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from backfill_assets import mv_store, spark_ops, storage
-from backfill_assets.core.names import OP
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.names import BAD_KEY, OP
+from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.mv_store import MVTables
 
 
@@ -39,6 +42,7 @@ class SourceContext:
     vnode_count: int
     upstream_schema: pa.Schema
     v_new: int
+    chunk_limit: int = 0  # the step's chunk limit (sizes the replica's files at creation)
 
 
 class SnapshotSource(Protocol):
@@ -50,6 +54,25 @@ class SnapshotSource(Protocol):
 
     def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
         """All rows of `vnodes` at `ctx.v_new`, with a `vnode` column."""
+
+    def chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None], key_order: KeyOrder,
+              limit: int, shared: bool) -> tuple[DataFrame, int]:
+        """The next `limit` rows after each position (chunked modes), read by a seek; and
+        the rows of the files read."""
+
+
+def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
+               positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
+               shared: bool) -> tuple[DataFrame, int]:
+    """A chunk read from the files that can hold it (storage.seek), typed as the replica's
+    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task."""
+    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
+    schema = replica_schema(ctx.upstream_schema)
+    picked = storage.chunk_files(snap.files, key_order, positions, limit, shared)
+    rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
+                              picked, shared)
+    typed = [F.col(f"`{f.name}`").cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
+    return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
 
 
 def replica_schema(upstream_schema: pa.Schema) -> pa.Schema:
@@ -65,7 +88,9 @@ class ReplicaSource:
                 changes: DataFrame | None, hook) -> int:
         table = mv_store.ensure_data_table(
             ctx.tables.replica, replica_schema(ctx.upstream_schema), ctx.tables.storage_options,
-            cdf=False, key_names=ctx.key_names, vnode_count=ctx.vnode_count)
+            cdf=False, key_names=ctx.key_names, vnode_count=ctx.vnode_count,
+            layout={storage.SEEK_ROWS_PROPERTY: str(storage.seek_file_rows(ctx.chunk_limit))},
+        )
         done = mv_store.txn_versions(table, ctx.mv_name, "replica", replicate_from)
         fresh = sorted(v for v, d in done.items() if d is None)
         behind = {v: d for v, d in done.items() if d is not None and d < ctx.v_new}
@@ -110,6 +135,10 @@ class ReplicaSource:
         return spark_ops.read_version(ctx.spark, ctx.tables.replica, None, schema,
                                       vnodes=vnodes, storage_options=ctx.tables.storage_options)
 
+    def chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None], key_order: KeyOrder,
+              limit: int, shared: bool) -> tuple[DataFrame, int]:
+        return seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, shared)
+
 
 class UpstreamSource:
     """No-shuffle backfill: snapshot reads are time-travel reads of the upstream itself."""
@@ -125,6 +154,11 @@ class UpstreamSource:
         return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
                                       vnodes=vnodes,
                                       storage_options=ctx.tables.storage_options)
+
+    def chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None], key_order: KeyOrder,
+              limit: int, shared: bool) -> tuple[DataFrame, int]:
+        return seek_chunk(ctx, ctx.tables.upstream, ctx.v_new, positions, key_order, limit,
+                          shared)
 
 
 class BulkSource:

@@ -181,7 +181,7 @@ class _Step:
         plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
                          req.chunk_size, req.rate_limit)
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
-                            d.vnode_count, upstream.schema, plan.v_new)
+                            d.vnode_count, upstream.schema, plan.v_new, plan.chunk_limit)
         report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
         # a rerun of a barrier killed between its MV and progress commits completes that
         # barrier (progress commit only) instead of stepping twice at the same version
@@ -214,7 +214,10 @@ class _Step:
                 state.advance_version(vnode, plan.v_new)
             report.forwarded_rows = forward.count() if forward is not None else 0
             report.snapshot_rows = chunk.read
-            self._commit_mv(forward if report.forwarded_rows else None, chunk.rows)
+            if chunk.scanned is not None:
+                report.extra["snapshot_rows_scanned"] = chunk.scanned
+            self._commit_mv(forward if report.forwarded_rows else None, chunk.rows,
+                            clustered=chunk.scanned is not None)
         finally:
             for df in (forward, chunk.rows):
                 if df is not None:
@@ -265,8 +268,11 @@ class _Step:
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
-    def _commit_mv(self, forward: DataFrame | None, chunk: DataFrame | None) -> None:
-        """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make."""
+    def _commit_mv(self, forward: DataFrame | None, chunk: DataFrame | None,
+                   clustered: bool = False) -> None:
+        """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make
+        (``clustered``: the chunk's rows already come in the writer's layout, see
+        storage/chunk_read.py, so no shuffle re-lays them out)."""
         if forward is None and chunk is None and not self.req.reset:
             return
         key_order, intent = self.state.key_order, self._mv_intent()
@@ -277,6 +283,7 @@ class _Step:
                                       key_order.names), None
         storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=forward,
                               inserts=rows, rows_hint=self.report.snapshot_rows,
+                              clustered_inserts=clustered and rows is not None,
                               hook=lambda point: self.hook(f"mv_{point}"))
 
 

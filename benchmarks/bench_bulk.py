@@ -133,8 +133,11 @@ def worker_backfill(args) -> dict:
             "phases": C.rounded_phases(ph),
             "extra": {k: v for k, v in report.extra.items() if k != "slices"},
         })
+        scanned = report.extra.get("snapshot_rows_scanned")
         print(f"  {args.mode} {C.human_rows(args.rows)} {args.pk} barrier {n}: {took:.2f}s "
-              f"snapshot {report.snapshot_rows:,} fwd {report.forwarded_rows:,} "
+              f"snapshot {report.snapshot_rows:,} "
+              f"{'' if scanned is None else f'(files read {scanned:,} rows) '}"
+              f"fwd {report.forwarded_rows:,} "
               f"repl {report.replicated_rows:,} (dml {dml['seconds']:.2f}s, "
               f"{changes} changes) driver {C.mib(s['driver_rss'])} MiB "
               f"jvm {C.mib(s['jvm_rss'])} MiB", flush=True)

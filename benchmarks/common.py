@@ -638,8 +638,10 @@ class PhaseProfiler:
         self.wrap(maintain, "compact", "compaction")
         self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
         self.wrap(step, "_forward", "forward netting (Spark)")
-        self.wrap(step, "snapshot_chunk", "snapshot chunk: select + cache (Spark)")
-        self.wrap(chunk_reads, "chunk_stats", "chunk: materialise + stats + pk flags (Spark)")
+        self.wrap(step, "snapshot_chunk", "snapshot chunk: seek plan (log stats) + glue")
+        self.wrap(chunk_reads, "first_rows", "no_shuffle cut: top-k of the candidates (Spark)")
+        self.wrap(chunk_reads, "chunk_stats",
+                  "chunk: read picked files + in-task sort + stats + pk flags (Spark)")
         self.wrap(chunk_reads, "check_snapshot_keys",
                   "pk check: fresh vnodes' snapshot (Spark groupBy)")
         self.wrap(step, "write_progress", "progress commit (delta-rs)")

@@ -6,6 +6,8 @@ Public surface (everything else in the package is its inside):
 - ``read_version`` / ``read_snapshot``: a version's live rows into Spark (DVs applied, column
   mapping, partition values from the log, row counts checked against the log);
 - ``ensure_mor_table``: the platform's own merge-on-read tables (MV, replica);
+- ``chunk_files`` + ``read_chunk``: a chunked barrier's snapshot rows by a seek on the files'
+  statistics, chunked in the read tasks (seek.py, chunk_read.py);
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files;
 - ``apply_keyed`` with ``KeyedRows``: the same commit for a small barrier, on the driver (key
@@ -22,18 +24,21 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from backfill_assets.storage.chunk_read import read_chunk
 from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes
 from backfill_assets.storage.prune import VNODE, files_in_vnodes
 from backfill_assets.storage.read import read_snapshot
+from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
 from backfill_assets.storage.spark_types import spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
-__all__ = ["Applied", "DataFile", "Intent", "KeyedRows", "Snapshot", "append", "apply_changes",
-           "apply_keyed", "ensure_mor_table", "key_counts", "open_mor_table", "read_snapshot",
-           "read_version"]
+__all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "Snapshot",
+           "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
+           "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version",
+           "seek_file_rows", "spark_type"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

@@ -26,8 +26,9 @@ from backfill_assets.storage import dv, objects
 from backfill_assets.storage.commit import Change, Intent, commit
 from backfill_assets.storage.log import DataFile, Snapshot, commit_uri
 from backfill_assets.storage.merge import FILE_ROWS, clustered
-from backfill_assets.storage.prune import files_within_vnodes
+from backfill_assets.storage.prune import VNODE, files_within_vnodes
 from backfill_assets.storage.read import read_snapshot
+from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.write import write_files
 
 DELETED_FRACTION = 0.25  # a file with more deleted rows than this is rewritten
@@ -47,12 +48,15 @@ class MaintenanceReport:
     checkpoint: int | None = None
 
 
-def files_to_compact(files: Sequence[DataFile]) -> list[DataFile]:
+def files_to_compact(files: Sequence[DataFile], seek_layout: bool = False) -> list[DataFile]:
     """Heavily deleted files, the small ones once there are many, and the most deleted DV'd
-    files beyond MAX_DV_FILES."""
+    files beyond MAX_DV_FILES. ``seek_layout`` (a ``backfill.seekFileRows`` table): files of
+    one vnode are its layout, sized for a chunk, never "small"; only the barriers' files
+    spanning several vnodes are."""
     pick = {f.path: f for f in files
             if f.num_records and f.deleted / f.num_records > DELETED_FRACTION}
-    small = [f for f in files if (f.num_records or 0) < SMALL_FILE_ROWS]
+    small = [f for f in files if (f.num_records or 0) < SMALL_FILE_ROWS
+             and not (seek_layout and _one_vnode(f))]
     if len(small) > MAX_SMALL_FILES:
         pick.update({f.path: f for f in small})
     carrying = sorted((f for f in files if f.deletion_vector and f.path not in pick),
@@ -63,12 +67,18 @@ def files_to_compact(files: Sequence[DataFile]) -> list[DataFile]:
     return list(pick.values())
 
 
+def _one_vnode(f: DataFile) -> bool:
+    lo, hi = f.stats.get(("min", VNODE)), f.stats.get(("max", VNODE))
+    return lo is not None and lo == hi
+
+
 def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
             vnodes: Iterable[int] | None = None, *, force: bool = False) -> MaintenanceReport:
     """Rewrite what ``files_to_compact`` picks (all files of the span with ``force``) among
     the files inside ``vnodes``' span (all files when None) into clustered files."""
     files = snap.files if vnodes is None else files_within_vnodes(snap.files, vnodes)
-    chosen = list(files) if force else files_to_compact(files)
+    seek_rows = int(snap.configuration.get(SEEK_ROWS_PROPERTY) or 0)
+    chosen = list(files) if force else files_to_compact(files, bool(seek_rows))
     if len(chosen) < 2 and not any(f.deletion_vector for f in chosen):
         return MaintenanceReport()
     live = sum(f.live_records or 0 for f in chosen)
@@ -76,7 +86,8 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     rows = read_snapshot(spark, snap, snap.arrow_schema.names, chosen)
     shaped = clustered(rows, key_names, live, int(vnode_count) if vnode_count else None)
     adds = write_files(shaped, snap.uri, snap.storage_options, snap.arrow_schema,
-                       max_rows_per_file=FILE_ROWS)
+                       max_rows_per_file=seek_rows or FILE_ROWS,
+                       split_column=VNODE if seek_rows else None)
     written = sum(a.rows for a in adds)
     if written != live:
         raise AssertionError(f"compaction of {snap.uri} read {written} rows, the log records "

@@ -27,6 +27,7 @@ from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commi
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.prune import VNODE, files_holding
 from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, read_snapshot
+from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.write import write_files
 
 OP = names.OP
@@ -75,12 +76,18 @@ def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequ
 def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
                   intent: Intent, *, changes: DataFrame | None = None,
                   inserts: DataFrame | None = None, rows_hint: int = 0,
-                  file_rows: int = FILE_ROWS, hook: Hook = _no_hook) -> Applied:
+                  file_rows: int = FILE_ROWS, clustered_inserts: bool = False,
+                  hook: Hook = _no_hook) -> Applied:
     """One commit: keyed ``changes`` (table columns + ``OP``) merged on read, plus
     ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many rows
-    will be written (sizes the files). ``hook`` is called between the writes (the crash tests
-    kill the process there): ``data_files_written``, ``change_files_written``, then
-    ``dv_file_written`` just before the log entry is published."""
+    will be written (sizes the files). ``clustered_inserts``: each Spark partition of
+    ``inserts`` already holds one vnode range in (vnode, key) order (a seek chunk), so they
+    are written as they come, without a shuffle whose only purpose would be the layout. A
+    table with ``backfill.seekFileRows`` (the replica) gets its inserts in files of one vnode
+    each, about that many rows (what a chunk seeks by). ``hook`` is called between the
+    writes (the crash tests kill the process there): ``data_files_written``,
+    ``change_files_written``, then ``dv_file_written`` just before the log entry is
+    published."""
     schema = snap.arrow_schema
     cols = schema.names
     cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
@@ -100,21 +107,32 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
             _typed(matched.where(changed & ~has_old), _NEW, "insert"),
             _typed(matched.where((F.col(OP) == "delete") & has_old), _OLD, "delete"),
         ]
+    vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
+    vnode_count = int(vnode_count) if vnode_count else None
+    seek_rows = int(snap.configuration.get(SEEK_ROWS_PROPERTY) or 0)
+    laid_out: list[tuple[DataFrame, int, str | None]] = []  # (rows, file rows, split column)
     if inserts is not None:
         rows = inserts.select(*[_q(c) for c in cols])
-        parts.append(rows)
+        if clustered_inserts:
+            laid_out.append((rows, file_rows, None))
+        elif seek_rows:
+            shaped = clustered(rows, key_names, rows_hint, vnode_count, file_rows)
+            laid_out.append((shaped, seek_rows, VNODE))
+        else:
+            parts.append(rows)
         cdc_parts.append(rows.withColumn(CHANGE_TYPE, F.lit("insert")))
     try:
-        adds = []
         if parts:
             data = parts[0]
             for p in parts[1:]:
                 data = data.unionByName(p)
-            vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
-            shaped = clustered(data, key_names, rows_hint,
-                               int(vnode_count) if vnode_count else None, file_rows)
-            adds = write_files(shaped, snap.uri, snap.storage_options, schema,
-                               max_rows_per_file=file_rows)
+            laid_out.append((clustered(data, key_names, rows_hint, vnode_count, file_rows),
+                             file_rows, None))
+        adds = []
+        for rows, per_file, split in laid_out:
+            adds += write_files(rows, snap.uri, snap.storage_options, schema,
+                                max_rows_per_file=per_file, split_column=split)
+        if laid_out:
             hook("data_files_written")
         cdc = []
         if cdf and deletes:

@@ -39,14 +39,19 @@ class NewFile:
 
 def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, folder: str = "", prefix: str = "part",
-                max_rows_per_file: int = DEFAULT_FILE_ROWS) -> list[NewFile]:
+                max_rows_per_file: int = DEFAULT_FILE_ROWS,
+                split_column: str | None = None) -> list[NewFile]:
     """Write ``df`` (columns of ``schema``, cast to its types) as parquet files under
-    ``table_uri/folder``, each task's rows in order, at most ``max_rows_per_file`` per file."""
+    ``table_uri/folder``, each task's rows in order, at most ``max_rows_per_file`` per file.
+    ``split_column``: a file never holds two values of it (rows must come grouped by it), and
+    a value's rows are spread evenly over as few files as the limit allows (no tiny tail
+    file): the replica's one-vnode, key-sorted files that a chunk read seeks by."""
     # positional names: pyspark's mapInArrow resolves each column name as an attribute path,
     # which fails for names with dots ("a.b"); the task renames them back (by position)
     columns = [f"`{f.name.replace('`', '``')}` AS c{i}" for i, f in enumerate(schema)]
     writer = _FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
+                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS,
+                         split_column)
     manifest = df.selectExpr(*columns).mapInArrow(writer, _MANIFEST).collect()
     files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest]
     check_written(table_uri, storage_options, files)
@@ -86,17 +91,22 @@ class _FileWriter:
     """The task side (picklable): rolling parquet files with Delta stats."""
 
     def __init__(self, table_uri: str, options: Mapping[str, str], schema: bytes,
-                 folder: str, prefix: str, max_rows: int):
+                 folder: str, prefix: str, max_rows: int, split_column: str | None = None):
         self.table_uri, self.options, self.schema = table_uri, options, schema
         self.folder, self.prefix, self.max_rows = folder.strip("/"), prefix, max_rows
+        self.split_column = split_column
 
     def __call__(self, batches):
         import pyarrow.parquet as pq
 
         schema = pa.ipc.read_schema(pa.py_buffer(self.schema))
+        tables = (pa.Table.from_batches([b]).rename_columns(schema.names).cast(schema)
+                  for b in batches)
+        if self.split_column is not None:
+            yield from self._split(tables, schema, pq)
+            return
         current = None
-        for batch in batches:
-            table = pa.Table.from_batches([batch]).rename_columns(schema.names).cast(schema)
+        for table in tables:
             offset = 0
             while offset < table.num_rows:
                 if current is None:
@@ -109,6 +119,35 @@ class _FileWriter:
                     current = None
         if current is not None:
             yield current.close()
+
+    def _split(self, tables, schema: pa.Schema, pq):
+        """Files of one value each: a value's rows are held until the next value starts
+        (one vnode of a replica: its rows / vnode count), then written evenly."""
+        import numpy as np
+
+        held: list[pa.Table] = []
+        current = None
+        for table in tables:
+            values = table.column(self.split_column).to_numpy(zero_copy_only=False)
+            starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]]) if len(values) \
+                else []
+            for i, start in enumerate(starts):
+                stop = starts[i + 1] if i + 1 < len(starts) else len(values)
+                if held and values[start] != current:
+                    yield from self._even(pa.concat_tables(held), schema, pq)
+                    held = []
+                current = values[start]
+                held.append(table.slice(start, stop - start))
+        if held:
+            yield from self._even(pa.concat_tables(held), schema, pq)
+
+    def _even(self, rows: pa.Table, schema: pa.Schema, pq):
+        count = max(1, math.ceil(rows.num_rows / self.max_rows))
+        for i in range(count):
+            start, stop = i * rows.num_rows // count, (i + 1) * rows.num_rows // count
+            out = _OpenFile(self, schema, pq)
+            out.write(rows.slice(start, stop - start))
+            yield out.close()
 
 
 class _OpenFile:

@@ -1,0 +1,195 @@
+"""A snapshot chunk read in one pass: the files ``seek.chunk_files`` picked, chunked in the
+read tasks themselves.
+
+Each Spark task holds a contiguous range of the chunk's vnodes and every file any of them
+needs (a file spanning several tasks' vnodes is read by each, keeping only its own vnodes). It
+reads them (DVs applied, row counts checked: ``read.file_rows``), keeps the keys after the
+position, sorts by (vnode, key) in Arrow and keeps the first ``limit`` rows per vnode (or, in
+no_shuffle, the first ``limit`` of the task across its vnodes: the step then cuts the run's
+``limit`` from at most the rows read). The output is what the storage writer wants: each task
+one vnode range in (vnode, key) order, so the MV write needs no shuffle (``apply_changes``
+with ``clustered_inserts``). Spark sorts nothing: only the rows read are sorted, in the task.
+
+Columns added: ``RN``, the row's rank inside its vnode (the last row of a vnode is its new
+position), and ``BAD_KEY``, true for a null pk or a pk equal to the previous row's (the chunk's
+own duplicate check, as in the window the step used before).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+
+from backfill_assets.core import names
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.storage import dv
+from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.prune import files_in_vnodes
+from backfill_assets.storage.read import _partition_row, file_rows
+from backfill_assets.storage.seek import ChunkFiles
+from backfill_assets.storage.spark_types import exchange_schema, spark_schema
+
+RN, BAD_KEY, VNODE = names.ROW_NUMBER, names.BAD_KEY, "vnode"
+TASK_ROWS = 262144  # rows a task reads, about: a chunk of a few thousand rows is one task
+MAX_TASKS = 64
+
+
+def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
+               positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
+               shared: bool) -> DataFrame:
+    """The chunk's candidate rows (``columns`` + RN + BAD_KEY), clustered by vnode range and
+    sorted by (vnode, key) inside each Spark partition."""
+    snap.check_readable()
+    schema = snap.arrow_schema
+    out = exchange_schema(pa.schema([schema.field(c) for c in columns]))
+    out = out.append(pa.field(RN, pa.int64())).append(pa.field(BAD_KEY, pa.bool_()))
+    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out)
+    if not tasks:
+        return spark.createDataFrame([], spark_schema(out))
+    physical = {c: snap.physical_names.get(c, c) for c in columns
+                if c not in snap.partition_columns}
+    pos = {v: p for v, p in positions.items() if p is not None}
+    reader = _ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order,
+                          pos, limit, shared)
+    frame = spark.createDataFrame(pa.table({"task": tasks}), schema="task string")
+    return frame.repartition(len(tasks)).mapInArrow(reader, spark_schema(out))
+
+
+def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema) -> list[str]:
+    """Contiguous vnode ranges of about TASK_ROWS rows read, each with its files (JSON)."""
+    per_vnode: dict[int, list[DataFile]] = {}
+    estimate: dict[int, float] = {}
+    for group, files in picked.groups.items():
+        for v in group:
+            per_vnode[v] = files
+            estimate[v] = sum(f.live_records or 0 for f in files) / len(group)
+    if not per_vnode:
+        return []
+    total = max(1, picked.rows_scanned)
+    count = max(1, min(MAX_TASKS, math.ceil(total / TASK_ROWS)))
+    target = total / count
+    ranges: list[list[int]] = [[]]
+    held = 0
+    for v in sorted(per_vnode):
+        if ranges[-1] and held + estimate[v] > target * 1.5 and len(ranges) < count:
+            ranges.append([])
+            held = 0
+        ranges[-1].append(v)
+        held += estimate[v]
+    tasks = []
+    for vnodes in ranges:
+        # only the files meeting the task's vnodes (a no_shuffle group's list is the run's)
+        files = {f.path: f for f in files_in_vnodes(
+            list({f.path: f for v in vnodes for f in per_vnode[v]}.values()), vnodes)}
+        entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
+                    "dv": f.deletion_vector,
+                    "parts": _b64(_partition_row(f, parts, out))} for f in files.values()]
+        if entries:
+            tasks.append(json.dumps({"vnodes": vnodes, "files": entries}))
+    return tasks
+
+
+def _b64(raw: bytes | None) -> str | None:
+    return None if raw is None else base64.b64encode(raw).decode()
+
+
+class _ChunkReader:
+    """The task side (picklable): read the task's files, keep its chunk, sorted."""
+
+    def __init__(self, table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+                 out: pa.Schema, key_order: KeyOrder, positions: Mapping[int, Key], limit: int,
+                 shared: bool):
+        self.table_uri, self.options, self.physical = table_uri, dict(options), dict(physical)
+        self.out = out.serialize().to_pybytes()
+        self.key_order, self.positions, self.limit = key_order, dict(positions), limit
+        self.shared = shared
+
+    def __call__(self, batches):
+        out = pa.ipc.read_schema(pa.py_buffer(self.out))
+        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
+        for batch in batches:
+            for text in batch.column(0).to_pylist():
+                table = self._read(json.loads(text), base)
+                chunk = take_chunk(table, self.key_order, self.positions, self.limit,
+                                   self.shared)
+                yield from chunk.cast(out).to_batches(max_chunksize=65536)
+
+    def _read(self, task: dict, base: pa.Schema) -> pa.Table:
+        wanted = pa.array(task["vnodes"], base.field(VNODE).type)
+        tables = []
+        for f in task["files"]:
+            deleted = dv.load(self.table_uri, f["dv"], self.options) if f["dv"] else None
+            parts = pa.ipc.open_stream(base64.b64decode(f["parts"])).read_all() \
+                if f["parts"] is not None else None
+            rows = file_rows(f["uri"], self.options, self.physical, base, rows=f["rows"],
+                             deleted=deleted, partition=parts)
+            tables.append(rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted)))
+        return pa.concat_tables(tables) if tables else base.empty_table()
+
+
+def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],
+               limit: int, shared: bool) -> pa.Table:
+    """The rows after each vnode's position (no position: all), the first ``limit`` per vnode
+    (``shared``: of the whole table) in key order; sorted by (vnode, key), with RN and
+    BAD_KEY."""
+    keys = [(c.name, "descending" if c.descending else "ascending", "at_end")
+            for c in key_order.columns]
+    if shared:
+        pos = next(iter(positions.values()), None)
+        if pos is not None:
+            table = table.filter(after(table, key_order, pos))
+        table = table.take(pc.sort_indices(table, keys)[:limit])
+    table = table.take(pc.sort_indices(table, [(VNODE, "ascending", "at_end"), *keys]))
+    vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]]) if len(vnodes) else []
+    pieces = []
+    for i, start in enumerate(starts):
+        stop = starts[i + 1] if i + 1 < len(starts) else len(vnodes)
+        piece = table.slice(start, stop - start)
+        pos = None if shared else positions.get(int(vnodes[start]))
+        if pos is not None:
+            piece = piece.filter(after(piece, key_order, pos))
+        pieces.append(piece if shared else piece.slice(0, limit))
+    table = pa.concat_tables(pieces) if pieces else table
+    return _ranked(table, key_order)
+
+
+def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
+    """Mask: the row's key sorts strictly after ``pos`` (null keys: null, i.e. dropped, as in
+    the SQL of ``KeyOrder.sql_after``)."""
+    expr = None
+    for col, value in reversed(list(zip(key_order.columns, pos, strict=True))):
+        column = table.column(col.name)
+        scalar = pa.scalar(value, column.type)
+        beyond = (pc.less if col.descending else pc.greater)(column, scalar)
+        expr = beyond if expr is None else pc.or_kleene(
+            beyond, pc.and_kleene(pc.equal(column, scalar), expr))
+    return expr
+
+
+def _ranked(table: pa.Table, key_order: KeyOrder) -> pa.Table:
+    """Add RN (rank inside the vnode) and BAD_KEY to rows sorted by (vnode, key)."""
+    n = table.num_rows
+    vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
+    new_run = np.r_[True, vnodes[1:] != vnodes[:-1]] if n else np.zeros(0, bool)
+    index = np.arange(n)
+    run_start = np.maximum.accumulate(np.where(new_run, index, 0)) if n else index
+    rank = index - run_start + 1
+    bad = np.zeros(n, bool)
+    same = ~new_run.copy()
+    for name in key_order.names:
+        column = table.column(name)
+        bad |= column.is_null().to_numpy(zero_copy_only=False)
+        if n > 1:
+            eq = pc.fill_null(pc.equal(column.slice(1), column.slice(0, n - 1)), False)
+            same[1:] &= eq.to_numpy(zero_copy_only=False)
+    bad |= same
+    return table.append_column(RN, pa.array(rank, pa.int64())).append_column(
+        BAD_KEY, pa.array(bad))

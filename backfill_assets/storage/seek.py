@@ -1,0 +1,149 @@
+"""Which files a snapshot chunk needs: a seek by the log's statistics, not a scan.
+
+A chunked barrier reads, per vnode (or per run in no_shuffle), the next ``limit`` rows after a
+position in key order. Reading every remaining row to sort them makes each barrier cost the
+whole remainder; this module picks only the files that can hold those rows, from what the log
+already records per file: the vnode span, the key bounds and the live row count.
+
+Why the pick is exact. Files meeting the group's vnodes whose upper key bound is after the
+position are taken in order of their lower key bound. After taking a prefix of that order, let
+``cut`` be the lower bound of the next file: every row of the group with a key in
+``(position, cut)`` lies in a file taken (a file holding such a key has a lower bound below
+``cut``). The prefix is long enough once the files *entirely* in that range (all their vnodes
+in the group, lower bound after the position, upper bound before ``cut``) hold ``limit`` live
+rows: the first ``limit`` rows after the position are then all in the files taken, so sorting
+only what was read gives the same chunk as sorting everything. A file without exact bounds
+(long strings, timestamps, decimals, no stats) is always taken and never counted.
+
+Composite keys: per-column min/max bound each column, so (min of each column) is a lower bound
+and (max of each column) an upper bound of every key in the file in lexicographic order (a
+descending column swaps min and max). What this costs is therefore bounded by how the files
+are laid out: ``backfill.seekFileRows`` tables (the arrangement replica) keep each vnode's rows
+in key-sorted files of about that many rows with disjoint bounds, so a chunk reads about
+``limit + 2 * seekFileRows`` rows per vnode; an upstream whose files each span the whole key
+range (no_shuffle over an unclustered table) has no file entirely after any position, and a
+chunk reads every file not yet passed (docs/ARCHITECTURE.md, "Chunk reads").
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from backfill_assets.core.errors import InvalidKeyValue
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.storage.log import DataFile
+from backfill_assets.storage.prune import VNODE, _bound, files_in_vnodes
+
+SEEK_ROWS_PROPERTY = "backfill.seekFileRows"
+MIN_SEEK_ROWS = 4096  # smaller files cost more in per-file overhead than they save in rows
+MAX_SEEK_ROWS = 131072
+
+
+def seek_file_rows(chunk_limit: int) -> int:
+    """Rows per file of a table read by chunks of ``chunk_limit`` rows per vnode: about one
+    chunk, so a chunk reads two or three files whatever the table's size."""
+    return max(MIN_SEEK_ROWS, min(MAX_SEEK_ROWS, int(chunk_limit)))
+
+
+@dataclass(frozen=True)
+class ChunkFiles:
+    """The files of one chunk read: per group (a vnode, or the run's vnodes in no_shuffle)."""
+
+    groups: dict[tuple[int, ...], list[DataFile]]
+
+    @property
+    def distinct(self) -> list[DataFile]:
+        seen: dict[str, DataFile] = {}
+        for files in self.groups.values():
+            for f in files:
+                seen.setdefault(f.path, f)
+        return list(seen.values())
+
+    @property
+    def rows_scanned(self) -> int:
+        """Live rows of the files read (what the barrier pays for, whatever the table's size)."""
+        return sum(f.live_records or 0 for f in self.distinct)
+
+
+def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
+                positions: Mapping[int, Key | None], limit: int, shared: bool) -> ChunkFiles:
+    """The files holding the next ``limit`` rows after each position: per vnode, or (shared)
+    across all of ``positions``' vnodes, which then share one position."""
+    if shared:
+        groups = [tuple(sorted(positions))] if positions else []
+    else:
+        groups = [(v,) for v in sorted(positions)]
+    out = {}
+    for group in groups:
+        pos = positions[group[0]]
+        out[group] = _pick(files_in_vnodes(files, group), set(group), pos, key_order, limit)
+    return ChunkFiles(out)
+
+
+class _Bounds:
+    """A file's key bounds in key order (None: unbounded on that side) and vnode span."""
+
+    def __init__(self, f: DataFile, key_order: KeyOrder):
+        self.file = f
+        self.lower = _key_bound(f, key_order, upper=False)
+        self.upper = _key_bound(f, key_order, upper=True)
+        part = f.partition_values.get(VNODE)
+        if part is not None:
+            self.span = (int(part), int(part))
+        else:
+            lo, hi = _bound(f, "min", VNODE), _bound(f, "max", VNODE)
+            self.span = (int(lo), int(hi)) if isinstance(lo, int) and isinstance(hi, int) \
+                else None
+
+
+def _key_bound(f: DataFile, key_order: KeyOrder, upper: bool) -> Key | None:
+    values = []
+    for c in key_order.columns:
+        side = "max" if upper != c.descending else "min"
+        value = _bound(f, side, c.name)
+        if value is None:
+            return None
+        values.append(value)
+    try:
+        return key_order.normalize(tuple(values))
+    except InvalidKeyValue:  # a stat of another type than the key's: not a usable bound
+        return None
+
+
+def _pick(files: Sequence[DataFile], group: set[int], pos: Key | None, key_order: KeyOrder,
+          limit: int) -> list[DataFile]:
+    cmp = key_order.compare
+    if pos is not None and key_order.is_placeholder(pos):
+        return []
+    bounds = [b for b in (_Bounds(f, key_order) for f in files)
+              if pos is None or b.upper is None or cmp(b.upper, pos) > 0]
+
+    def by_lower(a: _Bounds, b: _Bounds) -> int:
+        if a.lower is None or b.lower is None:
+            return (b.lower is None) - (a.lower is None)
+        return cmp(a.lower, b.lower)
+
+    bounds.sort(key=functools.cmp_to_key(by_lower))
+    taken: list[DataFile] = []
+    pending: list = []  # files entirely after the position, by upper bound, not yet before cut
+    ready = 0  # live rows of files entirely inside (position, cut)
+    upper_key = key_order.sort_key
+    for i, b in enumerate(bounds):
+        taken.append(b.file)
+        inside = b.span is not None and all(v in group for v in range(b.span[0], b.span[1] + 1))
+        if inside and b.lower is not None and b.upper is not None and (
+                pos is None or cmp(b.lower, pos) > 0):
+            heapq.heappush(pending, (upper_key(b.upper), i, b.file.live_records or 0))
+        if i + 1 == len(bounds):
+            break
+        cut = bounds[i + 1].lower
+        if cut is None:
+            continue
+        while pending and cmp(pending[0][0].obj, cut) < 0:
+            ready += heapq.heappop(pending)[2]
+        if ready >= limit:
+            break
+    return taken

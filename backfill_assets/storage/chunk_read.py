@@ -17,7 +17,6 @@ own duplicate check, as in the window the step used before).
 
 from __future__ import annotations
 
-import base64
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,13 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage import dv
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import files_in_vnodes
-from backfill_assets.storage.read import _partition_row, file_rows
+from backfill_assets.storage.read import (
+    b64,
+    file_rows,
+    one_task_per_partition,
+    partition_row,
+    unb64_table,
+)
 from backfill_assets.storage.seek import ChunkFiles
 from backfill_assets.storage.spark_types import exchange_schema, spark_schema
 
@@ -58,8 +63,7 @@ def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_
     pos = {v: p for v, p in positions.items() if p is not None}
     reader = _ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order,
                           pos, limit, shared)
-    frame = spark.createDataFrame(pa.table({"task": tasks}), schema="task string")
-    return frame.repartition(len(tasks)).mapInArrow(reader, spark_schema(out))
+    return one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
 
 
 def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema) -> list[str]:
@@ -90,14 +94,10 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema)
             list({f.path: f for v in vnodes for f in per_vnode[v]}.values()), vnodes)}
         entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
                     "dv": f.deletion_vector,
-                    "parts": _b64(_partition_row(f, parts, out))} for f in files.values()]
+                    "parts": b64(partition_row(f, parts, out))} for f in files.values()]
         if entries:
             tasks.append(json.dumps({"vnodes": vnodes, "files": entries}))
     return tasks
-
-
-def _b64(raw: bytes | None) -> str | None:
-    return None if raw is None else base64.b64encode(raw).decode()
 
 
 class _ChunkReader:
@@ -126,10 +126,8 @@ class _ChunkReader:
         tables = []
         for f in task["files"]:
             deleted = dv.load(self.table_uri, f["dv"], self.options) if f["dv"] else None
-            parts = pa.ipc.open_stream(base64.b64decode(f["parts"])).read_all() \
-                if f["parts"] is not None else None
             rows = file_rows(f["uri"], self.options, self.physical, base, rows=f["rows"],
-                             deleted=deleted, partition=parts)
+                             deleted=deleted, partition=unb64_table(f["parts"]))
             tables.append(rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted)))
         return pa.concat_tables(tables) if tables else base.empty_table()
 

@@ -11,7 +11,9 @@ delete it with a DV.
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
@@ -27,7 +29,10 @@ from backfill_assets.storage.spark_types import exchange_schema, spark_schema
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
 ROW_COLUMN = names.ROW  # its physical row index in that file
 MAX_READ_TASKS = 512
-_TASK_SCHEMA = "path string, uri string, dv string, parts binary, rows long"
+# rows a read task holds, about: a Python task costs ~50 ms to start, so one task per small file
+# (the 256-file upstream of a vnode-partitioned writer) made reads 6-10x slower than Spark's
+# own parquet scan, while a few large tasks read faster than it (benchmarks, round 6)
+READ_TASK_ROWS = 1 << 20
 
 
 def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | None = None,
@@ -47,22 +52,57 @@ def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | 
     if not chosen:
         return spark.createDataFrame([], spark_schema(out))
     parts = [c for c in wanted if c in snap.partition_columns]
-    tasks = pa.table({
-        "path": [f.path for f in chosen],
-        "uri": [snap.file_uri(f.path) for f in chosen],
-        "dv": [json.dumps(f.deletion_vector) if f.deletion_vector else None for f in chosen],
-        "parts": [_partition_row(f, parts, out) for f in chosen],
-        "rows": pa.array([f.num_records for f in chosen], pa.int64()),
-    })
+    entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
+                "dv": f.deletion_vector, "parts": b64(partition_row(f, parts, out))}
+               for f in chosen]
     physical = {c: snap.physical_names.get(c, c) for c in wanted if c not in parts}
     reader = _FileReader(snap.uri, dict(snap.storage_options), physical, out.serialize(),
                          row_ids)
-    frame = spark.createDataFrame(tasks, schema=_TASK_SCHEMA)
-    frame = frame.repartition(min(len(chosen), MAX_READ_TASKS))
-    return frame.mapInArrow(reader, spark_schema(out))
+    tasks = [json.dumps(t) for t in pack(entries, parallelism(spark))]
+    return one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
 
 
-def _partition_row(f: DataFile, parts: Sequence[str], out: pa.Schema) -> bytes | None:
+def pack(entries: list[dict], min_tasks: int) -> list[list[dict]]:
+    """Files grouped into read tasks of about READ_TASK_ROWS rows (log counts), at least
+    ``min_tasks`` of them when there are that many files: largest file first into the task
+    holding the fewest rows."""
+    total = sum(e["rows"] or 0 for e in entries)
+    count = max(1, min(len(entries), MAX_READ_TASKS,
+                       max(min_tasks, math.ceil(total / READ_TASK_ROWS))))
+    tasks: list[list[dict]] = [[] for _ in range(count)]
+    held = [0] * count
+    for e in sorted(entries, key=lambda e: -(e["rows"] or 0)):
+        i = held.index(min(held))
+        tasks[i].append(e)
+        held[i] += e["rows"] or 0
+    return tasks
+
+
+def parallelism(spark: SparkSession) -> int:
+    """Tasks Spark runs at once, as configured (works on a Connect session too)."""
+    try:
+        return max(1, int(spark.conf.get("spark.default.parallelism", "4")))
+    except Exception:  # noqa: BLE001 - an unset or unreadable conf: Spark's local default
+        return 4
+
+
+def one_task_per_partition(spark: SparkSession, tasks: list[str]) -> DataFrame:
+    """A one-column (``task``) frame with each task in a Spark partition of its own: one input
+    partition dealt round-robin gives each output partition exactly one row."""
+    frame = spark.createDataFrame(pa.table({"task": pa.array(tasks, pa.string())}))
+    return frame.coalesce(1).repartition(len(tasks))
+
+
+def b64(raw: bytes | None) -> str | None:
+    return None if raw is None else base64.b64encode(raw).decode()
+
+
+def unb64_table(text: str | None) -> pa.Table | None:
+    """A partition-values row written by ``partition_row`` and ``b64``."""
+    return None if text is None else pa.ipc.open_stream(base64.b64decode(text)).read_all()
+
+
+def partition_row(f: DataFile, parts: Sequence[str], out: pa.Schema) -> bytes | None:
     """A file's partition values as a one-row Arrow IPC table of the exact column types."""
     if not parts:
         return None
@@ -85,18 +125,15 @@ class _FileReader:
     def __call__(self, batches):
         out = pa.ipc.read_schema(pa.py_buffer(self.out_schema))
         for batch in batches:
-            for task in batch.to_pylist():
-                yield from self._read(task, out)
+            for text in batch.column(0).to_pylist():
+                for f in json.loads(text):
+                    yield from self._read(f, out)
 
-    def _read(self, task: dict, out: pa.Schema):
-        deleted = None
-        if task["dv"]:
-            deleted = dv.load(self.table_uri, json.loads(task["dv"]), self.options)
-        parts = pa.ipc.open_stream(pa.py_buffer(task["parts"])).read_all() \
-            if task["parts"] is not None else None
-        ids = task["path"] if self.row_ids else None
-        table = file_rows(task["uri"], self.options, self.physical, out, rows=task["rows"],
-                          deleted=deleted, partition=parts, row_ids_for=ids)
+    def _read(self, f: dict, out: pa.Schema):
+        deleted = dv.load(self.table_uri, f["dv"], self.options) if f["dv"] else None
+        ids = f["path"] if self.row_ids else None
+        table = file_rows(f["uri"], self.options, self.physical, out, rows=f["rows"],
+                          deleted=deleted, partition=unb64_table(f["parts"]), row_ids_for=ids)
         yield from table.to_batches(max_chunksize=65536)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from backfill_assets import mv_store, spark_ops
 from backfill_assets.core.mv_definition import MVDefinition
@@ -33,6 +34,7 @@ class Chunk:
     read: int
     stats: dict
     scanned: int | None = None  # rows of the files a seek read (None: not a seek)
+    clustered: bool = False  # each Spark partition one vnode range in (vnode, key) order
 
 
 def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
@@ -78,13 +80,16 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
         return Chunk(None, 0, {})
     unique = keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count,
                               ctx.tables.storage_options)
-    rows, stats = read_remainder(source.rows(ctx, readers),
-                                 {v: position(state.current(v)) for v in readers},
+    rows, clustered = source.read(ctx, readers)
+    keys, _ = source.read(ctx, readers, key_only=True)
+    rows, stats = read_remainder(rows, keys, {v: position(state.current(v)) for v in readers},
                                  state.key_order, unique_keys=unique, uri=ctx.tables.upstream,
                                  version=ctx.v_new)
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
     read = sum(c.rows for c in per_vnode.values())
-    return Chunk(project(rows, d) if read else None, read, per_vnode)
+    if clustered:  # sorted inside each task: the MV's (vnode, key) layout without a shuffle
+        rows = rows.sortWithinPartitions(*[F.col(f"`{c}`") for c in ("vnode", *ctx.key_names)])
+    return Chunk(project(rows, d) if read else None, read, per_vnode, clustered=clustered)
 
 
 def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:

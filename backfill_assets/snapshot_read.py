@@ -32,19 +32,22 @@ from backfill_assets.key_checks import check_snapshot_keys
 from backfill_assets.mv_spark import rows_after
 
 
-def read_remainder(rows: DataFrame, positions: Mapping[int, Key | None], key_order: KeyOrder,
-                   *, unique_keys: bool, uri: str, version: int
+def read_remainder(rows: DataFrame, keys: DataFrame, positions: Mapping[int, Key | None],
+                   key_order: KeyOrder, *, unique_keys: bool, uri: str, version: int
                    ) -> tuple[DataFrame, dict[int, tuple[int, Key]]]:
     """The rows of each vnode after its position (all rows without one) and, per vnode that
-    has any, (rows, last key in key order). Refuses null or (unless `unique_keys`) duplicate
-    pks with BadPrimaryKeyInUpstream before anything is written."""
+    has any, (rows, last key in key order), computed from ``keys`` (the same rows' pk and
+    vnode columns only: a read of a few columns instead of a second pass over every one).
+    Refuses null or (unless `unique_keys`) duplicate pks with BadPrimaryKeyInUpstream before
+    anything is written."""
     if any(p is not None for p in positions.values()):
         rows = rows_after(rows, positions, key_order)
+        keys = rows_after(keys, positions, key_order)
     if not unique_keys:
-        check_snapshot_keys(rows, key_order.names, uri, version)
-    stats = _vnode_stats(rows, key_order)
+        check_snapshot_keys(keys, key_order.names, uri, version)
+    stats = _vnode_stats(keys, key_order)
     if any(s["_null"] for s in stats):
-        check_snapshot_keys(rows, key_order.names, uri, version)  # names the key and raises
+        check_snapshot_keys(keys, key_order.names, uri, version)  # names the key and raises
     key_names = key_order.names
     return rows, {s["vnode"]: (s["_n"], tuple(s["_last"][k] for k in key_names)) for s in stats}
 

@@ -29,6 +29,8 @@ from backfill_assets.core.names import BAD_KEY, OP
 from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.mv_store import MVTables
 
+VNODE = "vnode"
+
 
 @dataclass
 class SourceContext:
@@ -172,12 +174,26 @@ class BulkSource:
         return 0
 
     def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
+        return self.read(ctx, vnodes)[0]
+
+    def read(self, ctx: SourceContext, vnodes: Sequence[int], *, key_only: bool = False
+             ) -> tuple[DataFrame, bool]:
+        """The vnodes' rows (``key_only``: their pk and vnode columns only, what the bulk
+        read's stats and key checks need) and whether each Spark partition holds one
+        contiguous vnode range: true for a platform upstream partitioned by the MV's vnodes,
+        whose files are then read in vnode order, so the MV write needs no shuffle."""
         so = ctx.tables.storage_options
+        schema = replica_schema(ctx.upstream_schema)
+        if key_only:
+            schema = pa.schema([schema.field(c) for c in (*ctx.key_names, VNODE)])
         if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
-            return UpstreamSource().rows(ctx, vnodes)
+            return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
+                                          vnodes=vnodes, storage_options=so,
+                                          by_vnode=True), True
         up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
-                                    ctx.upstream_schema, storage_options=so)
-        return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
+                                    pa.schema([f for f in schema if f.name != VNODE]),
+                                    storage_options=so)
+        return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes)), False
 
 
 def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: int,

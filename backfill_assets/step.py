@@ -217,7 +217,7 @@ class _Step:
             if chunk.scanned is not None:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned
             self._commit_mv(forward if report.forwarded_rows else None, chunk.rows,
-                            clustered=chunk.scanned is not None)
+                            clustered=chunk.clustered or chunk.scanned is not None)
         finally:
             for df in (forward, chunk.rows):
                 if df is not None:

@@ -43,7 +43,8 @@ __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "
 
 def read_version(spark: SparkSession, uri: str, version: int | None,
                  schema: pa.Schema | None = None, vnodes: Iterable[int] | None = None, *,
-                 storage_options: Mapping[str, str] | None = None) -> DataFrame:
+                 storage_options: Mapping[str, str] | None = None,
+                 by_vnode: bool = False) -> DataFrame:
     """The rows of ``version`` (latest when None) of the table at ``uri``: the columns of
     ``schema`` (default: all) with its types, restricted to ``vnodes`` when given (files pruned
     by their vnode partition or statistics; the table then needs a ``vnode`` column)."""
@@ -56,7 +57,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
             raise ValueError(f"read_version of {uri} with vnodes needs a {VNODE!r} column")
         wanted = sorted({int(v) for v in vnodes})
         files = files_in_vnodes(files, wanted)
-    df = read_snapshot(spark, snap, columns, files)
+    df = read_snapshot(spark, snap, columns, files, by_vnode=by_vnode)
     if schema is not None:
         df = df.select(*[F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
                          for f in schema])

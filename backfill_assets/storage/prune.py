@@ -25,13 +25,19 @@ def files_in_vnodes(files: Sequence[DataFile], vnodes: Iterable[int]) -> list[Da
     wanted = sorted({int(v) for v in vnodes})
     out = []
     for f in files:
-        lo, hi = _bound(f, "min", VNODE), _bound(f, "max", VNODE)
-        part = f.partition_values.get(VNODE)
-        if part is not None:
-            lo = hi = int(part)
+        lo, hi = vnode_span(f)
         if lo is None or hi is None or _any_between(wanted, lo, hi):
             out.append(f)
     return out
+
+
+def vnode_span(f: DataFile) -> tuple[int | None, int | None]:
+    """The vnodes a file's rows lie between: its vnode partition, else its exact stats
+    (None where unknown)."""
+    part = f.partition_values.get(VNODE)
+    if part is not None:
+        return int(part), int(part)
+    return _bound(f, "min", VNODE), _bound(f, "max", VNODE)
 
 
 def files_within_vnodes(files: Sequence[DataFile], vnodes: Iterable[int]) -> list[DataFile]:

@@ -24,6 +24,7 @@ from backfill_assets.core import names
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import dv, objects
 from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.prune import vnode_span
 from backfill_assets.storage.spark_types import exchange_schema, spark_schema
 
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
@@ -36,11 +37,14 @@ READ_TASK_ROWS = 1 << 20
 
 
 def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | None = None,
-                  files: Sequence[DataFile] | None = None, *, row_ids: bool = False
-                  ) -> DataFrame:
+                  files: Sequence[DataFile] | None = None, *, row_ids: bool = False,
+                  by_vnode: bool = False) -> DataFrame:
     """The live rows of ``files`` (default: every file) of ``snap``, ``columns`` (default all).
-    Raises UnsupportedTableFeature for what the layer cannot honour, StorageMismatch (in the
-    Spark job) when a file does not hold the rows its log entry records."""
+    ``by_vnode``: each Spark partition holds the files of one contiguous vnode range (files
+    of one vnode each, as in a vnode-partitioned table, then give partitions of disjoint
+    vnode ranges: a writer needs no shuffle to cluster them). Raises UnsupportedTableFeature
+    for what the layer cannot honour, StorageMismatch (in the Spark job) when a file does not
+    hold the rows its log entry records."""
     snap.check_readable()
     schema = snap.arrow_schema
     wanted = list(columns) if columns is not None else schema.names
@@ -58,7 +62,12 @@ def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | 
     physical = {c: snap.physical_names.get(c, c) for c in wanted if c not in parts}
     reader = _FileReader(snap.uri, dict(snap.storage_options), physical, out.serialize(),
                          row_ids)
-    tasks = [json.dumps(t) for t in pack(entries, parallelism(spark))]
+    if by_vnode:
+        order = sorted(range(len(chosen)), key=lambda i: vnode_span(chosen[i])[0] or -1)
+        groups = pack_in_order([entries[i] for i in order], parallelism(spark))
+    else:
+        groups = pack(entries, parallelism(spark))
+    tasks = [json.dumps(t) for t in groups]
     return one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
 
 
@@ -66,9 +75,7 @@ def pack(entries: list[dict], min_tasks: int) -> list[list[dict]]:
     """Files grouped into read tasks of about READ_TASK_ROWS rows (log counts), at least
     ``min_tasks`` of them when there are that many files: largest file first into the task
     holding the fewest rows."""
-    total = sum(e["rows"] or 0 for e in entries)
-    count = max(1, min(len(entries), MAX_READ_TASKS,
-                       max(min_tasks, math.ceil(total / READ_TASK_ROWS))))
+    count = _task_count(entries, sum(e["rows"] or 0 for e in entries), min_tasks)
     tasks: list[list[dict]] = [[] for _ in range(count)]
     held = [0] * count
     for e in sorted(entries, key=lambda e: -(e["rows"] or 0)):
@@ -76,6 +83,25 @@ def pack(entries: list[dict], min_tasks: int) -> list[list[dict]]:
         tasks[i].append(e)
         held[i] += e["rows"] or 0
     return tasks
+
+
+def pack_in_order(entries: list[dict], min_tasks: int) -> list[list[dict]]:
+    """``pack`` keeping the files' order: consecutive runs of about equal rows."""
+    total = sum(e["rows"] or 0 for e in entries)
+    count = _task_count(entries, total, min_tasks)
+    tasks: list[list[dict]] = [[]]
+    held = 0
+    for e in entries:
+        if tasks[-1] and len(tasks) < count and held >= total * len(tasks) / count:
+            tasks.append([])
+        tasks[-1].append(e)
+        held += e["rows"] or 0
+    return tasks
+
+
+def _task_count(entries: list[dict], total: int, min_tasks: int) -> int:
+    return max(1, min(len(entries), MAX_READ_TASKS,
+                      max(min_tasks, math.ceil(total / READ_TASK_ROWS))))
 
 
 def parallelism(spark: SparkSession) -> int:

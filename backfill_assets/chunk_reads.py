@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from backfill_assets import mv_store, spark_ops
 from backfill_assets.core.mv_definition import MVDefinition
@@ -80,15 +79,14 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
         return Chunk(None, 0, {})
     unique = keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count,
                               ctx.tables.storage_options)
+    positions = {v: position(state.current(v)) for v in readers}
     rows, clustered = source.read(ctx, readers)
     keys, _ = source.read(ctx, readers, key_only=True)
-    rows, stats = read_remainder(rows, keys, {v: position(state.current(v)) for v in readers},
-                                 state.key_order, unique_keys=unique, uri=ctx.tables.upstream,
-                                 version=ctx.v_new)
+    rows, stats = read_remainder(rows, keys, positions, state.key_order, unique_keys=unique,
+                                 uri=ctx.tables.upstream, version=ctx.v_new,
+                                 key_stats=source.key_stats(ctx, positions, state.key_order))
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
     read = sum(c.rows for c in per_vnode.values())
-    if clustered:  # sorted inside each task: the MV's (vnode, key) layout without a shuffle
-        rows = rows.sortWithinPartitions(*[F.col(f"`{c}`") for c in ("vnode", *ctx.key_names)])
     return Chunk(project(rows, d) if read else None, read, per_vnode, clustered=clustered)
 
 

@@ -33,16 +33,23 @@ from backfill_assets.mv_spark import rows_after
 
 
 def read_remainder(rows: DataFrame, keys: DataFrame, positions: Mapping[int, Key | None],
-                   key_order: KeyOrder, *, unique_keys: bool, uri: str, version: int
+                   key_order: KeyOrder, *, unique_keys: bool, uri: str, version: int,
+                   key_stats: Mapping[int, tuple[int, Key, bool]] | None = None
                    ) -> tuple[DataFrame, dict[int, tuple[int, Key]]]:
     """The rows of each vnode after its position (all rows without one) and, per vnode that
     has any, (rows, last key in key order), computed from ``keys`` (the same rows' pk and
     vnode columns only: a read of a few columns instead of a second pass over every one).
+    ``key_stats``: the same per vnode, with a flag for a null or repeated pk, already
+    computed by the read tasks (``storage.vnode_key_stats``): then no Spark pass at all.
     Refuses null or (unless `unique_keys`) duplicate pks with BadPrimaryKeyInUpstream before
     anything is written."""
     if any(p is not None for p in positions.values()):
         rows = rows_after(rows, positions, key_order)
         keys = rows_after(keys, positions, key_order)
+    if key_stats is not None:
+        if any(bad for _, _, bad in key_stats.values()):
+            check_snapshot_keys(keys, key_order.names, uri, version)  # names the key, raises
+        return rows, {v: (n, last) for v, (n, last, _) in key_stats.items()}
     if not unique_keys:
         check_snapshot_keys(keys, key_order.names, uri, version)
     stats = _vnode_stats(keys, key_order)

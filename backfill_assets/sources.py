@@ -181,7 +181,8 @@ class BulkSource:
         """The vnodes' rows (``key_only``: their pk and vnode columns only, what the bulk
         read's stats and key checks need) and whether each Spark partition holds one
         contiguous vnode range: true for a platform upstream partitioned by the MV's vnodes,
-        whose files are then read in vnode order, so the MV write needs no shuffle."""
+        whose files are then read in vnode-range tasks and sorted by (vnode, key) in them, so
+        the MV write needs neither a shuffle nor a Spark sort."""
         so = ctx.tables.storage_options
         schema = replica_schema(ctx.upstream_schema)
         if key_only:
@@ -189,11 +190,22 @@ class BulkSource:
         if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
             return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
                                           vnodes=vnodes, storage_options=so,
-                                          by_vnode=True), True
+                                          cluster_keys=ctx.key_names), True
         up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
                                     pa.schema([f for f in schema if f.name != VNODE]),
                                     storage_options=so)
         return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes)), False
+
+    def key_stats(self, ctx: SourceContext, positions: Mapping[int, Key | None],
+                  key_order: KeyOrder) -> dict[int, tuple[int, Key, bool]] | None:
+        """Per vnode (rows after its position, last key, pk null or repeated) computed in the
+        read tasks from the key columns of a vnode-partitioned platform upstream; None for
+        any other upstream (its vnodes are computed in Spark: `read_remainder` aggregates)."""
+        so = ctx.tables.storage_options
+        if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            return None
+        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        return storage.vnode_key_stats(ctx.spark, snap, key_order, positions)
 
 
 def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: int,

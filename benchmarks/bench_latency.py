@@ -241,8 +241,11 @@ def measure(args, path: str, interval: float) -> dict:
             time.sleep(0.5)
         result["measure_seconds"] = round(time.monotonic() - t0, 1)
         result.update(audit.result())
+        if path == "barrier":  # a run still in flight would be interrupted by the stop
+            _wait_for_runs(home, "backfill_job", timeout=90)
     finally:
         _stop_followers(env, proc)
+        stopped_at = time.time()
         dagster_dev.stop(proc)
     up_times, mv = _upstream_times(uri), _mv_commits(mv_uri)
     latencies, missed = [], []
@@ -253,7 +256,10 @@ def measure(args, path: str, interval: float) -> dict:
         parts = _phases(path, instance, commits, up_times, mv)
         runs = instance.get_run_records(dg.RunsFilter(job_name=(
             "backfill_job" if path == "barrier" else "follower_job")))
-        failed = [r for r in runs if r.dagster_run.status == dg.DagsterRunStatus.FAILURE]
+        failed = [r for r in runs if r.dagster_run.status == dg.DagsterRunStatus.FAILURE
+                  and (r.end_time or 0) < stopped_at]
+        interrupted = [r for r in runs if r.dagster_run.status == dg.DagsterRunStatus.FAILURE
+                       and (r.end_time or 0) >= stopped_at]
     result.update({
         "commits": len(commits), "missed_commits": missed,
         "barriers": len([1 for bv, _ in mv if commits and bv >= commits[0]]),
@@ -261,10 +267,26 @@ def measure(args, path: str, interval: float) -> dict:
         "lag_first_half": C.summary(latencies[: len(latencies) // 2]),
         "lag_second_half": C.summary(latencies[len(latencies) // 2:]),
         "breakdown": {k: C.summary(v) for k, v in parts.items()},
-        "runs": len(runs), "failed_runs": len(failed)})
+        "runs": len(runs), "failed_runs": len(failed),
+        "runs_interrupted_by_the_stop": len(interrupted)})
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _wait_for_runs(home: str, job: str, timeout: float) -> None:
+    """Until no run of ``job`` is queued or in progress (or ``timeout``): stopping `dagster
+    dev` interrupts a run in flight, which Dagster then records as failed."""
+    import dagster as dg
+
+    busy = (dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+            dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED)
+    end = time.monotonic() + timeout
+    with dg.DagsterInstance.from_config(home) as instance:
+        while time.monotonic() < end:
+            if not instance.get_run_records(dg.RunsFilter(job_name=job, statuses=list(busy))):
+                return
+            time.sleep(1)
 
 
 def run(args) -> dict:
@@ -283,7 +305,8 @@ def print_report(r: dict, vnodes: int) -> None:
     lat = r["latency"]
     print(f"\n{r['path']} path, one commit per {r['interval']:g} s, {vnodes} vnodes: "
           f"{r['commits']} commits, {r['barriers']} MV barriers, {r['runs']} runs "
-          f"({r['failed_runs']} failed), {len(r['missed_commits'])} commits never reached the "
+          f"({r['failed_runs']} failed, {r.get('runs_interrupted_by_the_stop', 0)} interrupted "
+          f"by the benchmark's stop), {len(r['missed_commits'])} commits never reached the "
           f"MV; {100 * r.get('foreign_cpu_share', 0):.0f}% of the CPU used by other processes")
     if lat.get("n"):
         first, second = r["lag_first_half"], r["lag_second_half"]

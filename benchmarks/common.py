@@ -612,7 +612,17 @@ class PhaseProfiler:
 
     def install(self) -> PhaseProfiler:
 
-        from backfill_assets import arrow_changes, barrier, chunk_reads, mv_store, sources, step
+        from backfill_assets import (
+            arrow_changes,
+            barrier,
+            chunk_reads,
+            mv_store,
+            snapshot_mode,
+            snapshot_read,
+            sources,
+            step,
+            storage,
+        )
         from backfill_assets.storage import keyed, maintain, merge
 
         self.wrap(barrier, "run_step", "step glue (other)")
@@ -645,6 +655,11 @@ class PhaseProfiler:
         self.wrap(chunk_reads, "check_snapshot_keys",
                   "pk check: fresh vnodes' snapshot (Spark groupBy)")
         self.wrap(step, "write_progress", "progress commit (delta-rs)")
+        self.wrap(storage, "vnode_key_stats", "bulk: per-vnode key stats (read tasks, keys only)")
+        self.wrap(snapshot_read, "_vnode_stats", "bulk: per-vnode key stats (Spark aggregate)")
+        self.wrap(snapshot_read, "check_snapshot_keys", "bulk: pk check (Spark groupBy)")
+        self.wrap(snapshot_mode, "estimate_rows", "bulk: slice plan (log stats)")
+        self.wrap(snapshot_mode, "history_safety", "bulk: history safety (upstream log)")
         self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")
         if hasattr(step, "_Step"):
             self.wrap(step._Step, "open", "step open: plan + misc")

@@ -18,13 +18,13 @@ See docs/ARCHITECTURE.md, "The storage layer".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets.storage.chunk_read import read_chunk
+from backfill_assets.storage.chunk_read import read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts
 from backfill_assets.storage.log import DataFile, Snapshot
@@ -38,13 +38,13 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "Snapshot",
            "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
            "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version",
-           "seek_file_rows", "spark_type"]
+           "seek_file_rows", "spark_type", "vnode_key_stats"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,
                  schema: pa.Schema | None = None, vnodes: Iterable[int] | None = None, *,
                  storage_options: Mapping[str, str] | None = None,
-                 by_vnode: bool = False) -> DataFrame:
+                 cluster_keys: Sequence[str] | None = None) -> DataFrame:
     """The rows of ``version`` (latest when None) of the table at ``uri``: the columns of
     ``schema`` (default: all) with its types, restricted to ``vnodes`` when given (files pruned
     by their vnode partition or statistics; the table then needs a ``vnode`` column)."""
@@ -57,7 +57,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
             raise ValueError(f"read_version of {uri} with vnodes needs a {VNODE!r} column")
         wanted = sorted({int(v) for v in vnodes})
         files = files_in_vnodes(files, wanted)
-    df = read_snapshot(spark, snap, columns, files, by_vnode=by_vnode)
+    df = read_snapshot(spark, snap, columns, files, cluster_keys=cluster_keys)
     if schema is not None:
         df = df.select(*[F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
                          for f in schema])

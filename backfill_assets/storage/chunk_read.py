@@ -30,7 +30,7 @@ from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage import dv
 from backfill_assets.storage.log import DataFile, Snapshot
-from backfill_assets.storage.prune import files_in_vnodes
+from backfill_assets.storage.prune import files_in_vnodes, vnode_span
 from backfill_assets.storage.read import (
     b64,
     file_rows,
@@ -64,6 +64,40 @@ def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_
     reader = _ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order,
                           pos, limit, shared)
     return one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
+
+
+def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
+                    positions: Mapping[int, Key | None]) -> dict[int, tuple[int, Key, bool]]:
+    """Per vnode of ``positions`` that has rows after its position: (rows, last key in key
+    order, whether a pk is null or repeated), for a table whose files each hold one vnode's
+    rows (a vnode-partitioned platform table). Each task reads only the key columns of a
+    contiguous vnode range, sorts them and sends one row per vnode to the driver: what a
+    bulk read needs to know of the rows it writes, without a second pass over them in Spark."""
+    columns = [*key_order.names, VNODE]
+    schema = snap.arrow_schema
+    base = exchange_schema(pa.schema([schema.field(c) for c in columns]))
+    out = base.append(pa.field(RN, pa.int64())).append(pa.field(BAD_KEY, pa.bool_()))
+    by_vnode: dict[int, list[DataFile]] = {}
+    for f in files_in_vnodes(snap.files, positions):
+        lo, hi = vnode_span(f)
+        for v in range(lo if lo is not None else min(positions),
+                       (hi if hi is not None else max(positions)) + 1):
+            if v in positions:
+                by_vnode.setdefault(v, []).append(f)
+    picked = ChunkFiles({(v,): files for v, files in by_vnode.items()})
+    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out)
+    if not tasks:
+        return {}
+    physical = {c: snap.physical_names.get(c, c) for c in columns
+                if c not in snap.partition_columns}
+    pos = {v: p for v, p in positions.items() if p is not None}
+    reader = _ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order, pos,
+                          1 << 62, False, per_vnode=True)
+    rows = one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
+    stats = {}
+    for r in rows.toArrow().to_pylist():
+        stats[r[VNODE]] = (r[RN], tuple(r[k] for k in key_order.names), r[BAD_KEY])
+    return stats
 
 
 def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema) -> list[str]:
@@ -105,11 +139,11 @@ class _ChunkReader:
 
     def __init__(self, table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
                  out: pa.Schema, key_order: KeyOrder, positions: Mapping[int, Key], limit: int,
-                 shared: bool):
+                 shared: bool, per_vnode: bool = False):
         self.table_uri, self.options, self.physical = table_uri, dict(options), dict(physical)
         self.out = out.serialize().to_pybytes()
         self.key_order, self.positions, self.limit = key_order, dict(positions), limit
-        self.shared = shared
+        self.shared, self.per_vnode = shared, per_vnode
 
     def __call__(self, batches):
         out = pa.ipc.read_schema(pa.py_buffer(self.out))
@@ -119,6 +153,8 @@ class _ChunkReader:
                 table = self._read(json.loads(text), base)
                 chunk = take_chunk(table, self.key_order, self.positions, self.limit,
                                    self.shared)
+                if self.per_vnode:
+                    chunk = _last_of_each_vnode(chunk)
                 yield from chunk.cast(out).to_batches(max_chunksize=65536)
 
     def _read(self, task: dict, base: pa.Schema) -> pa.Table:
@@ -157,6 +193,22 @@ def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key
         pieces.append(piece if shared else piece.slice(0, limit))
     table = pa.concat_tables(pieces) if pieces else table
     return _ranked(table, key_order)
+
+
+def _last_of_each_vnode(chunk: pa.Table) -> pa.Table:
+    """One row per vnode of a ranked chunk: its last row (RN = the vnode's rows), BAD_KEY set
+    when any of its rows was flagged."""
+    n = chunk.num_rows
+    if not n:
+        return chunk
+    vnodes = chunk.column(VNODE).to_numpy(zero_copy_only=False)
+    last = np.flatnonzero(np.r_[vnodes[1:] != vnodes[:-1], True])
+    bad = chunk.column(BAD_KEY).to_numpy(zero_copy_only=False).astype(np.int64)
+    bad_before = np.r_[0, np.cumsum(bad)]  # flagged rows before each index
+    first = np.r_[0, last[:-1] + 1]
+    any_bad = (bad_before[last + 1] - bad_before[first]) > 0
+    out = chunk.take(pa.array(last))
+    return out.set_column(out.schema.get_field_index(BAD_KEY), BAD_KEY, pa.array(any_bad))
 
 
 def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:

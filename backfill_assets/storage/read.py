@@ -29,6 +29,7 @@ from backfill_assets.storage.spark_types import exchange_schema, spark_schema
 
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
 ROW_COLUMN = names.ROW  # its physical row index in that file
+VNODE = "vnode"
 MAX_READ_TASKS = 512
 # rows a read task holds, about: a Python task costs ~50 ms to start, so one task per small file
 # (the 256-file upstream of a vnode-partitioned writer) made reads 6-10x slower than Spark's
@@ -38,11 +39,12 @@ READ_TASK_ROWS = 1 << 20
 
 def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | None = None,
                   files: Sequence[DataFile] | None = None, *, row_ids: bool = False,
-                  by_vnode: bool = False) -> DataFrame:
+                  cluster_keys: Sequence[str] | None = None) -> DataFrame:
     """The live rows of ``files`` (default: every file) of ``snap``, ``columns`` (default all).
-    ``by_vnode``: each Spark partition holds the files of one contiguous vnode range (files
-    of one vnode each, as in a vnode-partitioned table, then give partitions of disjoint
-    vnode ranges: a writer needs no shuffle to cluster them). Raises UnsupportedTableFeature
+    ``cluster_keys``: each Spark partition holds the files of one contiguous vnode range,
+    its rows sorted by (vnode, *cluster_keys) in the task (files of one vnode each, as in a
+    vnode-partitioned table, then give partitions of disjoint vnode ranges in the MV's
+    layout: a writer needs neither a shuffle nor a Spark sort). Raises UnsupportedTableFeature
     for what the layer cannot honour, StorageMismatch (in the Spark job) when a file does not
     hold the rows its log entry records."""
     snap.check_readable()
@@ -60,9 +62,10 @@ def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | 
                 "dv": f.deletion_vector, "parts": b64(partition_row(f, parts, out))}
                for f in chosen]
     physical = {c: snap.physical_names.get(c, c) for c in wanted if c not in parts}
+    sort = [VNODE, *cluster_keys] if cluster_keys is not None else None
     reader = _FileReader(snap.uri, dict(snap.storage_options), physical, out.serialize(),
-                         row_ids)
-    if by_vnode:
+                         row_ids, sort)
+    if sort:
         order = sorted(range(len(chosen)), key=lambda i: vnode_span(chosen[i])[0] or -1)
         groups = pack_in_order([entries[i] for i in order], parallelism(spark))
     else:
@@ -144,23 +147,29 @@ class _FileReader:
     """The task side (picklable): read, check, apply DV, rename, add partition values."""
 
     def __init__(self, table_uri: str, options: Mapping[str, str],
-                 physical: Mapping[str, str], out_schema: pa.Buffer, row_ids: bool):
+                 physical: Mapping[str, str], out_schema: pa.Buffer, row_ids: bool,
+                 sort: Sequence[str] | None = None):
         self.table_uri, self.options, self.physical = table_uri, options, dict(physical)
         self.out_schema, self.row_ids = out_schema.to_pybytes(), row_ids
+        self.sort = list(sort) if sort else None
 
     def __call__(self, batches):
         out = pa.ipc.read_schema(pa.py_buffer(self.out_schema))
         for batch in batches:
             for text in batch.column(0).to_pylist():
-                for f in json.loads(text):
-                    yield from self._read(f, out)
+                tables = (self._read(f, out) for f in json.loads(text))
+                if self.sort:  # the task's rows in (vnode, key) order: sorted in Arrow
+                    table = pa.concat_tables(list(tables))
+                    tables = iter([table.take(pc.sort_indices(
+                        table, [(c, "ascending") for c in self.sort], null_placement="at_start"))])
+                for table in tables:
+                    yield from table.to_batches(max_chunksize=65536)
 
-    def _read(self, f: dict, out: pa.Schema):
+    def _read(self, f: dict, out: pa.Schema) -> pa.Table:
         deleted = dv.load(self.table_uri, f["dv"], self.options) if f["dv"] else None
         ids = f["path"] if self.row_ids else None
-        table = file_rows(f["uri"], self.options, self.physical, out, rows=f["rows"],
-                          deleted=deleted, partition=unb64_table(f["parts"]), row_ids_for=ids)
-        yield from table.to_batches(max_chunksize=65536)
+        return file_rows(f["uri"], self.options, self.physical, out, rows=f["rows"],
+                         deleted=deleted, partition=unb64_table(f["parts"]), row_ids_for=ids)
 
 
 def file_rows(uri: str, options: Mapping[str, str], physical: Mapping[str, str],

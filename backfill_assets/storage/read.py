@@ -161,7 +161,7 @@ class _FileReader:
                 if self.sort:  # the task's rows in (vnode, key) order: sorted in Arrow
                     table = pa.concat_tables(list(tables))
                     tables = iter([table.take(pc.sort_indices(
-                        table, [(c, "ascending") for c in self.sort], null_placement="at_start"))])
+                        table, [(c, "ascending", "at_start") for c in self.sort]))])
                 for table in tables:
                     yield from table.to_batches(max_chunksize=65536)
 

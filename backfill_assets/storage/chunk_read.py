@@ -32,9 +32,11 @@ from backfill_assets.storage import dv
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import files_in_vnodes, vnode_span
 from backfill_assets.storage.read import (
+    READ_TASK_ROWS,
     b64,
     file_rows,
     one_task_per_partition,
+    parallelism,
     partition_row,
     unb64_table,
 )
@@ -85,7 +87,9 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
             if v in positions:
                 by_vnode.setdefault(v, []).append(f)
     picked = ChunkFiles({(v,): files for v, files in by_vnode.items()})
-    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out)
+    # key columns only: tasks of ~4M rows (a Python task costs ~50 ms to start)
+    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out,
+                   task_rows=4 * READ_TASK_ROWS, min_tasks=parallelism(spark))
     if not tasks:
         return {}
     physical = {c: snap.physical_names.get(c, c) for c in columns
@@ -100,8 +104,10 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
     return stats
 
 
-def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema) -> list[str]:
-    """Contiguous vnode ranges of about TASK_ROWS rows read, each with its files (JSON)."""
+def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
+           task_rows: int = TASK_ROWS, min_tasks: int = 1) -> list[str]:
+    """Contiguous vnode ranges of about ``task_rows`` rows read (at least ``min_tasks`` of
+    them when there are that many vnodes), each with its files (JSON)."""
     per_vnode: dict[int, list[DataFile]] = {}
     estimate: dict[int, float] = {}
     for group, files in picked.groups.items():
@@ -111,7 +117,8 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema)
     if not per_vnode:
         return []
     total = max(1, picked.rows_scanned)
-    count = max(1, min(MAX_TASKS, math.ceil(total / TASK_ROWS)))
+    count = max(1, min(MAX_TASKS, len(per_vnode),
+                       max(min_tasks, math.ceil(total / task_rows))))
     target = total / count
     ranges: list[list[int]] = [[]]
     held = 0

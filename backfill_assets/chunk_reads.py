@@ -84,7 +84,8 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
     keys, _ = source.read(ctx, readers, key_only=True)
     rows, stats = read_remainder(rows, keys, positions, state.key_order, unique_keys=unique,
                                  uri=ctx.tables.upstream, version=ctx.v_new,
-                                 key_stats=source.key_stats(ctx, positions, state.key_order))
+                                 key_stats=source.key_stats(ctx, positions, state.key_order,
+                                                           unique))
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
     read = sum(c.rows for c in per_vnode.values())
     return Chunk(project(rows, d) if read else None, read, per_vnode, clustered=clustered)

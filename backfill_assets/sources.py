@@ -197,14 +197,25 @@ class BulkSource:
         return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes)), False
 
     def key_stats(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                  key_order: KeyOrder) -> dict[int, tuple[int, Key, bool]] | None:
-        """Per vnode (rows after its position, last key, pk null or repeated) computed in the
-        read tasks from the key columns of a vnode-partitioned platform upstream; None for
-        any other upstream (its vnodes are computed in Spark: `read_remainder` aggregates)."""
+                  key_order: KeyOrder, unique_keys: bool
+                  ) -> dict[int, tuple[int, Key, bool]] | None:
+        """Per vnode (rows after its position, last key, pk null or repeated) of a
+        vnode-partitioned platform upstream: from its log alone when that is exact (keys the
+        platform writer kept unique, vnodes read from their start, a single integer pk,
+        files without DVs: `storage.vnode_stats_from_log`), else computed in the read tasks
+        from the key columns. None for any other upstream (its vnodes are computed in Spark:
+        `read_remainder` aggregates)."""
         so = ctx.tables.storage_options
         if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
             return None
         snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        single = key_order.columns[0]
+        if unique_keys and len(key_order.columns) == 1 and not single.descending \
+                and single.type in ("int", "bigint") \
+                and all(p is None for p in positions.values()):
+            stats = storage.vnode_stats_from_log(snap.files, single.name, positions)
+            if stats is not None:
+                return stats
         return storage.vnode_key_stats(ctx.spark, snap, key_order, positions)
 
 

@@ -13,6 +13,7 @@ import random
 
 from backfill_assets import mv_store, storage
 from backfill_assets.barrier import run_barrier
+from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.mv_store import MVTables
 from backfill_assets.sources import replica_schema
 from backfill_assets.upstream_check import checked_upstream
@@ -45,3 +46,25 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     one_vnode = [f for f in replica.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
+
+
+def test_bulk_key_stats_from_the_log_equal_the_rows(spark, warehouse):
+    """Snapshot mode's bulk read takes per-vnode rows and last key from the log when that is
+    exact (a platform upstream, one vnode per file, no DVs, one integer pk): after random DML
+    they equal what the read tasks compute from the key columns, and the live keys."""
+    live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(11),
+                        simple_row, lambda rng: rng.randint(1, 100_000))
+    live.create(rows=120)
+    for _ in range(3):
+        live.apply(live.random_batch(CHANGES * 3))
+    snap = storage.Snapshot.load(live.uri, None, {})
+    positions = dict.fromkeys(range(VNODES))
+    from_log = storage.vnode_stats_from_log(snap.files, "id", positions)
+    assert from_log is not None
+    key_order = KeyOrder((KeyColumn("id", "bigint"),))
+    from_rows = storage.vnode_key_stats(spark, snap, key_order, positions)
+    assert from_log == from_rows
+    expected: dict[int, list] = {}
+    for key in live.keys:
+        expected.setdefault(live.spec.vnode_of((key,)), []).append(key)
+    assert from_log == {v: (len(ks), (max(ks),), False) for v, ks in expected.items()}

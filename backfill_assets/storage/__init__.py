@@ -29,7 +29,7 @@ from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes
-from backfill_assets.storage.prune import VNODE, files_in_vnodes
+from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
 from backfill_assets.storage.read import read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
 from backfill_assets.storage.spark_types import spark_type
@@ -38,7 +38,7 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "Snapshot",
            "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
            "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version",
-           "seek_file_rows", "spark_type", "vnode_key_stats"]
+           "seek_file_rows", "spark_type", "vnode_key_stats", "vnode_stats_from_log"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

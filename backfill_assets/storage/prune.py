@@ -31,6 +31,29 @@ def files_in_vnodes(files: Sequence[DataFile], vnodes: Iterable[int]) -> list[Da
     return out
 
 
+def vnode_stats_from_log(files: Sequence[DataFile], key_name: str, vnodes: Iterable[int]
+                         ) -> dict[int, tuple[int, tuple, bool]] | None:
+    """Per vnode of ``vnodes``: (rows, last key, False) from the log alone, or None when the
+    log cannot say it exactly. Exact for a table whose files hold one vnode each, carry no
+    deletion vector (rows = the record counts) and have an exact integer max of the single,
+    ascending key column (the last key). The caller vouches that keys are unique and not
+    null (the platform writer's): nothing here reads a row."""
+    wanted = {int(v) for v in vnodes}
+    out: dict[int, tuple[int, tuple, bool]] = {}
+    for f in files:
+        lo, hi = vnode_span(f)
+        if lo is None or lo != hi:
+            return None
+        if lo not in wanted or f.num_records == 0:
+            continue
+        top = _bound(f, "max", key_name)
+        if f.deletion_vector or f.num_records is None or type(top) is not int:
+            return None
+        rows, last, _ = out.get(lo, (0, (top,), False))
+        out[lo] = (rows + f.num_records, (max(last[0], top),), False)
+    return out
+
+
 def vnode_span(f: DataFile) -> tuple[int | None, int | None]:
     """The vnodes a file's rows lie between: its vnode partition, else its exact stats
     (None where unknown)."""

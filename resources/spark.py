@@ -40,6 +40,11 @@ BASE_SPARK_CONF: dict[str, str] = {
     # rows per Arrow batch between the JVM and the storage layer's Python tasks (default
     # 10,000): fewer, larger batches cost less per row on both sides
     "spark.sql.execution.arrow.maxRecordsPerBatch": "65536",
+    # the storage layer's reads are Python tasks over a tiny local relation of file lists, so
+    # Spark estimates them at a few KB and would broadcast a whole table read into a join (a
+    # 100M-row catch-up merge ran the driver out of heap): broadcast only where the code says
+    # so (`F.broadcast` of a small positions or keys table)
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
     "spark.sql.python.filterPushdown.enabled": "true",
     # pandas is not a dependency: plain (pickled) Python UDFs, no arrow-UDF fallback warning
     "spark.sql.execution.pythonUDF.arrow.enabled": "false",

@@ -10,7 +10,7 @@ is then taken from that MV commit, so nothing is lost or repeated.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -46,10 +46,33 @@ def read_progress(table: DeltaTable, key_order: KeyOrder, vnodes: Sequence[int])
 
 
 def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
-                  progress_table: DeltaTable, mv: DeltaTable) -> tuple[BackfillState, list[int]]:
-    """The committed state of `vnodes`, completed from an MV commit whose progress commit died."""
+                  progress_table: DeltaTable, mv: DeltaTable,
+                  storage_options: Mapping[str, str] | None = None
+                  ) -> tuple[BackfillState, list[int]]:
+    """The committed state of `vnodes`, completed from an MV commit whose progress commit died.
+    A function of the two tables' versions: a barrier that recovers twice at the same versions
+    (snapshot mode plans its steps from it, then the step opens) reads the tables once."""
+    key = (progress_table.table_uri, progress_table.metadata().id, progress_table.version(),
+           mv.table_uri, mv.metadata().id, mv.version(), mv_name, repr(key_order),
+           tuple(vnodes))
+    if key not in _RECOVERED:
+        _RECOVERED[key] = _recover(mv_name, key_order, vnodes, progress_table, mv,
+                                   storage_options)
+        while len(_RECOVERED) > 8:
+            del _RECOVERED[next(iter(_RECOVERED))]
+    recovered, redone = _RECOVERED[key]
+    return BackfillState(key_order, vnodes, dict(recovered)), list(redone)
+
+
+# the last few recoveries, by the versions (and ids) of the tables they read
+_RECOVERED: dict[tuple, tuple[dict, list[int]]] = {}
+
+
+def _recover(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
+             progress_table: DeltaTable, mv: DeltaTable,
+             storage_options: Mapping[str, str] | None) -> tuple[dict, list[int]]:
     recovered = read_progress(progress_table, key_order, vnodes)
-    mv_done = mv_store.txn_versions(mv, mv_name, "mv", vnodes)
+    mv_done = mv_store.txn_versions(mv, mv_name, "mv", vnodes, storage_options)
     known = {v: recovered.get(v, (NotStarted(), None)) for v in vnodes}
     # an MV commit at the progress table's own version may still be ahead of it (a second
     # step at the same upstream version): look at what it carries, not only at its version
@@ -76,7 +99,7 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
         if carried is not None:
             recovered[vnode] = carried
         redone.append(vnode)
-    return BackfillState(key_order, vnodes, recovered), redone
+    return recovered, redone
 
 
 def _ahead(new, old, key_order: KeyOrder) -> bool:

@@ -139,8 +139,13 @@ def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
 
 
 def _pinned(tables: MVTables) -> dict | None:
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
-    if progress is None or not progress.metadata().description:
+    so = tables.storage_options
+    if not delta_store.table_exists(tables.progress, so):
+        return None
+    # the latest version, loaded once per process (a barrier checks the pin twice)
+    progress = delta_store.open_table(tables.progress, delta_store.latest_version(
+        tables.progress, so), so)
+    if not progress.metadata().description:
         return None
     return json.loads(progress.metadata().description)
 

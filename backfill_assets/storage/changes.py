@@ -72,6 +72,8 @@ def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str],
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     consts = {VERSION: v, TIMESTAMP: int(info.get("timestamp", 0)) * 1000}
     cdc = [a["cdc"] for a in actions if "cdc" in a]
+    if len(cdc) > 1 and snap.column_mapping == "none":
+        return [partial(_read_cdc_files, snap, cdc, out, consts)]
     if cdc:
         with_type = {**physical, CHANGE_TYPE: CHANGE_TYPE}
         return [partial(_read, snap, f, with_type, out, consts) for f in cdc]
@@ -97,6 +99,59 @@ def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str],
     return pieces
 
 
+def _read_cdc_files(snap: Snapshot, cdc: Sequence[Mapping], out: pa.Schema,
+                    consts: Mapping[str, object]) -> pa.Table:
+    """The change files of one version in one multi-threaded dataset scan (a partitioned
+    upstream writes one per partition a commit touched: 256 files read one by one cost
+    ~0.1-0.2 s, scanned together ~0.05 s). Partition values come from each file's action, as
+    the dataset's partition expressions; a file whose types the scan cannot cast to the
+    table's falls back to the file-by-file read (which checks and casts each file)."""
+    import pyarrow.dataset as ds
+
+    uris = [snap.file_uri(a["path"]) for a in cdc]
+    for uri in uris:
+        _check_exists(snap, uri)
+    fs, _ = objects.filesystem(uris[0], snap.storage_options)
+    paths = [objects.filesystem(u, snap.storage_options)[1] for u in uris]
+    fields = [f for f in out if f.name not in (VERSION, TIMESTAMP)]
+    partitions = [_partition_expression(a.get("partitionValues") or {}, out) for a in cdc]
+    try:
+        table = ds.FileSystemDataset.from_paths(
+            paths, schema=pa.schema(fields), format=ds.ParquetFileFormat(), filesystem=fs,
+            partitions=partitions).to_table()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        physical = {f.name: f.name for f in fields
+                    if f.name not in snap.partition_columns}
+        return pa.concat_tables([out.empty_table()] + [
+            _read(snap, a, physical, out, consts) for a in cdc])
+    for name, value in consts.items():
+        table = table.append_column(out.field(name),
+                                    pa.repeat(pa.scalar(value, out.field(name).type),
+                                              table.num_rows))
+    return table.select(out.names)
+
+
+def _partition_expression(values: Mapping[str, str | None], out: pa.Schema):
+    """The dataset expression that fills a file's partition columns (typed from the log)."""
+    import pyarrow.dataset as ds
+
+    row = _partition_row(values, out)
+    expr = ds.scalar(True)
+    for name in row.column_names if row is not None else []:
+        value = row.column(name)[0]
+        expr = expr & (ds.field(name).is_null() if not value.is_valid
+                       else ds.field(name) == value)
+    return expr
+
+
+def _check_exists(snap: Snapshot, uri: str) -> None:
+    if not objects.exists(uri, snap.storage_options):
+        raise HistoryUnavailable(
+            f"changes of {snap.uri} are no longer available: {uri}, which its change feed "
+            "needs, is gone (vacuumed); rebuild from the latest version or keep history "
+            "longer (delta.deletedFileRetentionDuration)")
+
+
 def _actions(snap: Snapshot, v: int) -> list[dict]:
     try:
         raw = objects.read_bytes(commit_uri(snap.uri, v), snap.storage_options)
@@ -111,11 +166,7 @@ def _actions(snap: Snapshot, v: int) -> list[dict]:
 def _read(snap: Snapshot, action: Mapping, physical: Mapping[str, str], out: pa.Schema,
           consts: Mapping[str, object], **masks) -> pa.Table:
     uri = snap.file_uri(action["path"])
-    if not objects.exists(uri, snap.storage_options):
-        raise HistoryUnavailable(
-            f"changes of {snap.uri} are no longer available: {uri}, which its change feed "
-            "needs, is gone (vacuumed); rebuild from the latest version or keep history "
-            "longer (delta.deletedFileRetentionDuration)")
+    _check_exists(snap, uri)
     parts = _partition_row(action.get("partitionValues") or {}, out)
     return file_rows(uri, snap.storage_options, physical, out, partition=parts,
                      constants=consts, **masks)

@@ -77,8 +77,10 @@ class Snapshot:
     @classmethod
     def load(cls, uri: str, version: int | None = None,
              storage_options: Mapping[str, str] | None = None) -> Snapshot:
-        from backfill_assets.delta_store import open_table
+        from backfill_assets.delta_store import latest_version, open_table
 
+        if version is None:  # the latest version, by a listing of the log: a version is
+            version = latest_version(uri, storage_options)  # loaded once per process
         table = open_table(uri, version, storage_options)
         return cls(uri.rstrip("/"), dict(storage_options or {}), table)
 

@@ -14,6 +14,7 @@ from backfill_assets.checks import build_oracle_check, build_progress_check
 from backfill_assets.faults import kill_hook
 from backfill_assets.partitions import vnode_partitions
 from backfill_assets.sensors import build_barrier_sensor
+from backfill_assets.storage import key_cache
 from jobs.backfill import build_backfill_job
 from jobs.controls import build_controls_job
 from jobs.follower import build_follower_jobs
@@ -27,6 +28,7 @@ from resources.spark import spark_resource
 from resources.warehouse import warehouse_resource
 
 settings = load_settings()
+key_cache.set_limit(settings.key_cache_mib << 20)  # each run process keeps its own
 mv = load_mv_definition(settings)
 backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count), mv.name)
 

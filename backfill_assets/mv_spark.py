@@ -56,7 +56,11 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
                  after: pa.Table) -> tuple[pa.Table, pa.Table]:
     """A small barrier's upstream rows (on the driver) as the MV rows they make, rows the filter
     rejects dropped: both sides in one small Spark job over a local relation, so the MV's
-    expressions mean exactly what they mean in the Spark path."""
+    expressions mean exactly what they mean in the Spark path. A definition without a filter
+    and computed columns only selects columns: that is done in Arrow (exact: values pass
+    through unchanged), without a Spark job."""
+    if not definition.filter and not definition.computed:
+        return selected_rows(definition, before), selected_rows(definition, after)
     side = pa.concat_arrays([pa.array(["delete"] * before.num_rows, pa.string()),
                              pa.array(["upsert"] * after.num_rows, pa.string())])
     rows = pa.concat_tables([before, after.select(before.column_names).cast(before.schema)])
@@ -66,6 +70,11 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     is_after = pc.equal(out.column(OP), "upsert")
     out = out.drop_columns([OP])
     return out.filter(pc.invert(is_after)), out.filter(is_after)
+
+
+def selected_rows(definition: MVDefinition, rows: pa.Table) -> pa.Table:
+    """The MV rows of upstream ``rows`` under a definition that only selects columns."""
+    return rows.select([*definition.columns, VNODE])
 
 
 _VALIDATED: dict[tuple, pa.Schema] = {}

@@ -169,7 +169,7 @@ class _Step:
         if (req.mode or d.mode) == "no_shuffle":
             check_run_layout(req.tables.mv.rsplit("/", 1)[0], vnodes,
                              lambda group: _unfinished(progress_table, key_order, group))
-        state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv)
+        state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv, so)
         if req.reset:  # re-snapshot: start these vnodes again (their MV rows get replaced)
             state, recovered = BackfillState(key_order, vnodes, {
                 v: (state.committed(v), state.version(v)) for v in vnodes
@@ -177,7 +177,7 @@ class _Step:
         strategy.recover(state)
         _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
         replica = mv_store.open_table(req.tables.replica, so)
-        replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes)
+        replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes, so)
         plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
                          req.chunk_size, req.rate_limit)
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from backfill_assets import delta_store, mv_store
 from backfill_assets.arrow_types import type_name
+from backfill_assets.core.errors import TableNotFound
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import PerVnodePositions, PositionStrategy, SharedPosition
@@ -63,15 +64,7 @@ class CheckedUpstream:
 
 def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> CheckedUpstream:
     """Open and check the upstream at `version` (latest when None); raise before any write."""
-    so = tables.storage_options
-    table = mv_store.open_table(tables.upstream, so)
-    if table is None:
-        raise UpstreamNotFound(
-            f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
-            "with upstream_load_job) or fix `upstream` in the MV definition"
-        )
-    if version is not None and version != table.version():
-        table = delta_store.open_table(tables.upstream, version, so)  # HistoryUnavailable
+    table = _opened(tables, d, version)
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
         raise ChangeFeedDisabled(
             f"upstream {tables.upstream} has no change data feed, so the MV cannot follow its "
@@ -91,6 +84,22 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
     if d.mode == "no_shuffle":
         _check_no_shuffle_layout(table, d, key_order, tables)
     return CheckedUpstream(table.version(), carried, key_order, strategy)
+
+
+def _opened(tables: MVTables, d: MVDefinition, version: int | None):
+    """The upstream at `version` (a pinned version is loaded once per process), else latest."""
+    missing = UpstreamNotFound(
+        f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
+        "with upstream_load_job) or fix `upstream` in the MV definition")
+    if version is None:
+        table = mv_store.open_table(tables.upstream, tables.storage_options)
+        if table is None:
+            raise missing
+        return table
+    try:
+        return delta_store.open_table(tables.upstream, version, tables.storage_options)
+    except TableNotFound:
+        raise missing from None  # HistoryUnavailable (a cleaned-up version) passes through
 
 
 def strategy_for(mode: str) -> PositionStrategy:
@@ -130,8 +139,13 @@ def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
 
 
 def _pinned(tables: MVTables) -> dict | None:
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
-    if progress is None or not progress.metadata().description:
+    so = tables.storage_options
+    if not delta_store.table_exists(tables.progress, so):
+        return None
+    # the latest version, loaded once per process (a barrier checks the pin twice)
+    progress = delta_store.open_table(tables.progress, delta_store.latest_version(
+        tables.progress, so), so)
+    if not progress.metadata().description:
         return None
     return json.loads(progress.metadata().description)
 

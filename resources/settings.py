@@ -30,6 +30,9 @@ BACKFILL_CONTINUOUS        1: the barrier sensor keeps one          0
                            ``follower_job`` alive per vnode range
                            (continuous mode) instead of starting
                            one ``backfill_job`` run per barrier
+BACKFILL_KEY_CACHE_MIB     memory a process may keep data files'   512
+                           key columns in (small barriers' key
+                           lookups, storage/key_cache.py)
 BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
                            SIGKILL itself at that commit boundary
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset
@@ -64,6 +67,8 @@ ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
 ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
 ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
 ENV_CONTINUOUS = "BACKFILL_CONTINUOUS"
+ENV_KEY_CACHE_MIB = "BACKFILL_KEY_CACHE_MIB"
+DEFAULT_KEY_CACHE_MIB = 512
 _MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|mesos)://\S+)$")
 _REMOTE_RE = re.compile(r"^sc://[^\s/:]+(:\d+)?(/;\S*)?$")
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0-9])?$|^\[[0-9A-Fa-f:]+\]$")
@@ -83,6 +88,7 @@ class Settings:
     mv_config: str | None = None  # path of the MV definition YAML (None: the default)
     run_ranges: int = 1  # vnode ranges the barrier sensor requests one run each for
     continuous: bool = False  # the sensor keeps followers alive instead of per-barrier runs
+    key_cache_mib: int = DEFAULT_KEY_CACHE_MIB  # bound of the process's key cache
     test_kill_at: str | None = None  # fault injection for the crash tests (never in production)
     dagster_home: str | None = None
 
@@ -214,6 +220,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         mv_config=_optional_path(env, ENV_MV_CONFIG),
         run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),
         continuous=_flag(env, ENV_CONTINUOUS),
+        key_cache_mib=_positive_int(env, ENV_KEY_CACHE_MIB, DEFAULT_KEY_CACHE_MIB, 1 << 20),
         test_kill_at=env.get(ENV_TEST_KILL_AT) or None,
         dagster_home=env.get("DAGSTER_HOME") or None,
     )

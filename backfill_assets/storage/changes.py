@@ -13,7 +13,9 @@ them before they go to Spark).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -25,6 +27,7 @@ from backfill_assets.storage.read import file_rows
 
 CHANGE_TYPE, VERSION, TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
 _UPSERTS = ("insert", "update_postimage")
+READ_THREADS = 4  # change files read at once (a partitioned upstream: one per partition)
 
 
 def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
@@ -38,10 +41,14 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
                 if c not in latest.partition_columns}
     out = pa.schema([*schema, pa.field(CHANGE_TYPE, pa.string()),
                      pa.field(VERSION, pa.int64()), pa.field(TIMESTAMP, pa.timestamp("us", "UTC"))])
-    pieces = [out.empty_table()]
-    for v in range(start_exclusive + 1, end + 1):
-        pieces += _version_changes(latest, v, physical, out)
-    table = pa.concat_tables(pieces)
+    reads = [read for v in range(start_exclusive + 1, end + 1)
+             for read in _version_changes(latest, v, physical, out)]
+    if len(reads) > 1:  # many small files (a partitioned upstream): parquet reads release
+        with ThreadPoolExecutor(READ_THREADS) as pool:  # the GIL, so they overlap
+            pieces = list(pool.map(lambda read: read(), reads))
+    else:
+        pieces = [read() for read in reads]
+    table = pa.concat_tables([out.empty_table(), *pieces])
     if vnodes is not None:
         wanted = pa.array(sorted({int(x) for x in vnodes}), schema.field("vnode").type)
         table = table.filter(pc.is_in(table["vnode"], wanted))
@@ -50,15 +57,26 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
     return table
 
 
+def metadata_changed(uri: str, first: int, last: int,
+                     storage_options: Mapping[str, str] | None = None) -> bool:
+    """Whether a commit of versions first..last changes the table's metadata (then the
+    configuration of an earlier version may differ from the one at ``last``)."""
+    snap = Snapshot(uri.rstrip("/"), dict(storage_options or {}), None)
+    return any("metaData" in a for v in range(first, last + 1) for a in _actions(snap, v))
+
+
 def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str],
-                     out: pa.Schema) -> list[pa.Table]:
+                     out: pa.Schema) -> list[Callable[[], pa.Table]]:
+    """The reads (not yet run) that yield the change rows of version ``v``."""
     actions = _actions(snap, v)
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     consts = {VERSION: v, TIMESTAMP: int(info.get("timestamp", 0)) * 1000}
     cdc = [a["cdc"] for a in actions if "cdc" in a]
+    if len(cdc) > 1 and snap.column_mapping == "none":
+        return [partial(_read_cdc_files, snap, cdc, out, consts)]
     if cdc:
         with_type = {**physical, CHANGE_TYPE: CHANGE_TYPE}
-        return [_read(snap, f, with_type, out, consts) for f in cdc]
+        return [partial(_read, snap, f, with_type, out, consts) for f in cdc]
     adds = {a["add"]["path"]: a["add"] for a in actions
             if "add" in a and a["add"].get("dataChange", True)}
     removes = {a["remove"]["path"]: a["remove"] for a in actions
@@ -68,17 +86,70 @@ def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str],
         old = dv.load(snap.uri, rm.get("deletionVector"), snap.storage_options)
         if path in adds:  # a DV grew: the rows it adds are deleted now
             grown = dv.load(snap.uri, adds[path].get("deletionVector"), snap.storage_options)
-            pieces.append(_read(snap, rm, physical, out, {**consts, CHANGE_TYPE: "delete"},
-                                only=grown - old))
+            pieces.append(partial(_read, snap, rm, physical, out,
+                                  {**consts, CHANGE_TYPE: "delete"}, only=grown - old))
         else:
-            pieces.append(_read(snap, rm, physical, out, {**consts, CHANGE_TYPE: "delete"},
-                                deleted=old))
+            pieces.append(partial(_read, snap, rm, physical, out,
+                                  {**consts, CHANGE_TYPE: "delete"}, deleted=old))
     for path, add in adds.items():
         if path not in removes:
             deleted = dv.load(snap.uri, add.get("deletionVector"), snap.storage_options)
-            pieces.append(_read(snap, add, physical, out, {**consts, CHANGE_TYPE: "insert"},
-                                deleted=deleted))
+            pieces.append(partial(_read, snap, add, physical, out,
+                                  {**consts, CHANGE_TYPE: "insert"}, deleted=deleted))
     return pieces
+
+
+def _read_cdc_files(snap: Snapshot, cdc: Sequence[Mapping], out: pa.Schema,
+                    consts: Mapping[str, object]) -> pa.Table:
+    """The change files of one version in one multi-threaded dataset scan (a partitioned
+    upstream writes one per partition a commit touched: 256 files read one by one cost
+    ~0.1-0.2 s, scanned together ~0.05 s). Partition values come from each file's action, as
+    the dataset's partition expressions; a file whose types the scan cannot cast to the
+    table's falls back to the file-by-file read (which checks and casts each file)."""
+    import pyarrow.dataset as ds
+
+    uris = [snap.file_uri(a["path"]) for a in cdc]
+    for uri in uris:
+        _check_exists(snap, uri)
+    fs, _ = objects.filesystem(uris[0], snap.storage_options)
+    paths = [objects.filesystem(u, snap.storage_options)[1] for u in uris]
+    fields = [f for f in out if f.name not in (VERSION, TIMESTAMP)]
+    partitions = [_partition_expression(a.get("partitionValues") or {}, out) for a in cdc]
+    try:
+        table = ds.FileSystemDataset.from_paths(
+            paths, schema=pa.schema(fields), format=ds.ParquetFileFormat(), filesystem=fs,
+            partitions=partitions).to_table()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        physical = {f.name: f.name for f in fields
+                    if f.name not in snap.partition_columns}
+        return pa.concat_tables([out.empty_table()] + [
+            _read(snap, a, physical, out, consts) for a in cdc])
+    for name, value in consts.items():
+        table = table.append_column(out.field(name),
+                                    pa.repeat(pa.scalar(value, out.field(name).type),
+                                              table.num_rows))
+    return table.select(out.names)
+
+
+def _partition_expression(values: Mapping[str, str | None], out: pa.Schema):
+    """The dataset expression that fills a file's partition columns (typed from the log)."""
+    import pyarrow.dataset as ds
+
+    row = _partition_row(values, out)
+    expr = ds.scalar(True)
+    for name in row.column_names if row is not None else []:
+        value = row.column(name)[0]
+        expr = expr & (ds.field(name).is_null() if not value.is_valid
+                       else ds.field(name) == value)
+    return expr
+
+
+def _check_exists(snap: Snapshot, uri: str) -> None:
+    if not objects.exists(uri, snap.storage_options):
+        raise HistoryUnavailable(
+            f"changes of {snap.uri} are no longer available: {uri}, which its change feed "
+            "needs, is gone (vacuumed); rebuild from the latest version or keep history "
+            "longer (delta.deletedFileRetentionDuration)")
 
 
 def _actions(snap: Snapshot, v: int) -> list[dict]:
@@ -95,11 +166,7 @@ def _actions(snap: Snapshot, v: int) -> list[dict]:
 def _read(snap: Snapshot, action: Mapping, physical: Mapping[str, str], out: pa.Schema,
           consts: Mapping[str, object], **masks) -> pa.Table:
     uri = snap.file_uri(action["path"])
-    if not objects.exists(uri, snap.storage_options):
-        raise HistoryUnavailable(
-            f"changes of {snap.uri} are no longer available: {uri}, which its change feed "
-            "needs, is gone (vacuumed); rebuild from the latest version or keep history "
-            "longer (delta.deletedFileRetentionDuration)")
+    _check_exists(snap, uri)
     parts = _partition_row(action.get("partitionValues") or {}, out)
     return file_rows(uri, snap.storage_options, physical, out, partition=parts,
                      constants=consts, **masks)

@@ -25,6 +25,7 @@ from pyroaring import BitMap64
 
 from backfill_assets.core import names
 from backfill_assets.errors import StorageMismatch
+from backfill_assets.storage import dv, key_cache
 from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import VNODE, files_holding
@@ -125,10 +126,7 @@ def _positions(snap: Snapshot, key_names: Sequence[str], before: pa.Table,
     if not wanted.num_rows:
         return pa.table({**{k: [] for k in key_names}, FILE_COLUMN: pa.array([], pa.string()),
                          ROW_COLUMN: pa.array([], pa.int64())})
-    held = [_held_in(snap, f, key_names, wanted) for f in files_holding(snap.files, wanted,
-                                                                         key_names)]
-    found = (pa.concat_tables(held) if held else
-             _held_in_nothing(snap, key_names))
+    found = _held(snap, key_names, wanted)
     _check_agrees(snap.uri, key_names, before, found)
     return found
 
@@ -138,32 +136,51 @@ def key_counts(snap: Snapshot, keys: pa.Table, key_names: Sequence[str]) -> pa.T
     held nowhere are left out). Reads only the key columns of files whose statistics admit
     one of the keys: what a duplicate-key check of a few inserted keys costs."""
     wanted = keys.select(list(key_names))
-    held = [_held_in(snap, f, key_names, wanted) for f in files_holding(snap.files, wanted,
-                                                                         key_names)]
-    found = pa.concat_tables(held) if held else _held_in_nothing(snap, key_names)
+    found = _held(snap, key_names, wanted)
     return found.group_by(list(key_names), use_threads=False).aggregate(
         [(ROW_COLUMN, "count")]).rename_columns([*key_names, "count"])
 
 
+def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Table:
+    """Live rows of ``snap`` whose key is in ``wanted``: key, file, row (files pruned by
+    their statistics; files the table no longer holds leave the key cache first)."""
+    key_cache.CACHE.keep_live(snap.uri, (f.path for f in snap.files))
+    held = [_held_in(snap, f, key_names, wanted)
+            for f in files_holding(snap.files, wanted, key_names)]
+    return pa.concat_tables(held) if held else _held_in_nothing(snap, key_names)
+
+
 def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
              wanted: pa.Table) -> pa.Table:
-    """The rows of ``f`` (live, DV applied) whose key is in ``wanted``: key, file, row."""
-    from backfill_assets.storage import dv
-
+    """The rows of ``f`` (live, DV applied) whose key is in ``wanted``: key, file, row. The
+    file's keys come from the process's key cache (``key_cache``: read once per file), the
+    DV from the file's current descriptor."""
     schema = snap.arrow_schema
-    out = pa.schema([*(schema.field(k) for k in key_names),
-                     pa.field(FILE_COLUMN, pa.string()), pa.field(ROW_COLUMN, pa.int64())])
-    deleted = (dv.load(snap.uri, f.deletion_vector, snap.storage_options)
-               if f.deletion_vector else None)
+    types = [schema.field(k).type for k in key_names]
+    keys = key_cache.CACHE.file_keys(snap.uri, f.path, f.size, f.num_records, key_names,
+                                     lambda: _read_keys(snap, f, key_names))
+    rows, found = keys.rows_of(wanted, key_names, types)
+    if f.deletion_vector and len(rows):
+        deleted = key_cache.CACHE.deleted_rows(
+            snap.uri, dv.unique_id(f.deletion_vector),
+            lambda: dv.load(snap.uri, f.deletion_vector, snap.storage_options))
+        live = np.array([int(r) not in deleted for r in rows], dtype=bool)
+        rows, found = rows[live], found.filter(pa.array(live))
+    return found.append_column(FILE_COLUMN, pa.array([f.path] * len(rows), pa.string())
+                               ).append_column(ROW_COLUMN, pa.array(rows, pa.int64()))
+
+
+def _read_keys(snap: Snapshot, f: DataFile, key_names: Sequence[str]) -> pa.Table:
+    """All key values of ``f`` in file order (no DV applied: the cache keeps what never
+    changes), its row count checked against the log."""
+    schema = snap.arrow_schema
+    out = pa.schema([schema.field(k) for k in key_names])
     parts = [k for k in key_names if k in snap.partition_columns]
     partition = (pa.table({k: pa.array([f.partition_values.get(k)]).cast(schema.field(k).type)
                            for k in parts}) if parts else None)
     physical = {k: snap.physical_names.get(k, k) for k in key_names if k not in parts}
-    rows = file_rows(snap.file_uri(f.path), snap.storage_options, physical, out,
-                     rows=f.num_records, deleted=deleted, partition=partition,
-                     row_ids_for=f.path)
-    return rows.join(wanted.select(list(key_names)), list(key_names), join_type="inner",
-                     use_threads=False)
+    return file_rows(snap.file_uri(f.path), snap.storage_options, physical, out,
+                     rows=f.num_records, partition=partition)
 
 
 def _held_in_nothing(snap: Snapshot, key_names: Sequence[str]) -> pa.Table:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -75,8 +77,10 @@ class Snapshot:
     @classmethod
     def load(cls, uri: str, version: int | None = None,
              storage_options: Mapping[str, str] | None = None) -> Snapshot:
-        from backfill_assets.delta_store import open_table
+        from backfill_assets.delta_store import latest_version, open_table
 
+        if version is None:  # the latest version, by a listing of the log: a version is
+            version = latest_version(uri, storage_options)  # loaded once per process
         table = open_table(uri, version, storage_options)
         return cls(uri.rstrip("/"), dict(storage_options or {}), table)
 
@@ -172,15 +176,7 @@ class Snapshot:
     def add_actions(self) -> dict[str, dict]:
         """Replay add/remove actions (checkpoint + commits up to this version): the add entry
         of each live file, keyed by its decoded path; checked against delta-rs' live set."""
-        live: dict[str, dict] = {}
-        start = self._replay_checkpoint(live)
-        for v in range(start + 1, self.version + 1):
-            raw = objects.read_bytes(commit_uri(self.uri, v), self.storage_options)
-            for line in raw.decode("utf-8").splitlines():
-                if not line.strip():
-                    continue
-                action = json.loads(line)
-                _apply(live, action.get("add"), action.get("remove"))
+        live = self._replayed.live
         expected = {unquote(f["path"]) for f in
                     pa.table(self.table.get_add_actions(flatten=False)).select(["path"]).to_pylist()}
         if set(live) != expected:
@@ -191,7 +187,45 @@ class Snapshot:
                 "understands: stop and report it")
         return live
 
-    def _replay_checkpoint(self, live: dict) -> int:
+    @cached_property
+    def txn_versions(self) -> dict[str, int]:
+        """Every application transaction of this version: app id -> its version (one log
+        replay instead of one delta-rs lookup per app id)."""
+        return self._replayed.txns
+
+    @cached_property
+    def _replayed(self) -> Replayed:
+        """The log replayed up to this version: from the newest replay of the same table this
+        process made at or before it (only the commits since are read: a warm loop of barriers
+        reads each commit once), else from the last checkpoint."""
+        key = (self.uri, self.table.metadata().id)
+        with _REPLAY_LOCK:
+            known = _REPLAYS.get(key)
+        if known is None or known.version > self.version:
+            known = Replayed(-1, {}, {})
+            known.version = self._replay_checkpoint(known.live, known.txns)
+        out = Replayed(known.version, dict(known.live), dict(known.txns))
+        for v in range(known.version + 1, self.version + 1):
+            raw = objects.read_bytes(commit_uri(self.uri, v), self.storage_options)
+            for line in raw.decode("utf-8").splitlines():
+                if not line.strip():
+                    continue
+                action = json.loads(line)
+                _apply(out.live, action.get("add"), action.get("remove"))
+                txn = action.get("txn")
+                if txn:
+                    out.txns[txn["appId"]] = int(txn["version"])
+        out.version = self.version
+        with _REPLAY_LOCK:
+            current = _REPLAYS.get(key)
+            if current is None or current.version <= out.version:
+                _REPLAYS[key] = Replayed(out.version, dict(out.live), dict(out.txns))
+                _REPLAYS.move_to_end(key)
+                while len(_REPLAYS) > _REPLAYS_KEPT:
+                    _REPLAYS.popitem(last=False)
+        return out
+
+    def _replay_checkpoint(self, live: dict, txns: dict) -> int:
         """Load the newest classic checkpoint at or before this version; its version (-1)."""
         names = objects.list_names(log_uri(self.uri), self.storage_options)
         parts: dict[int, list[str]] = {}
@@ -207,10 +241,30 @@ class Snapshot:
             fs, path = objects.filesystem(objects.join(log_uri(self.uri), name),
                                           self.storage_options)
             with fs.open_input_file(path) as f:
-                rows = pq.read_table(f, columns=["add", "remove"]).to_pylist()
+                pf = pq.ParquetFile(f)
+                wanted = [c for c in ("add", "remove", "txn") if c in pf.schema_arrow.names]
+                rows = pf.read(columns=wanted).to_pylist()
             for row in rows:
                 _apply(live, _clean(row.get("add")), None)
+                if row.get("txn"):
+                    txns[row["txn"]["appId"]] = int(row["txn"]["version"])
         return version
+
+
+@dataclass
+class Replayed:
+    """What a replay of a table's log up to ``version`` found."""
+
+    version: int
+    live: dict[str, dict]  # decoded path -> add action
+    txns: dict[str, int]  # app id -> version
+
+
+# (table uri, table id) -> the newest replay this process made (a table recreated at the same
+# uri has a new id); each Snapshot copies it, so nothing shared is ever changed
+_REPLAYS: OrderedDict[tuple[str, str], Replayed] = OrderedDict()
+_REPLAY_LOCK = threading.Lock()
+_REPLAYS_KEPT = 32
 
 
 def _apply(live: dict, add: dict | None, remove: dict | None) -> None:

@@ -260,6 +260,15 @@ def size(uri: str, storage_options: StorageOptions = None) -> int | None:
     return int(info.size) if info.type == pafs.FileType.File else None
 
 
+def stat(uri: str, storage_options: StorageOptions = None) -> tuple[int, int] | None:
+    """(size, modification time in ns) of the object at ``uri``, None when there is none: what
+    tells two objects written at the same uri apart."""
+    info = _info(uri, storage_options)
+    if info.type != pafs.FileType.File:
+        return None
+    return int(info.size), int(info.mtime_ns or 0)
+
+
 def list_prefix(uri: str, storage_options: StorageOptions = None) -> list[ObjectInfo]:
     """Every object below the folder ``uri`` (recursively), sorted by URI; [] when none."""
     loc = parse(uri)

@@ -1,0 +1,167 @@
+"""Key columns of data files kept in memory between barriers of one warm process.
+
+A small barrier must find where each changed key lives. Reading the key columns of every file
+whose statistics admit a changed key costs what the table holds, not what changed: files are
+clustered by (vnode, key) and keys are spread over all vnodes, so a few hundred changed keys
+meet nearly every file. But a data file never changes once written (Delta only adds files and
+deletion vectors), so its keys are the same at every barrier: a warm process (the continuous
+follower, a benchmark's repeated barriers) keeps them, per file, and a lookup becomes a binary
+search per changed key (single integer keys) or a hash join against the kept keys (others).
+
+What is cached is immutable only: a file's keys (in file order) are keyed by table, path, size
+and row count, and a deletion vector's rows by its unique id. Which rows are deleted is decided
+at each lookup from the file's CURRENT descriptor, so a DV that grew is always honoured. The
+cache is bounded by bytes (least recently used first out, ``set_limit`` / the setting
+``BACKFILL_KEY_CACHE_MIB``), and the files of a table that are no longer live (compaction
+removed them) leave it at the next lookup of that table. The first barrier after a process
+starts pays the reads.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+DEFAULT_LIMIT_BYTES = 512 << 20
+_ROW = "__bf_row"
+
+
+@dataclass(frozen=True)
+class FileKeys:
+    """One file's key columns. Single integer keys are also kept sorted (``sorted_keys`` with
+    the file row of each in ``order``): a lookup is then ``searchsorted``, independent of the
+    file's size; other keys are probed by a hash join on ``keys``."""
+
+    keys: pa.Table | None  # key columns in file order (None on the sorted path)
+    sorted_keys: np.ndarray | None
+    order: np.ndarray | None
+
+    @classmethod
+    def of(cls, keys: pa.Table) -> FileKeys:
+        col = keys.column(0) if keys.num_columns == 1 else None
+        if col is not None and pa.types.is_integer(col.type) and col.null_count == 0:
+            values = col.to_numpy()
+            order = np.argsort(values, kind="stable")
+            small = np.int32 if len(values) < 2**31 else np.int64
+            return cls(None, values[order], order.astype(small))
+        return cls(keys, None, None)
+
+    @property
+    def nbytes(self) -> int:
+        if self.keys is not None:
+            return self.keys.nbytes
+        return int(self.sorted_keys.nbytes + self.order.nbytes)
+
+    def rows_of(self, wanted: pa.Table, key_names: Sequence[str],
+                types: Sequence[pa.DataType]) -> tuple[np.ndarray, pa.Table]:
+        """File rows (ascending) whose key is one of ``wanted`` (unique keys), and those keys
+        (key columns, aligned with the rows)."""
+        if self.sorted_keys is not None:
+            w = np.unique(wanted.column(key_names[0]).cast(types[0]).to_numpy())
+            lo = np.searchsorted(self.sorted_keys, w, "left")
+            hi = np.searchsorted(self.sorted_keys, w, "right")
+            counts = hi - lo
+            total = int(counts.sum())
+            starts = np.repeat(lo, counts)
+            at = starts + (np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts))
+            rows = self.order[at].astype(np.int64)
+            by_row = np.argsort(rows, kind="stable")
+            values = pa.array(self.sorted_keys[at][by_row], types[0])
+            return rows[by_row], pa.table({key_names[0]: values})
+        indexed = self.keys.append_column(_ROW, pa.array(np.arange(self.keys.num_rows)))
+        probe = pa.table({k: wanted.column(k).cast(t) for k, t in zip(key_names, types,
+                                                                       strict=True)})
+        hit = indexed.join(probe, list(key_names), join_type="inner", use_threads=False)
+        hit = hit.sort_by(_ROW)
+        return hit.column(_ROW).to_numpy(), hit.select(list(key_names))
+
+
+class KeyCache:
+    """Bytes-bounded LRU of ``FileKeys`` per (table, file), plus decoded DVs per unique id."""
+
+    def __init__(self, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
+        self.limit = limit_bytes
+        self._files: OrderedDict[tuple, FileKeys] = OrderedDict()
+        self._dvs: OrderedDict[tuple, object] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def file_keys(self, table: str, path: str, size: int, rows: int | None,
+                  key_names: Sequence[str], read: Callable[[], pa.Table]) -> FileKeys:
+        """The keys of one file, read by ``read`` (key columns, file order) on a miss."""
+        key = (table, path, size, rows, tuple(key_names))
+        with self._lock:
+            found = self._files.get(key)
+            if found is not None:
+                self._files.move_to_end(key)
+                self.hits += 1
+                return found
+        entry = FileKeys.of(read())
+        with self._lock:
+            self.misses += 1
+            if key not in self._files and entry.nbytes <= self.limit:
+                self._files[key] = entry
+                self._bytes += entry.nbytes
+                self._evict()
+        return entry
+
+    def deleted_rows(self, table: str, unique_id: str, load: Callable[[], object]):
+        """A DV's deleted rows (a pyroaring bitmap: callers must not change it)."""
+        key = (table, unique_id)
+        with self._lock:
+            found = self._dvs.get(key)
+            if found is not None:
+                self._dvs.move_to_end(key)
+                return found
+        bitmap = load()
+        with self._lock:
+            self._dvs[key] = bitmap
+            while len(self._dvs) > 4096:
+                self._dvs.popitem(last=False)
+        return bitmap
+
+    def keep_live(self, table: str, live_paths: Iterable[str]) -> None:
+        """Forget the files of ``table`` that are not in ``live_paths`` (removed files)."""
+        live = set(live_paths)
+        with self._lock:
+            gone = [k for k in self._files if k[0] == table and k[1] not in live]
+            for k in gone:
+                self._bytes -= self._files.pop(k).nbytes
+
+    def cached_paths(self, table: str) -> set[str]:
+        with self._lock:
+            return {k[1] for k in self._files if k[0] == table}
+
+    def set_limit(self, limit_bytes: int) -> None:
+        with self._lock:
+            self.limit = limit_bytes
+            self._evict()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._files.clear()
+            self._dvs.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    def _evict(self) -> None:
+        while self._bytes > self.limit and self._files:
+            self._bytes -= self._files.popitem(last=False)[1].nbytes
+
+
+CACHE = KeyCache()
+
+
+def set_limit(limit_bytes: int) -> None:
+    """The process-wide cache's bound in bytes (0 turns caching off)."""
+    CACHE.set_limit(limit_bytes)

@@ -1,0 +1,75 @@
+"""What a warm process keeps between barriers for recovery gives the answers a fresh read does:
+the progress rows its own commit wrote (only when that commit was the only one since), the
+recovered state per table versions, the app transactions from the incremental log replay, and
+the loads of pinned versions (a table recreated at the same uri is loaded afresh). No Spark.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from backfill_assets import delta_store, mv_store, recovery
+from backfill_assets.core.keys import KeyColumn, KeyOrder
+from backfill_assets.core.progress import BackfillState, Completed, InProgress
+from backfill_assets.storage import KeyedRows, Snapshot, apply_keyed, ensure_mor_table
+
+KO = KeyOrder((KeyColumn("id", "bigint"),))
+VNODES = [0, 1, 2, 3]
+
+
+def _fresh(table: DeltaTable) -> dict:
+    recovery._PROGRESS_ROWS.clear()
+    return recovery.read_progress(DeltaTable(table.table_uri), KO, VNODES)
+
+
+def test_progress_rows_this_process_wrote_are_read_back_exactly(tmp_path):
+    uri = str(tmp_path / "progress")
+    table = mv_store.ensure_table(uri, recovery.progress_schema(KO), {}, cdf=False)
+    assert recovery.read_progress(table, KO, VNODES) == {}  # remembered: an empty table
+    state = BackfillState(KO, VNODES)
+    state.update(0, (7,), 3)
+    state.finish(1, 0)
+    for v in (0, 1):
+        state.advance_version(v, 5)
+    recovery.write_progress(table, state, KO, "m", VNODES, 5)
+    remembered = recovery.read_progress(table, KO, VNODES)
+    assert remembered == {0: (InProgress((7,), 3), 5), 1: (Completed(KO.placeholder(), 0), 5)}
+    assert remembered == _fresh(table)
+    # another writer's commit moves the version: the next read is a real read
+    recovery.read_progress(table, KO, VNODES)
+    row = {"vnode": 2, "id": 9, "backfill_finished": False, "row_count": 1, "version": 6}
+    write_deltalake(uri, pa.Table.from_pylist([row], schema=recovery.progress_schema(KO)),
+                    mode="overwrite", predicate="vnode IN (2)")
+    seen = recovery.read_progress(DeltaTable(uri), KO, VNODES)
+    assert seen[2] == (InProgress((9,), 1), 6) and seen == _fresh(table)
+
+
+def test_app_transactions_from_the_replay_match_delta_rs(tmp_path):
+    uri = str(tmp_path / "mv")
+    schema = pa.schema([("id", pa.int64()), ("vnode", pa.int32())])
+    ensure_mor_table(uri, schema, None, cdf=True, configuration={})
+    for version in range(3):  # each commit read once by the incremental replay
+        rows = pa.table({"id": [version], "vnode": [version]}, schema=schema)
+        apply_keyed(Snapshot.load(uri), ["id"], mv_store.intent("m", "mv", [version % 2],
+                                                                 version), KeyedRows(
+            rows.slice(0, 0), rows))
+        table = DeltaTable(uri)
+        got = mv_store.txn_versions(table, "m", "mv", [0, 1, 2])
+        assert got == {v: table.transaction_version(f"m/mv/{v}") for v in (0, 1, 2)}
+    assert got == {0: 2, 1: 1, 2: None}
+
+
+def test_a_table_recreated_at_the_same_uri_is_loaded_afresh(tmp_path):
+    uri = str(tmp_path / "t")
+    write_deltalake(uri, pa.table({"a": [1]}))
+    first = delta_store.open_table(uri, 0)
+    assert delta_store.open_table(uri, 0) is first  # a pinned version is loaded once
+    import shutil
+
+    shutil.rmtree(uri)
+    write_deltalake(uri, pa.table({"b": ["x", "y"]}))
+    again = delta_store.open_table(uri, 0)
+    assert again is not first and again.schema().to_arrow().names == ["b"]
+    assert delta_store.latest_version(uri) == 0
+    assert Snapshot.load(uri).version == 0  # the latest, by a listing

@@ -140,11 +140,12 @@ def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
 
 def _pinned(tables: MVTables) -> dict | None:
     so = tables.storage_options
-    if not delta_store.table_exists(tables.progress, so):
+    try:  # not `table_exists`: delta-rs' is_deltatable holds the GIL while it lists the store
+        latest = delta_store.latest_version(tables.progress, so)
+    except TableNotFound:
         return None
     # the latest version, loaded once per process (a barrier checks the pin twice)
-    progress = delta_store.open_table(tables.progress, delta_store.latest_version(
-        tables.progress, so), so)
+    progress = delta_store.open_table(tables.progress, latest, so)
     if not progress.metadata().description:
         return None
     return json.loads(progress.metadata().description)

@@ -341,14 +341,8 @@ def main(argv=None) -> None:
         w.add_argument("--catch-up-batches", type=int, default=0,
                        help="snapshot mode: DML batches before the catch-up barrier (0: auto)")
     args = p.parse_args(argv)
-    if args.cmd == "worker-prepare":
-        C.emit(worker_prepare(args))
-    elif args.cmd == "worker-baselines":
-        C.emit(worker_baselines(args))
-    elif args.cmd == "worker-backfill":
-        C.emit(worker_backfill(args))
-    else:
-        run(args)
+    C.dispatch(args, {"worker-prepare": worker_prepare, "worker-baselines": worker_baselines,
+                      "worker-backfill": worker_backfill}, run)
 
 
 if __name__ == "__main__":

@@ -227,10 +227,7 @@ def main(argv=None) -> None:
     w.add_argument("--pk", default="single", choices=C.PK_SHAPES)
     w.add_argument("--mode", default="snapshot", choices=MODES)
     args = p.parse_args(argv)
-    if args.cmd == "worker":
-        C.emit(worker(args))
-    else:
-        run(args)
+    C.dispatch(args, {"worker": worker}, run)
 
 
 if __name__ == "__main__":

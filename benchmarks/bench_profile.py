@@ -200,10 +200,7 @@ def main(argv=None) -> None:
     p.add_argument("--name", default="profile")
     p.add_argument("--fresh", action="store_true", help="ignore results of an earlier run")
     args = p.parse_args(argv)
-    if args.cmd == "worker":
-        C.emit(worker(args))
-    else:
-        run(args)
+    C.dispatch(args, {"worker": worker}, run)
 
 
 if __name__ == "__main__":

@@ -290,12 +290,8 @@ def main(argv=None) -> None:
             parser.add_argument("--uri", required=True)
             parser.add_argument("--version", type=int, required=True)
     args = p.parse_args(argv)
-    if args.cmd == "worker-baselines":
-        C.emit(worker_baselines(args))
-    elif args.cmd == "worker-backfill":
-        C.emit(worker_backfill(args))
-    else:
-        run(args)
+    C.dispatch(args, {"worker-baselines": worker_baselines, "worker-backfill": worker_backfill},
+               run)
 
 
 if __name__ == "__main__":

@@ -236,6 +236,16 @@ def emit(result: dict) -> None:
     print("RESULT " + json.dumps(result, default=str), flush=True)
 
 
+def dispatch(args, workers: dict[str, Callable[..., dict]], run: Callable) -> None:
+    """A benchmark's entry point: the worker subcommand ``args.cmd`` names (run in a fresh
+    process by the driver; its result printed as a RESULT line), else the driver itself."""
+    worker = workers.get(args.cmd)
+    if worker is None:
+        run(args)
+    else:
+        emit(worker(args))
+
+
 # --------------------------------------------------------------------------- data
 
 

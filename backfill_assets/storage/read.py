@@ -77,12 +77,13 @@ def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | 
 def pack(entries: list[dict], min_tasks: int) -> list[list[dict]]:
     """Files grouped into read tasks of about READ_TASK_ROWS rows (log counts), at least
     ``min_tasks`` of them when there are that many files: largest file first into the task
-    holding the fewest rows."""
+    holding the fewest rows (the fewest files on a tie, so files without rows never leave a
+    task empty)."""
     count = _task_count(entries, sum(e["rows"] or 0 for e in entries), min_tasks)
     tasks: list[list[dict]] = [[] for _ in range(count)]
     held = [0] * count
     for e in sorted(entries, key=lambda e: -(e["rows"] or 0)):
-        i = held.index(min(held))
+        i = min(range(count), key=lambda t: (held[t], len(tasks[t])))
         tasks[i].append(e)
         held[i] += e["rows"] or 0
     return tasks

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from backfill_assets.storage import read
@@ -25,6 +25,7 @@ def _check_partition(entries: list[dict], tasks: list[list[dict]], min_tasks: in
 
 
 @given(_rows, st.integers(min_value=1, max_value=8))
+@example([0, 0, 2 * read.READ_TASK_ROWS + 1], 1)  # CI found it: empty files, three tasks
 def test_pack_reads_every_file_once_in_few_balanced_tasks(rows, min_tasks):
     entries = _entries(rows)
     tasks = read.pack(entries, min_tasks)

@@ -15,12 +15,12 @@ to the store themselves):
     (a) Spark copy: read the version, write it as parquet to the store; (b) pyarrow copy: a
     pyarrow dataset over the version's objects written back to the store; (c) full refresh:
     (a) plus the MV's projection and filter;
-  * snapshot mode, unthrottled: the bulk barrier (all slices at the pinned version) on a
-    private server-side copy of the upstream, then --catch-up-batches DML batches (each
+  * snapshot mode, unthrottled: the bulk barrier (all slices at the pinned version) on the
+    uploaded upstream (the baselines ran before and only read it), then --catch-up-batches DML batches (each
     --dml-fraction x rows changes) committed to it, then the catch-up barrier that coalesces
     them. Backfill time = the two barriers' wall times (the DML's is reported apart).
-moto keeps every object in memory: a 100M-row run holds the upstream (~3.7 GB), its copy and
-the MV on the store at once (~10 GB of RAM for the server). Results:
+moto keeps every object in memory: a 100M-row run holds the upstream (~3.7 GB) and the MV on
+the store at once (~8 GB of RAM for the server). Results:
 benchmarks/results/<--name, default scale_out_<rows>>.json.
 """
 
@@ -133,7 +133,7 @@ def worker_backfill(args) -> dict:
 
     mem = C.Memory()
     run_root = f"{args.root}/run-{uuid.uuid4().hex[:8]}"
-    uri = _server_side_copy(args.uri, f"{run_root}/upstream")
+    uri = args.uri
     barrier_rows = math.ceil(args.rows * 1.25)
     d = C.bench_mv(args.pk, "snapshot", args.vnodes, barrier_rows, uri)
     tables = MVTables.under(run_root, d.name, uri, _opts())
@@ -177,18 +177,6 @@ def worker_backfill(args) -> dict:
             "spark_start": round(spark_start, 2), "verified": verified,
             "driver_peak_mib": C.mib(peaks["driver_peak"]),
             "driver_jvm_peak_mib": C.mib(peaks["jvm_peak"]), **audit.result()}
-
-
-def _server_side_copy(src: str, dst: str) -> str:
-    """A private copy of the uploaded upstream (the run commits DML to it): S3 CopyObject."""
-    fs, src_path = _fs(src)
-    dst_path = _fs(dst)[1]
-    import pyarrow.fs as pafs
-
-    for info in fs.get_file_info(pafs.FileSelector(src_path, recursive=True)):
-        if info.type == pafs.FileType.File:
-            fs.copy_file(info.path, dst_path + info.path[len(src_path):])
-    return dst
 
 
 # --------------------------------------------------------------------------- driver

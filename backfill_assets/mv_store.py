@@ -5,7 +5,8 @@
   the same time conflict (the second commit that sets an app id the winner set is refused).
 - The MV and the replica are merge-on-read tables of the storage layer (`storage`): data
   commits are `storage.apply_changes` with an `Intent`. The progress table is a small
-  vnode-partitioned delta-rs table, overwritten per vnode partition (`overwrite_vnodes`).
+  merge-on-read table too, one row per vnode, whose rows a barrier replaces with
+  `storage.replace_keyed` (`overwrite_vnodes`: one small file per commit).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from backfill_assets.arrow_types import normalize_schema
 from backfill_assets.delta_store import arrangement_properties, arrow_schema
 from backfill_assets.errors import ConcurrentBackfillRun, WarehouseNotWritable
-from backfill_assets.storage import Intent, Snapshot, ensure_mor_table, objects
+from backfill_assets.storage import Intent, Snapshot, ensure_mor_table, objects, replace_keyed
 
 STEP_METADATA_KEY = "backfill.step"
 
@@ -76,25 +77,15 @@ def open_table(uri: str, storage_options: Mapping[str, str], version: int | None
 
 def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str], *,
                  cdf: bool, description: str | None = None) -> DeltaTable:
-    """Open the vnode-partitioned table (the progress table), creating it empty when
-    missing."""
-    objects.check_conditional_writes(uri, storage_options)  # before the first write
+    """Open the progress table, creating it empty when missing: a merge-on-read table of one
+    row per vnode (not partitioned: a barrier's progress commit then writes one small file,
+    not one per vnode). Tables made before round 7 are vnode-partitioned and stay so."""
     table = open_table(uri, storage_options)
     if table is not None:
         return table
     if "://" not in uri:
         _check_writable(uri)
-    config = {"delta.enableChangeDataFeed": "true"} if cdf else None
-    try:
-        # no retries: a create that lost the race must not be retried as a second metadata
-        # commit (that made the winner's later commits fail with "Metadata changed")
-        DeltaTable.create(uri, schema, partition_by=["vnode"], mode="ignore",
-                          configuration=config, description=description,
-                          commit_properties=CommitProperties(max_commit_retries=0),
-                          storage_options=dict(storage_options) or None)
-    except CommitFailedError:  # another run created it first: use theirs
-        pass
-    return DeltaTable(uri, storage_options=dict(storage_options) or None)
+    return ensure_mor_table(uri, schema, storage_options, cdf=cdf, description=description)
 
 
 def _check_writable(path: str) -> None:
@@ -126,9 +117,7 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
     table without its storage options is asked through delta-rs."""
     if table is None:
         return {v: None for v in vnodes}
-    uri = table.table_uri.rstrip("/")
-    if uri.lower().startswith("file://"):
-        uri = unquote(objects.local_path(uri))
+    uri = _local(table.table_uri)
     if storage_options is None and not objects.is_local(uri):
         return {v: table.transaction_version(txn_id(mv_name, phase, v)) for v in vnodes}
     txns = Snapshot(uri, dict(storage_options or {}), table).txn_versions
@@ -165,9 +154,18 @@ def commit_properties(mv_name: str, phase: str, vnodes: Sequence[int], version: 
 
 def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: str,
                      vnodes: Sequence[int], version: int,
-                     metadata: Mapping[str, str] | None = None) -> None:
-    """Replace the partitions `vnodes` of `table` with `rows` in one commit."""
-    props = commit_properties(mv_name, phase, vnodes, version, metadata)
+                     storage_options: Mapping[str, str] | None = None) -> int:
+    """Replace the rows of `vnodes` in `table` with `rows` in one commit (app transactions
+    `{mv}/{phase}/{vnode}` at `version`); the new table version."""
+    if "vnode" not in table.metadata().partition_columns:
+        snap = Snapshot(_local(table.table_uri), dict(storage_options or {}), table)
+        keys = pa.table({"vnode": pa.array(sorted(vnodes), rows.schema.field("vnode").type)})
+        done = replace_keyed(snap, ["vnode"], intent(mv_name, phase, vnodes, version), keys,
+                             rows)
+        table.update_incremental()  # like a delta-rs write: the object sees its own commit
+        return done.version if done.version is not None else table.version()
+    # a progress table made before round 7: one vnode partition per vnode, overwritten
+    props = commit_properties(mv_name, phase, vnodes, version)
     try:
         write_deltalake(table, rows.cast(arrow_schema(table)), mode="overwrite",
                         predicate=vnode_in(vnodes), commit_properties=props)
@@ -176,6 +174,13 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
             f"another run wrote {table.table_uri} for vnodes {_span(vnodes)} at the same time "
             f"({exc}); rerun, and give concurrent runs disjoint vnode ranges"
         ) from exc
+    return table.version()
+
+
+def _local(uri: str) -> str:
+    """delta-rs' ``file://`` URI of a local table as the path the storage layer uses."""
+    uri = uri.rstrip("/")
+    return unquote(objects.local_path(uri)) if uri.lower().startswith("file://") else uri
 
 
 def read_rows(table: DeltaTable, vnodes: Iterable[int] | None = None,

@@ -114,7 +114,8 @@ def _ahead(new, old, key_order: KeyOrder) -> bool:
 
 
 def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder, mv_name: str,
-                   vnodes: Sequence[int], version: int, force: bool = False) -> None:
+                   vnodes: Sequence[int], version: int, force: bool = False,
+                   storage_options: Mapping[str, str] | None = None) -> None:
     """Commit the progress of `vnodes` (one row per started vnode) and mark it committed;
     `force`: even when nothing moved (progress recovered from an MV commit must land)."""
     if not state.commit_plan() and not force:
@@ -123,9 +124,10 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
     rows = [r for r in rows if r is not None]
     arrow = pa.Table.from_pylist(rows, schema=progress_schema(key_order))
     before = table.version()
-    mv_store.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress", vnodes=vnodes,
-                              version=version)
-    _written(table, before, vnodes, arrow)
+    after = mv_store.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress",
+                                      vnodes=vnodes, version=version,
+                                      storage_options=storage_options)
+    _written(table, before, after, vnodes, arrow)
     state.mark_committed()
 
 
@@ -156,11 +158,13 @@ def _remember(table: DeltaTable, version: int, vnodes: Sequence[int], rows: list
         del _PROGRESS_ROWS[next(iter(_PROGRESS_ROWS))]
 
 
-def _written(table: DeltaTable, before: int, vnodes: Sequence[int], arrow: pa.Table) -> None:
-    """After our overwrite of `vnodes`: the rows of the new version, when it is known."""
+def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
+             arrow: pa.Table) -> None:
+    """After our overwrite of `vnodes` (version `before` -> `after`): the rows of the new
+    version, when it is known."""
     key = _key(table)
     version, known = _PROGRESS_ROWS.pop(key, (None, {}))
-    if version != before or table.version() != before + 1:
+    if version != before or after != before + 1:
         return  # not seen before, or another commit landed in between: read it next time
     now = {v: rows for v, rows in known.items() if v not in vnodes}
     now.update({v: [] for v in vnodes})

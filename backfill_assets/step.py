@@ -253,7 +253,8 @@ class _Step:
         _throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
-                       plan.v_new, force=bool(report.recovered))
+                       plan.v_new, force=bool(report.recovered),
+                       storage_options=self.req.tables.storage_options)
         self.hook("after_progress_commit")
         _compact(self.ctx, report.vnodes, self.req.mode or d.mode)
         report.progress = {v: state.current(v) for v in report.vnodes}

@@ -279,7 +279,7 @@ def _edit_progress(tables, edit, schema_mode: str | None = None) -> None:
     rows = read_rows(table)
     edited = edit(rows)
     kwargs = {"schema_mode": schema_mode} if schema_mode else {}
-    write_deltalake(tables.progress, edited, mode="overwrite", partition_by=["vnode"], **kwargs)
+    write_deltalake(tables.progress, edited, mode="overwrite", **kwargs)
 
 
 def _set(rows: pa.Table, vnode: int, **values) -> pa.Table:

@@ -11,7 +11,8 @@ Public surface (everything else in the package is its inside):
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files;
 - ``apply_keyed`` with ``KeyedRows``: the same commit for a small barrier, on the driver (key
-  lookups only, no Spark job); ``key_counts``: rows per key, reading only key columns;
+  lookups only, no Spark job); ``replace_keyed``: the rows of a few keys overwritten (the
+  progress table); ``key_counts``: rows per key, reading only key columns;
 - ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
 See docs/ARCHITECTURE.md, "The storage layer".
 """
@@ -26,7 +27,7 @@ from pyspark.sql import functions as F
 
 from backfill_assets.storage.chunk_read import read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
-from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts
+from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
@@ -37,7 +38,7 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "Snapshot",
            "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
-           "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version",
+           "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version", "replace_keyed",
            "seek_file_rows", "spark_type", "vnode_key_stats", "vnode_stats_from_log"]
 
 

@@ -63,17 +63,8 @@ def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: 
     before, after = _unchanged_dropped(rows.before.select(schema.names).cast(schema),
                                        rows.after.select(schema.names).cast(schema), key_names)
     found = _positions(snap, key_names, before, after)
-    deletes: dict[str, BitMap64] = {}
-    for path, row in zip(found.column(FILE_COLUMN).to_pylist(),
-                         found.column(ROW_COLUMN).to_pylist(), strict=True):
-        deletes.setdefault(path, BitMap64()).add(row)
-    adds = []
-    if after.num_rows:
-        order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names]]
-        clustered = after.take(pc.sort_indices(after, sort_keys=order))
-        adds = write_table(clustered, snap.uri, snap.storage_options, schema,
-                           max_rows_per_file=file_rows_max)
-        hook("data_files_written")
+    deletes = _deletes(found)
+    adds = _written(snap, key_names, after, file_rows_max, hook)
     cdc = []
     if snap.configuration.get("delta.enableChangeDataFeed") == "true" and deletes:
         feed = _change_rows(before, after, key_names)
@@ -85,6 +76,45 @@ def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: 
         return KeyedResult(None, 0, 0)
     version = commit(snap, change, intent, hook)
     return KeyedResult(version, after.num_rows, found.num_rows)
+
+
+def replace_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, keys: pa.Table,
+                  rows: pa.Table, *, hook: Hook = _no_hook) -> KeyedResult:
+    """One commit in which every live row whose key is in ``keys`` is replaced by ``rows``
+    (whose keys are among ``keys``; a key without a row is deleted): an overwrite of a few keys
+    that costs what it writes, one small file and a DV or a remove. The progress table's
+    write: unlike ``apply_keyed`` there is no change feed to agree with, whatever the table
+    holds for those keys goes. No change-data files (callers' tables have no change feed)."""
+    schema = snap.arrow_schema
+    found = _held(snap, key_names, keys.select(list(key_names)))
+    change = Change(adds=_written(snap, key_names, rows.select(schema.names).cast(schema),
+                                  131072, hook),
+                    deletes=_deletes(found))
+    if change.empty and not intent.txns:
+        return KeyedResult(None, 0, 0)
+    return KeyedResult(commit(snap, change, intent, hook), rows.num_rows, found.num_rows)
+
+
+def _deletes(found: pa.Table) -> dict[str, BitMap64]:
+    """The rows ``_held`` found, as DV bits per file."""
+    deletes: dict[str, BitMap64] = {}
+    for path, row in zip(found.column(FILE_COLUMN).to_pylist(),
+                         found.column(ROW_COLUMN).to_pylist(), strict=True):
+        deletes.setdefault(path, BitMap64()).add(row)
+    return deletes
+
+
+def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table, file_rows_max: int,
+             hook: Hook) -> list:
+    """``rows`` written as new files clustered by (vnode, key)."""
+    if not rows.num_rows:
+        return []
+    order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
+    clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
+    adds = write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
+                       max_rows_per_file=file_rows_max)
+    hook("data_files_written")
+    return adds
 
 
 def _unchanged_dropped(before: pa.Table, after: pa.Table, key_names: Sequence[str]

@@ -64,7 +64,7 @@ from backfill_assets.storage import maintain
 from backfill_assets.upstream_check import checked_upstream, strategy_for
 
 Hook = Callable[[str], None]
-SMALL_BARRIER_ROWS = 200_000  # change rows up to which a forward-only step runs on the driver
+SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a forward-only step runs on the driver
 
 
 def no_hook(point: str) -> None:

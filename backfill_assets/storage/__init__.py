@@ -38,8 +38,9 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "Snapshot",
            "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
-           "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version", "replace_keyed",
-           "seek_file_rows", "spark_type", "vnode_key_stats", "vnode_stats_from_log"]
+           "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version",
+           "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
+           "vnode_stats_from_log"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

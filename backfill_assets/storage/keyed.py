@@ -16,6 +16,7 @@ once, and a key only ``after`` names must not be found. Otherwise the barrier st
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,13 +29,16 @@ from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import dv, key_cache
 from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.log import DataFile, Snapshot
-from backfill_assets.storage.prune import VNODE, files_holding
+from backfill_assets.storage.prune import VNODE, keys_by_file
 from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, file_rows
 from backfill_assets.storage.write import write_table
 
 CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
 _SIDE = names.INTERNAL_PREFIX + "side"
+_THREADED_FILES = 16  # files a lookup reads before it uses threads
+_THREADS = 4
+_CACHED_BYTES_PER_KEY = 12  # a single integer key sorted (8 bytes) and its row (4)
 
 
 @dataclass(frozen=True)
@@ -173,22 +177,33 @@ def key_counts(snap: Snapshot, keys: pa.Table, key_names: Sequence[str]) -> pa.T
 
 def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Table:
     """Live rows of ``snap`` whose key is in ``wanted``: key, file, row (files pruned by
-    their statistics; files the table no longer holds leave the key cache first)."""
+    their statistics, each probed with its share of ``wanted``; files the table no longer
+    holds leave the key cache first). Many files are read by a few threads (pyarrow and
+    numpy release the GIL); a lookup over more keys than the cache holds (a large catch-up)
+    reads past the cache instead of churning it, so the driver's memory stays bounded."""
     key_cache.CACHE.keep_live(snap.uri, (f.path for f in snap.files))
-    held = [_held_in(snap, f, key_names, wanted)
-            for f in files_holding(snap.files, wanted, key_names)]
+    pairs = keys_by_file(snap.files, wanted, key_names)
+    cached = sum(f.num_records or 0 for f, _ in pairs) * _CACHED_BYTES_PER_KEY \
+        <= key_cache.CACHE.limit
+    if len(pairs) < _THREADED_FILES:
+        held = [_held_in(snap, f, key_names, mine, cached) for f, mine in pairs]
+    else:
+        with ThreadPoolExecutor(_THREADS) as pool:
+            held = list(pool.map(lambda p: _held_in(snap, p[0], key_names, p[1], cached),
+                                 pairs))
     return pa.concat_tables(held) if held else _held_in_nothing(snap, key_names)
 
 
 def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
-             wanted: pa.Table) -> pa.Table:
+             wanted: pa.Table, cached: bool = True) -> pa.Table:
     """The rows of ``f`` (live, DV applied) whose key is in ``wanted``: key, file, row. The
     file's keys come from the process's key cache (``key_cache``: read once per file), the
     DV from the file's current descriptor."""
     schema = snap.arrow_schema
     types = [schema.field(k).type for k in key_names]
-    keys = key_cache.CACHE.file_keys(snap.uri, f.path, f.size, f.num_records, key_names,
-                                     lambda: _read_keys(snap, f, key_names))
+    read = lambda: _read_keys(snap, f, key_names)  # noqa: E731
+    keys = (key_cache.CACHE.file_keys(snap.uri, f.path, f.size, f.num_records, key_names, read)
+            if cached else key_cache.FileKeys.of(read()))
     rows, found = keys.rows_of(wanted, key_names, types)
     if f.deletion_vector and len(rows):
         deleted = key_cache.CACHE.deleted_rows(

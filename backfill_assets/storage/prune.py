@@ -79,10 +79,18 @@ def files_holding(files: Sequence[DataFile], keys: pa.Table,
                   key_names: Sequence[str]) -> list[DataFile]:
     """Files that may hold one of ``keys`` (a table of key columns, with ``vnode`` when the
     table is arranged by the same vnodes: its bounds then prune first)."""
+    return [f for f, _ in keys_by_file(files, keys, key_names)]
+
+
+def keys_by_file(files: Sequence[DataFile], keys: pa.Table, key_names: Sequence[str]
+                 ) -> list[tuple[DataFile, pa.Table]]:
+    """``files_holding`` with, per file, the keys it may hold (those in its vnode range when
+    ``keys`` has a ``vnode`` column): a lookup in a file then probes only those, so a large
+    change set costs each file its own share instead of every key."""
     if keys.num_rows == 0:
         return []
     if VNODE not in keys.column_names:  # keys of a table arranged otherwise: key bounds only
-        return [f for f in files if _admits(f, keys, key_names)]
+        return [(f, keys) for f in files if _admits(f, keys, key_names)]
     order = pc.sort_indices(keys, [(VNODE, "ascending")])
     keys = keys.take(order)
     vnodes = keys.column(VNODE).cast(pa.int64()).to_numpy(zero_copy_only=False)
@@ -93,8 +101,9 @@ def files_holding(files: Sequence[DataFile], keys: pa.Table,
         stop = len(vnodes) if hi is None else int(vnodes.searchsorted(hi, "right"))
         if start >= stop:
             continue
-        if _admits(f, keys.slice(start, stop - start), key_names):
-            out.append(f)
+        mine = keys.slice(start, stop - start)
+        if _admits(f, mine, key_names):
+            out.append((f, mine))
     return out
 
 

@@ -18,7 +18,8 @@ to the store themselves):
   * snapshot mode, unthrottled: the bulk barrier (all slices at the pinned version) on the
     uploaded upstream (the baselines ran before and only read it), then --catch-up-batches
     DML batches (each --dml-fraction x rows changes) committed to it, then the catch-up
-    barrier that coalesces them. Backfill time = the two barriers' wall times (the DML's is reported apart).
+    barrier that coalesces them. Backfill time = the two barriers' wall times (the DML's is
+    reported apart).
 moto keeps every object in memory: a 100M-row run holds the upstream (~3.7 GB) and the MV on
 the store at once (~8 GB of RAM for the server). Results:
 benchmarks/results/<--name, default scale_out_<rows>>.json.

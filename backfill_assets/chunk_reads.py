@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import DataFrame
 
-from backfill_assets import mv_store, spark_ops
+from backfill_assets import mv_store, spark_ops, storage
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.positions import VnodeChunk
@@ -98,6 +98,13 @@ def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
         return
     check_snapshot_keys(upstream_at(ctx).where(mv_store.vnode_in(vnodes)), ctx.key_names,
                         ctx.tables.upstream, ctx.v_new)
+
+
+def mv_file_rows(ctx: SourceContext) -> int:
+    """Rows per MV data file: sized by the upstream version's rows (the MV holds at most
+    those), so a bulk written in slices gets the files the whole table wants."""
+    snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
+    return storage.file_rows_for(sum(f.live_records or 0 for f in snap.files))
 
 
 def upstream_at(ctx: SourceContext) -> DataFrame:

@@ -26,22 +26,21 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets import arrow_changes, delta_store, mv_store, spark_ops, storage
+from backfill_assets import arrow_changes, mv_store, storage
 from backfill_assets.chunk_reads import (
     Chunk,
     bulk_chunk,
     check_fresh_keys,
+    mv_file_rows,
     snapshot_chunk,
     upstream_at,
 )
 from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import OP
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.key_checks import (
-    check_change_keys,
     check_inserted_keys,
     check_inserted_keys_local,
 )
@@ -50,16 +49,14 @@ from backfill_assets.mv_spark import (
     BAD_KEY,
     KEEP,
     RN,
-    project,
     project_rows,
     validate_expressions,
-    visible_rows,
-    with_vnode_versions,
 )
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.snapshot_read import replacing
 from backfill_assets.sources import SOURCES, SourceContext
+from backfill_assets.step_changes import change_rows, forwarded, in_spark
 from backfill_assets.storage import maintain
 from backfill_assets.upstream_check import checked_upstream, strategy_for
 
@@ -115,10 +112,10 @@ def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> Ste
     """Run one barrier for `req.vnodes`; see the module docstring for the phases."""
     step = _Step.open(spark, req, hook)
     hook("before_write")
-    raw = _change_rows(step.ctx, step.plan)
+    raw = change_rows(step.ctx, step.plan)
     if small_barrier(step.plan, step.state, raw, step.replay or bool(req.reset)):
         return step.run_small(raw)
-    changes = _in_spark(step.ctx, step.plan, raw)
+    changes = in_spark(step.ctx, step.plan, raw)
     try:
         return step.run(changes)
     finally:
@@ -203,7 +200,7 @@ class _Step:
                                 [v for v in report.vnodes if v not in fresh],
                                 self.ctx.key_names, self.ctx.tables.upstream, plan.v_new)
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
-        forward = _forward(changes, state, plan, d)
+        forward = forwarded(changes, state, plan, d)
         chunk = Chunk(None, 0, {})
         try:
             if not self.replay:
@@ -284,6 +281,7 @@ class _Step:
                                       key_order.names), None
         storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=forward,
                               inserts=rows, rows_hint=self.report.snapshot_rows,
+                              file_rows=mv_file_rows(self.ctx),
                               clustered_inserts=clustered and rows is not None,
                               hook=lambda point: self.hook(f"mv_{point}"))
 
@@ -309,47 +307,6 @@ def _refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where
             f"vnodes {ahead[:8]} of {where} are already at a version newer than {v_new}: "
             "another run got there first; rerun this barrier against the latest upstream version"
         )
-
-
-def _change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
-    """The upstream's change rows (Arrow) after the oldest version any vnode of the step
-    needs, keys checked; None when there are none."""
-    starts = [p.forward_from for p in plan.vnodes if p.forward_from is not None]
-    starts += [p.replicate_from for p in plan.vnodes
-               if p.replicate and p.replicate_from is not None]
-    if not starts or min(starts) >= plan.v_new:
-        return None
-    raw = delta_store.read_raw_changes(ctx.tables.upstream, min(starts), plan.v_new,
-                                       storage_options=ctx.tables.storage_options)
-    if raw.num_rows == 0:
-        return None
-    keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
-    raw = raw.select([*keep, "_change_type", "_commit_version"])
-    check_change_keys(raw, ctx.key_names, ctx.tables.upstream)
-    return raw
-
-
-def _in_spark(ctx: SourceContext, plan: StepPlan, raw: pa.Table | None) -> DataFrame | None:
-    """The change rows as a cached DataFrame with the MV's vnode, the step's vnodes only."""
-    if raw is None:
-        return None
-    df = ctx.spark.createDataFrame(raw, schema=spark_ops.spark_schema(raw.schema))
-    df = spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
-    return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
-
-
-def _forward(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
-             d: MVDefinition) -> DataFrame | None:
-    """Netted changes each vnode's current position covers, projected to MV rows with `OP`
-    (cached: it is counted, its keys collected and its rows written)."""
-    since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
-    progress = {v: state.current(v) for v in since}
-    if changes is None or all(isinstance(p, NotStarted) for p in progress.values()):
-        return None
-    net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
-    visible = project(visible_rows(net, progress, state.key_order), d)
-    op = F.when((F.col(OP) == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
-    return visible.withColumn(OP, op).drop(KEEP).cache()
 
 
 def _step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order) -> str:

@@ -9,7 +9,8 @@ Public surface (everything else in the package is its inside):
 - ``chunk_files`` + ``read_chunk``: a chunked barrier's snapshot rows by a seek on the files'
   statistics, chunked in the read tasks (seek.py, chunk_read.py);
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
-  commit of new clustered files, deletion vectors and exact change-data files;
+  commit of new clustered files, deletion vectors and exact change-data files (files sized by
+  ``file_rows_for`` the table's rows);
 - ``apply_keyed`` with ``KeyedRows``: the same commit for a small barrier, on the driver (key
   lookups only, no Spark job); ``replace_keyed``: the rows of a few keys overwritten (the
   progress table); ``key_counts``: rows per key, reading only key columns;
@@ -29,7 +30,7 @@ from backfill_assets.storage.chunk_read import read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
-from backfill_assets.storage.merge import Applied, append, apply_changes
+from backfill_assets.storage.merge import Applied, append, apply_changes, file_rows_for
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
 from backfill_assets.storage.read import read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
@@ -38,8 +39,8 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "DataFile", "Intent", "KeyedRows", "Snapshot",
            "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
-           "key_counts", "open_mor_table", "read_chunk", "read_snapshot", "read_version",
-           "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
+           "file_rows_for", "key_counts", "open_mor_table", "read_chunk", "read_snapshot",
+           "read_version", "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
            "vnode_stats_from_log"]
 
 

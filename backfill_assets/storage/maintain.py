@@ -2,7 +2,10 @@
 
 - Compaction rewrites the files whose deleted fraction is high, the small files barriers leave
   behind, and enough DV'd files to keep their number far below delta-rs' scan deadlock (above
-  ~512 files carrying a DV, ``scan``/``QueryBuilder`` can hang: delta-rs #4657). It is a
+  ~512 files carrying a DV, ``scan``/``QueryBuilder`` can hang: delta-rs #4657). Writers size
+  files by the table (``merge.file_rows_for``: at most about TARGET_FILES of them), so changes
+  spread over every file leave at most that many DV'd files instead of forcing a rewrite of
+  most of a large table. A small compaction runs in Arrow on the driver. It is a
   ``dataChange: false`` commit (no change-feed rows), restricted to files inside one run's vnode
   span so runs over disjoint vnode ranges never remove each other's files.
 - DV garbage: superseded DV files are never collected by delta-rs' lite vacuum, and
@@ -18,6 +21,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
@@ -25,11 +30,11 @@ from backfill_assets.delta_store import VNODE_COUNT_PROPERTY
 from backfill_assets.storage import dv, objects
 from backfill_assets.storage.commit import Change, Intent, commit
 from backfill_assets.storage.log import DataFile, Snapshot, commit_uri
-from backfill_assets.storage.merge import FILE_ROWS, clustered
+from backfill_assets.storage.merge import FILE_ROWS, clustered, file_rows_for
 from backfill_assets.storage.prune import VNODE, files_within_vnodes
-from backfill_assets.storage.read import read_snapshot
+from backfill_assets.storage.read import file_rows, read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY
-from backfill_assets.storage.write import write_files
+from backfill_assets.storage.write import write_files, write_table
 
 DELETED_FRACTION = 0.25  # a file with more deleted rows than this is rewritten
 MAX_DV_FILES = 128  # files carrying a DV, at most (delta-rs deadlocks above ~512)
@@ -37,6 +42,7 @@ MAX_SMALL_FILES = 32  # barrier-sized files tolerated before they are merged
 SMALL_FILE_ROWS = FILE_ROWS // 8
 DV_KEEP_VERSIONS = 100  # DV files a reader of the last N versions may need are kept
 DV_MIN_AGE_SECONDS = 3600.0  # never collect a DV file younger than this (in-flight commits)
+DRIVER_COMPACT_ROWS = 1_000_000  # live rows up to which a compaction runs in Arrow
 
 
 @dataclass
@@ -82,12 +88,16 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     if len(chosen) < 2 and not any(f.deletion_vector for f in chosen):
         return MaintenanceReport()
     live = sum(f.live_records or 0 for f in chosen)
-    vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
-    rows = read_snapshot(spark, snap, snap.arrow_schema.names, chosen)
-    shaped = clustered(rows, key_names, live, int(vnode_count) if vnode_count else None)
-    adds = write_files(shaped, snap.uri, snap.storage_options, snap.arrow_schema,
-                       max_rows_per_file=seek_rows or FILE_ROWS,
-                       split_column=VNODE if seek_rows else None)
+    per_file = seek_rows or file_rows_for(_live_rows(snap))
+    if live <= DRIVER_COMPACT_ROWS and not seek_rows:
+        adds = _rewrite_on_driver(snap, chosen, key_names, per_file)
+    else:
+        vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
+        rows = read_snapshot(spark, snap, snap.arrow_schema.names, chosen)
+        shaped = clustered(rows, key_names, live, int(vnode_count) if vnode_count else None,
+                           per_file)
+        adds = write_files(shaped, snap.uri, snap.storage_options, snap.arrow_schema,
+                           max_rows_per_file=per_file, split_column=VNODE if seek_rows else None)
     written = sum(a.rows for a in adds)
     if written != live:
         raise AssertionError(f"compaction of {snap.uri} read {written} rows, the log records "
@@ -95,6 +105,27 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     commit(snap, Change(adds=[a for a in adds if a.rows], removes=chosen, data_change=False),
            Intent(operation="OPTIMIZE"))
     return MaintenanceReport(compacted_files=len(chosen), rewritten_rows=written)
+
+
+def _live_rows(snap: Snapshot) -> int:
+    return sum(f.live_records or 0 for f in snap.files)
+
+
+def _rewrite_on_driver(snap: Snapshot, files: Sequence[DataFile], key_names: Sequence[str],
+                       per_file: int) -> list:
+    """A small compaction (the files a few barriers left) in Arrow on the driver: the files'
+    live rows read, sorted by (vnode, key) and written, without the fixed cost of Spark jobs
+    that would make the barrier that runs it several times slower than its neighbours."""
+    schema = snap.arrow_schema
+    physical = {c: snap.physical_names.get(c, c) for c in schema.names}
+    parts = [file_rows(snap.file_uri(f.path), snap.storage_options, physical, schema,
+                       rows=f.num_records,
+                       deleted=dv.load(snap.uri, f.deletion_vector, snap.storage_options))
+             for f in files]
+    rows = pa.concat_tables([schema.empty_table(), *parts])
+    order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
+    rows = rows.take(pc.sort_indices(rows, sort_keys=order))
+    return write_table(rows, snap.uri, snap.storage_options, schema, max_rows_per_file=per_file)
 
 
 def collect_dv_garbage(snap: Snapshot, keep_versions: int = DV_KEEP_VERSIONS,

@@ -33,7 +33,8 @@ from backfill_assets.storage.write import write_files
 OP = names.OP
 CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
-FILE_ROWS = 131072  # rows per data file: small enough that a changed key reads little
+FILE_ROWS = 131072  # rows per data file at least: small enough that a changed key reads little
+TARGET_FILES = 48  # files a table is written in, at most, once that makes files bigger
 MAX_WRITE_TASKS = 64
 
 _OLD, _NEW, _SAME = names.OLD, names.NEW, names.SAME
@@ -48,6 +49,14 @@ class Applied:
 
 def _q(name: str) -> Column:
     return F.col(f"`{name}`")
+
+
+def file_rows_for(table_rows: int) -> int:
+    """Rows per data file for a table of ``table_rows``: FILE_ROWS, or bigger so the table
+    has about TARGET_FILES files. Changes spread over all vnodes give every file a DV, and
+    delta-rs readers need the files carrying one kept well under 256 (maintain.MAX_DV_FILES):
+    with 131k-row files a 100M-row MV has 763 of them, and every barrier would rewrite most."""
+    return max(FILE_ROWS, math.ceil(table_rows / TARGET_FILES))
 
 
 def clustered(df: DataFrame, key_names: Sequence[str], rows: int, vnode_count: int | None,
@@ -67,7 +76,7 @@ def clustered(df: DataFrame, key_names: Sequence[str], rows: int, vnode_count: i
 
 
 def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequence[str],
-           intent: Intent, rows_hint: int, *, file_rows: int = FILE_ROWS) -> Applied:
+           intent: Intent, rows_hint: int, *, file_rows: int | None = None) -> Applied:
     """Commit ``rows`` (keys not in the table yet) as new clustered files."""
     return apply_changes(spark, snap, key_names, intent, inserts=rows, rows_hint=rows_hint,
                          file_rows=file_rows)
@@ -76,7 +85,7 @@ def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequ
 def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
                   intent: Intent, *, changes: DataFrame | None = None,
                   inserts: DataFrame | None = None, rows_hint: int = 0,
-                  file_rows: int = FILE_ROWS, clustered_inserts: bool = False,
+                  file_rows: int | None = None, clustered_inserts: bool = False,
                   hook: Hook = _no_hook) -> Applied:
     """One commit: keyed ``changes`` (table columns + ``OP``) merged on read, plus
     ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many rows
@@ -91,6 +100,8 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     schema = snap.arrow_schema
     cols = schema.names
     cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
+    file_rows = file_rows or file_rows_for(
+        sum(f.live_records or 0 for f in snap.files) + rows_hint)
     deletes: dict[str, BitMap64] = {}
     parts: list[DataFrame] = []
     cdc_parts: list[DataFrame] = []

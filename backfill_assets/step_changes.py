@@ -1,0 +1,59 @@
+"""The change side of a step: the upstream's change rows the step's vnodes need, read once
+as Arrow on the driver (a small barrier nets them there), or as a cached Spark frame with the
+MV's vnode, netted and projected to the MV rows each vnode's position already covers."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from backfill_assets import delta_store, mv_store, spark_ops
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import OP
+from backfill_assets.core.planning import StepPlan
+from backfill_assets.core.progress import BackfillState, NotStarted
+from backfill_assets.key_checks import check_change_keys
+from backfill_assets.mv_spark import KEEP, project, visible_rows, with_vnode_versions
+from backfill_assets.sources import SourceContext
+
+
+def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
+    """The upstream's change rows (Arrow) after the oldest version any vnode of the step
+    needs, keys checked; None when there are none."""
+    starts = [p.forward_from for p in plan.vnodes if p.forward_from is not None]
+    starts += [p.replicate_from for p in plan.vnodes
+               if p.replicate and p.replicate_from is not None]
+    if not starts or min(starts) >= plan.v_new:
+        return None
+    raw = delta_store.read_raw_changes(ctx.tables.upstream, min(starts), plan.v_new,
+                                       storage_options=ctx.tables.storage_options)
+    if raw.num_rows == 0:
+        return None
+    keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
+    raw = raw.select([*keep, "_change_type", "_commit_version"])
+    check_change_keys(raw, ctx.key_names, ctx.tables.upstream)
+    return raw
+
+
+def in_spark(ctx: SourceContext, plan: StepPlan, raw: pa.Table | None) -> DataFrame | None:
+    """The change rows as a cached DataFrame with the MV's vnode, the step's vnodes only."""
+    if raw is None:
+        return None
+    df = ctx.spark.createDataFrame(raw, schema=spark_ops.spark_schema(raw.schema))
+    df = spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
+
+
+def forwarded(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
+              d: MVDefinition) -> DataFrame | None:
+    """Netted changes each vnode's current position covers, projected to MV rows with `OP`
+    (cached: it is counted, its keys collected and its rows written)."""
+    since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
+    progress = {v: state.current(v) for v in since}
+    if changes is None or all(isinstance(p, NotStarted) for p in progress.values()):
+        return None
+    net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
+    visible = project(visible_rows(net, progress, state.key_order), d)
+    op = F.when((F.col(OP) == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
+    return visible.withColumn(OP, op).drop(KEEP).cache()

@@ -77,6 +77,7 @@ BENCH_SCALE_ROWS ?= 1000000
 BENCH_PROFILE_ROWS ?= 5000000
 BENCH_QUICK_ROWS ?= 100000
 BENCH_SCALE_OUT_ROWS ?= 100000000
+BENCH_SCALE_OUT_DML ?= --dml-kind inserts --catch-up-batches 5
 BENCH_ARGS ?=
 export BENCH_LOCK
 
@@ -114,7 +115,7 @@ bench-latency: env
 # snapshot mode on a loopback standalone cluster with every table on a local S3 server (moto,
 # in memory: ~10 GB at 100M rows), with bench-bulk's baselines measured the same way
 bench-scale-out: env
-	$(PY) -m benchmarks.bench_scale_out --rows $(BENCH_SCALE_OUT_ROWS) $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench_scale_out --rows $(BENCH_SCALE_OUT_ROWS) $(BENCH_SCALE_OUT_DML) $(BENCH_ARGS)
 
 bench-upstream: env
 	$(PY) -m benchmarks.bench_upstream $(BENCH_ARGS)

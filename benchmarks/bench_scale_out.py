@@ -15,7 +15,9 @@ to the store themselves):
     (a) Spark copy: read the version, write it as parquet to the store; (b) pyarrow copy: a
     pyarrow dataset over the version's objects written back to the store; (c) full refresh:
     (a) plus the MV's projection and filter;
-  * snapshot mode, unthrottled: the bulk barrier (all slices at the pinned version) on the
+  * snapshot mode, unthrottled (--dml-kind inserts: the DML appends new keys instead of the
+    writer's merge, whose delta-rs process outgrew the machine at 100M on moto): the bulk
+    barrier (all slices at the pinned version) on the
     uploaded upstream (the baselines ran before and only read it), then --catch-up-batches
     DML batches (each --dml-fraction x rows changes) committed to it, then the catch-up
     barrier that coalesces them. Backfill time = the two barriers' wall times (the DML's is
@@ -128,9 +130,11 @@ def worker_baselines(args) -> dict:
 
 
 def worker_backfill(args) -> dict:
+    import pyarrow as pa
+
     from backfill_assets.barrier import run_barrier
     from backfill_assets.mv_store import MVTables
-    from backfill_assets.upstream import apply_dml
+    from backfill_assets.upstream import apply_dml, insert_rows
 
     mem = C.Memory()
     run_root = f"{args.root}/run-{uuid.uuid4().hex[:8]}"
@@ -153,7 +157,11 @@ def worker_backfill(args) -> dict:
     changes = max(10, round(args.rows * args.dml_fraction))
     t0 = time.perf_counter()
     for _ in range(args.catch_up_batches):
-        apply_dml(uri, maker.batch(changes), spec=spec, storage_options=_opts())
+        if args.dml_kind == "inserts":
+            rows = pa.Table.from_pylist([maker.row(maker.new_id()) for _ in range(changes)])
+            insert_rows(uri, rows, spec=spec, storage_options=_opts(), check_existing=False)
+        else:
+            apply_dml(uri, maker.batch(changes), spec=spec, storage_options=_opts())
     dml_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     catch_up = run_barrier(spark, d, tables, vnodes)
@@ -175,6 +183,7 @@ def worker_backfill(args) -> dict:
             "snapshot_rows": bulk.snapshot_rows, "forwarded_rows": catch_up.forwarded_rows,
             "slices": bulk.extra.get("slices_planned"), "dml_seconds": round(dml_s, 3),
             "dml_versions": args.catch_up_batches, "dml_changes_per_version": changes,
+            "dml_kind": args.dml_kind,
             "spark_start": round(spark_start, 2), "verified": verified,
             "driver_peak_mib": C.mib(peaks["driver_peak"]),
             "driver_jvm_peak_mib": C.mib(peaks["jvm_peak"]), **audit.result()}
@@ -225,7 +234,7 @@ def run(args) -> dict:
         out["baselines"] = C.run_worker("benchmarks.bench_scale_out",
                                        ["worker-baselines", *common, "--repeat",
                                         str(args.repeat)])
-        extra = ["--dml-fraction", str(args.dml_fraction),
+        extra = ["--dml-fraction", str(args.dml_fraction), "--dml-kind", args.dml_kind,
                  "--catch-up-batches", str(args.catch_up_batches)]
         out["run"] = C.run_worker("benchmarks.bench_scale_out",
                                  ["worker-backfill", *common, *extra,
@@ -272,6 +281,10 @@ def main(argv=None) -> None:
         parser.add_argument("--catch-up-batches", type=int, default=20,
                             help="DML versions the catch-up barrier coalesces (bench-bulk's "
                                  "cap for large runs)")
+        parser.add_argument("--dml-kind", default="mixed", choices=("mixed", "inserts"),
+                            help="mixed: the platform writer's merge (inserts, updates, deletes, "
+                                 "pk changes); inserts: appends of new keys (at 100M the "
+                                 "writer's delta-rs merge on the in-memory store outgrew 24 GB)")
         parser.add_argument("--verify", action="store_true", help="run the oracle at the end")
         if parser is not p:
             parser.add_argument("--rows", type=int, required=True)

@@ -367,7 +367,7 @@ class ChangeMaker:
             if id_ not in self.deleted and id_ not in touched:
                 return id_
 
-    def _new(self) -> int:
+    def new_id(self) -> int:
         self.next_id += 1
         return self.next_id - 1
 
@@ -378,7 +378,7 @@ class ChangeMaker:
         ins, upd, dels, pks = [], [], [], []
         for op in self.rng.choices(self.OPS, self.weights, k=size):
             if op == "insert":
-                id_ = self._new()
+                id_ = self.new_id()
                 ins.append(self.row(id_))
             elif op == "update":
                 id_ = self._pick(touched)
@@ -391,7 +391,7 @@ class ChangeMaker:
                 self.deleted.add(id_)
             else:
                 id_ = self._pick(touched)
-                new = self._new()
+                new = self.new_id()
                 pks.append((self.key(id_), self.row(new)))
                 self.deleted.add(id_)
                 touched.add(new)

@@ -57,7 +57,7 @@ class InvalidSnapshotChunk(BackfillError):
     """A snapshot read result that contradicts what was asked for (too many rows, ...)."""
 
 
-# --- storage / Spark adapters, settings (resources/, delta_store.py, upstream.py, spark_ops.py)
+# --- storage / Spark adapters, settings (resources/, delta_store.py, upstream_*.py, spark_ops.py)
 
 
 class InvalidSettings(BackfillError, ValueError):

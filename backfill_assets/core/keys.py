@@ -1,4 +1,4 @@
-"""Key columns, key order, snapshot bounds and the Spark SQL text for position predicates.
+"""Key order, snapshot bounds and the Spark SQL text for position predicates.
 
 Why one object owns all of it: the Python comparison (visibility, netting, positions) and
 the SQL the adapters push into Spark (snapshot bounds, ORDER BY) must agree on the order of
@@ -7,107 +7,32 @@ every composite key, column direction and null placement included; rendering bot
 
 A key is a tuple with one Python value per pk column: ``int``, ``str``, ``datetime.date``,
 ``datetime.datetime`` (UTC; naive values are taken as UTC) or ``decimal.Decimal``. ``None``
-appears only in the all-null placeholder that marks a vnode whose snapshot was empty.
+appears only in the all-null placeholder that marks a vnode whose snapshot was empty. The key
+columns, their types and the values that fit them are in key_types.py, re-exported here.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import functools
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from decimal import Context, Decimal, InvalidOperation
 
-from backfill_assets.core.errors import (
-    InvalidKeyType,
-    InvalidKeyValue,
-    InvalidMVDefinition,
+from backfill_assets.core.errors import InvalidKeyValue, InvalidMVDefinition
+from backfill_assets.core.key_types import (
+    INT_RANGES,
+    SUPPORTED_TYPES,
+    KeyColumn,
+    decimal_precision_scale,
+    normalize_value,
+    parse_key_type,
+    to_utc,
 )
 
+__all__ = ["SUPPORTED_TYPES", "Bound", "Key", "KeyColumn", "KeyOrder", "compute_bounds",
+           "decimal_precision_scale", "normalize_value", "parse_key_type", "to_utc"]
+
 Key = tuple  # one value per pk column (see the module docstring)
-
-SUPPORTED_TYPES = "int, bigint, string, date, timestamp, decimal(p,s)"
-_ALIASES = {"integer": "int", "long": "bigint"}
-_SIMPLE = {"int", "bigint", "string", "date", "timestamp"}
-_DECIMAL = re.compile(r"decimal\((\d+),(\d+)\)")
-_INT_RANGES = {"int": 2**31, "bigint": 2**63}
-
-
-@dataclass(frozen=True)
-class KeyColumn:
-    """One primary-key column: its name, its type ("int", "bigint", "string", "date",
-    "timestamp" or "decimal(p,s)") and its order inside the composite key."""
-
-    name: str
-    type: str
-    descending: bool = False
-    nulls_first: bool = False
-
-
-def parse_key_type(t: str, column: str | None = None) -> str:
-    """Return the canonical spelling of a supported pk type or raise InvalidKeyType.
-
-    Accepts Spark/Delta spellings ("INT", "integer", "long", "decimal(10, 2)"), so a type
-    read from an upstream schema can be used as is.
-    """
-    where = f" of column {column!r}" if column else ""
-    text = re.sub(r"\s+", "", t).lower() if isinstance(t, str) else ""
-    text = _ALIASES.get(text, text)
-    if text in _SIMPLE:
-        return text
-    match = _DECIMAL.fullmatch(text)
-    if match and 1 <= int(match[1]) <= 38 and int(match[2]) <= int(match[1]):
-        return f"decimal({int(match[1])},{int(match[2])})"
-    if not text:
-        raise InvalidKeyType(
-            f"primary-key type{where} is unknown ({t!r}): declare it in the MV definition "
-            f"or resolve it from the upstream schema; supported: {SUPPORTED_TYPES}"
-        )
-    raise InvalidKeyType(
-        f"unsupported primary-key type {t!r}{where}: use one of {SUPPORTED_TYPES} "
-        "(cast the column in the upstream table or choose another primary key)"
-    )
-
-
-def decimal_precision_scale(t: str) -> tuple[int, int]:
-    """(p, s) of a canonical "decimal(p,s)" type."""
-    match = _DECIMAL.fullmatch(t)
-    if match is None:
-        raise InvalidKeyType(f"{t!r} is not a decimal(p,s) type")
-    return int(match[1]), int(match[2])
-
-
-def to_utc(value: dt.datetime) -> dt.datetime:
-    """A timezone-aware UTC datetime; naive values are taken to be UTC already."""
-    if value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
-    return value.astimezone(dt.UTC)
-
-
-def normalize_value(col: KeyColumn, value: object) -> object:
-    """Check one pk value against its column type; timestamps come back in UTC."""
-    t = col.type
-    ok = False
-    if t in _INT_RANGES:
-        limit = _INT_RANGES[t]
-        ok = type(value) is int and -limit <= value < limit
-    elif t == "string":
-        ok = isinstance(value, str)
-    elif t == "date":
-        ok = isinstance(value, dt.date) and not isinstance(value, dt.datetime)
-    elif t == "timestamp":
-        if isinstance(value, dt.datetime):
-            return to_utc(value)
-    else:  # decimal(p,s)
-        ok = isinstance(value, Decimal) and _decimal_fits(value, *decimal_precision_scale(t))
-    if not ok:
-        raise InvalidKeyValue(
-            f"value {value!r} of pk column {col.name!r} does not fit its type {t}: "
-            "fix the data (pk values must be non-null and of the declared type) "
-            "or declare the column with its real type"
-        )
-    return value
 
 
 @dataclass(frozen=True)
@@ -234,7 +159,7 @@ class KeyOrder:
         if value is None:
             return "NULL"
         value = normalize_value(col, value)
-        if col.type in _INT_RANGES:
+        if col.type in INT_RANGES:
             return str(value)
         if col.type == "string":
             text = str(value).replace("\\", "\\\\").replace("'", "''")
@@ -316,18 +241,6 @@ class KeyOrder:
             f"NULLS {'FIRST' if c.nulls_first else 'LAST'}"
             for c in self.columns
         ]
-
-
-def _decimal_fits(value: Decimal, precision: int, scale: int) -> bool:
-    # Spark stores decimal(p,s) exactly: a value needing rounding or more digits is not a key
-    # Spark could hold, and its vnode text (core/vnode.py) would be rejected too.
-    if not value.is_finite():
-        return False
-    try:
-        q = value.quantize(Decimal(1).scaleb(-scale), context=Context(prec=80))
-    except InvalidOperation:  # needs more than 80 digits: far beyond decimal(38,s)
-        return False
-    return q == value and (q.is_zero() or len(q.as_tuple().digits) <= precision)
 
 
 def _iso_date(value: dt.date) -> str:

@@ -14,7 +14,8 @@ that is a temporary file hard-linked into place (``os.link`` fails when the name
 S3 it is a conditional PUT with ``If-None-Match: *`` (obstore ``mode="create"``), which AWS S3
 (since August 2024), MinIO, Cloudflare R2 and moto's server honour (the last one is tested
 here). A store that ignores the header would let two writers both "win":
-``check_conditional_writes`` probes a store once and raises ``ConditionalWritesUnsupported``.
+``check_conditional_writes`` probes a store once and raises ``ConditionalWritesUnsupported``
+(the probe is in conditional.py).
 
 The storage layer's own helpers live here too: ``join`` (URIs and paths alike), ``is_local``,
 ``list_names`` (a folder's direct files, e.g. ``_delta_log``) and ``list_recursive`` (relative
@@ -30,14 +31,12 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
-import threading
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from backfill_assets.core.errors import ConditionalWritesUnsupported, UnsupportedStorage
+from backfill_assets.core.errors import UnsupportedStorage
 
 StorageOptions = Mapping[str, str] | None
 
@@ -315,56 +314,10 @@ def delete(uri: str, storage_options: StorageOptions = None) -> bool:
 
 
 def check_conditional_writes(root: str, storage_options: StorageOptions = None) -> None:
-    """Probe, once per process and store (bucket + options), that a create-only write under
-    ``root`` refuses to overwrite; raise ConditionalWritesUnsupported when the store silently
-    replaced it. Every write path of the platform (table creation, the storage layer's
-    commits, upstream DML) calls this before its first commit, so an unsafe store is refused
-    before anything is written; a refusal is not remembered (a fixed store passes on the next
-    call). Local folders need no probe."""
-    loc = parse(root)
-    if loc.scheme == LOCAL:
-        return
-    options = _canonical(storage_options)
-    store = (loc.bucket, options)
-    with _PROBE_LOCK:
-        if store in _PROBED:
-            return
-        _probe(loc.bucket, loc.key, options)
-        _PROBED.add(store)
+    """Refuse, with ConditionalWritesUnsupported, a store that overwrites on a create-only
+    write (probed once per process and store; nothing for a local folder). The probe lives in
+    conditional.py, which builds on this module; it is imported on the first call so that
+    neither module imports the other at import time."""
+    from backfill_assets.storage import conditional
 
-
-_PROBED: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
-_PROBE_LOCK = threading.Lock()
-
-
-def _probe(bucket: str, key: str, options: tuple[tuple[str, str], ...]) -> None:
-    """Two create-only PUTs of one fresh name under ``key``: the second must be refused."""
-    uri = join(f"s3://{bucket}", key, "_put_if_absent_probe", uuid.uuid4().hex)
-    opts = dict(options)
-    endpoint = opts.get("endpoint", "AWS S3")
-    try:
-        try:
-            first = put_if_absent(uri, b"first", _aliased(opts))
-            second = put_if_absent(uri, b"second", _aliased(opts))
-        except NotImplementedError as exc:  # obstore: conditional put switched off
-            raise _unsupported(endpoint, f"the client refused a create-only PUT ({exc})") from exc
-        if not first:
-            raise ConditionalWritesUnsupported(f"probe object {uri} existed before it was written")
-        if second:
-            raise _unsupported(endpoint, "it overwrote an object on a create-only PUT "
-                               "(If-None-Match: *)")
-    finally:
-        delete(uri, _aliased(opts))
-
-
-def _unsupported(endpoint: str, what: str) -> ConditionalWritesUnsupported:
-    return ConditionalWritesUnsupported(
-        f"the object store at {endpoint} cannot be committed to safely: {what}, so two "
-        "concurrent commits could both succeed. Nothing was written. Use a store that supports "
-        "conditional writes (AWS S3, MinIO, Cloudflare R2, Ceph RGW 18+) or keep the tables in "
-        "a local/shared folder")
-
-
-def _aliased(canonical: Mapping[str, str]) -> dict[str, str]:
-    """Canonical names back to option names this module accepts (for the probe's calls)."""
-    return {_ALIASES[k][0]: v for k, v in canonical.items()}
+    conditional.check_conditional_writes(root, storage_options)

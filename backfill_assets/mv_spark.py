@@ -44,12 +44,21 @@ def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
     Rows are not dropped here: a snapshot chunk must still advance the position over rows the
     filter rejects, and a forwarded upsert that the filter rejects becomes a delete.
     """
+    keep = _kept(definition) if definition.filter else F.lit(True)
+    extra = [F.col(c) for c in (OP, RN, BAD_KEY) if c in df.columns]
+    return df.select(*_mv_columns(definition), keep.alias(KEEP), *extra)
+
+
+def _mv_columns(definition: MVDefinition) -> list:
+    """The MV's columns (selected, computed, vnode) as Spark columns over upstream rows."""
     exprs = [F.col(f"`{c}`") for c in definition.columns]
     exprs += [F.expr(c.expr).alias(c.name) for c in definition.computed]
-    exprs.append(F.col(VNODE))
-    keep = F.coalesce(F.expr(definition.filter), F.lit(False)) if definition.filter else F.lit(True)
-    extra = [F.col(c) for c in (OP, RN, BAD_KEY) if c in df.columns]
-    return df.select(*exprs, keep.alias(KEEP), *extra)
+    return [*exprs, F.col(VNODE)]
+
+
+def _kept(definition: MVDefinition):
+    """The row filter, a null result counting as rejected (SQL's WHERE)."""
+    return F.coalesce(F.expr(definition.filter), F.lit(False))
 
 
 def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table,
@@ -66,7 +75,9 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     rows = pa.concat_tables([before, after.select(before.column_names).cast(before.schema)])
     rows = rows.append_column(OP, side)
     df = spark.createDataFrame(rows, schema=spark_schema(rows.schema))
-    out = project(df, definition).where(F.col(KEEP)).drop(KEEP).toArrow()
+    if definition.filter:  # filter, then select: two plan analyses instead of three
+        df = df.where(_kept(definition))
+    out = df.select(*_mv_columns(definition), F.col(OP)).toArrow()
     is_after = pc.equal(out.column(OP), "upsert")
     out = out.drop_columns([OP])
     return out.filter(pc.invert(is_after)), out.filter(is_after)

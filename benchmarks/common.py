@@ -631,6 +631,7 @@ class PhaseProfiler:
             snapshot_read,
             sources,
             step,
+            step_changes,
             storage,
         )
         from backfill_assets.storage import keyed, maintain, merge
@@ -642,8 +643,8 @@ class PhaseProfiler:
         self.wrap(mv_store, "open_table", "open tables (delta-rs log)")
         self.wrap(mv_store, "txn_versions", "app-txn lookups")
         self.wrap(step, "recover_state", "recover progress")
-        self.wrap(step, "_change_rows", "change read (storage layer, Arrow)")
-        self.wrap(step, "_in_spark", "changes into Spark")
+        self.wrap(step, "change_rows", "change read (storage layer, Arrow)")
+        self.wrap(step, "in_spark", "changes into Spark")
         self.wrap(arrow_changes, "net_with_prior", "small barrier: netting (Arrow)")
         self.wrap(step, "project_rows", "small barrier: projection (Spark, local)")
         self.wrap(step, "check_inserted_keys_local", "small barrier: inserted-key check")
@@ -657,7 +658,7 @@ class PhaseProfiler:
         self.wrap(merge, "_deleted_rows", "merge-on-read: positions to the driver")
         self.wrap(maintain, "compact", "compaction")
         self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
-        self.wrap(step, "_forward", "forward netting (Spark)")
+        self.wrap(step, "forwarded", "forward netting (Spark)")
         self.wrap(step, "snapshot_chunk", "snapshot chunk: seek plan (log stats) + glue")
         self.wrap(chunk_reads, "first_rows", "no_shuffle cut: top-k of the candidates (Spark)")
         self.wrap(chunk_reads, "chunk_stats",
@@ -670,7 +671,8 @@ class PhaseProfiler:
         self.wrap(snapshot_read, "check_snapshot_keys", "bulk: pk check (Spark groupBy)")
         self.wrap(snapshot_mode, "estimate_rows", "bulk: slice plan (log stats)")
         self.wrap(snapshot_mode, "history_safety", "bulk: history safety (upstream log)")
-        self.wrap(step, "check_change_keys", "pk check: change chunk (pyarrow)")
+        self.wrap(step_changes, "check_change_keys", "pk check: change chunk (pyarrow)")
+        self.wrap(mv_store, "replace_keyed", "progress commit: storage layer")
         if hasattr(step, "_Step"):
             self.wrap(step._Step, "open", "step open: plan + misc")
             self.wrap(step._Step, "_commit_mv", "MV write (merge-on-read / append)")

@@ -116,8 +116,12 @@ def _read_cdc_files(snap: Snapshot, cdc: Sequence[Mapping], out: pa.Schema,
     fields = [f for f in out if f.name not in (VERSION, TIMESTAMP)]
     partitions = [_partition_expression(a.get("partitionValues") or {}, out) for a in cdc]
     try:
+        # pre-buffering coalesces a remote store's reads; on a local disk it only adds its
+        # I/O threads' overhead (256 small change files: ~0.037 s without, 0.04-0.08 with)
+        options = ds.ParquetFragmentScanOptions(pre_buffer=not objects.is_local(snap.uri))
         table = ds.FileSystemDataset.from_paths(
-            paths, schema=pa.schema(fields), format=ds.ParquetFileFormat(), filesystem=fs,
+            paths, schema=pa.schema(fields),
+            format=ds.ParquetFileFormat(default_fragment_scan_options=options), filesystem=fs,
             partitions=partitions).to_table()
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         physical = {f.name: f.name for f in fields

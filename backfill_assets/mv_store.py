@@ -122,9 +122,12 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str]
     row per vnode (not partitioned: a barrier's progress commit then writes one small file,
     not one per vnode). Tables made before round 7 are vnode-partitioned and stay so."""
     table = open_table(uri, storage_options)
-    if table is not None:
+    if table is not None and ("vnode" in table.metadata().partition_columns
+                              or "deletionVectors" in (table.protocol().reader_features or [])):
         return table
-    if "://" not in uri:
+    # missing, or just created by a racing run that has not enabled DVs yet: a commit planned
+    # on that version 0 would meet the protocol commit and fail as a concurrent change
+    if "://" not in uri and table is None:
         _check_writable(uri)
     return ensure_mor_table(uri, schema, storage_options, cdf=cdf, description=description)
 

@@ -104,7 +104,7 @@ def mv_file_rows(ctx: SourceContext) -> int:
     """Rows per MV data file: sized by the upstream version's rows (the MV holds at most
     those), so a bulk written in slices gets the files the whole table wants."""
     snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
-    return storage.file_rows_for(sum(f.live_records or 0 for f in snap.files))
+    return storage.file_rows_for(snap.live_rows)
 
 
 def upstream_at(ctx: SourceContext) -> DataFrame:

@@ -110,7 +110,7 @@ class ReplicaSource:
         snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
         up = storage.read_snapshot(ctx.spark, snap, ctx.upstream_schema.names)
         up = _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
-        estimate = sum(f.live_records or 0 for f in snap.files) * len(vnodes) // ctx.vnode_count
+        estimate = snap.live_rows * len(vnodes) // ctx.vnode_count
         intent = mv_store.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
         replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
         return storage.append(ctx.spark, replica, up, ctx.key_names, intent, estimate).rows_written

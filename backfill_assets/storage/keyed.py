@@ -38,7 +38,10 @@ CHANGE_FOLDER = "_change_data"
 _SIDE = names.INTERNAL_PREFIX + "side"
 _THREADED_FILES = 16  # files a lookup reads before it uses threads
 _THREADS = 4
-_CACHED_BYTES_PER_KEY = 12  # a single integer key sorted (8 bytes) and its row (4)
+# what the cache keeps per key of a single integer pk (8 bytes sorted, 4 for its row); other
+# keys take more, so for them the estimate only errs towards caching
+_CACHED_BYTES_PER_KEY = 12
+NEW_FILE_ROWS = 131072  # rows per file a driver-side commit writes, at most
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class KeyedResult:
 
 
 def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
-                *, file_rows_max: int = 131072, hook: Hook = _no_hook) -> KeyedResult:
+                *, file_rows_max: int = NEW_FILE_ROWS, hook: Hook = _no_hook) -> KeyedResult:
     """One commit of ``rows`` on ``snap`` (see the module docstring). ``hook`` is called at the
     same points as ``apply_changes``: data files, change files, then just before the log."""
     schema = snap.arrow_schema
@@ -92,7 +95,7 @@ def replace_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, keys
     schema = snap.arrow_schema
     found = _held(snap, key_names, keys.select(list(key_names)))
     change = Change(adds=_written(snap, key_names, rows.select(schema.names).cast(schema),
-                                  131072, hook),
+                                  NEW_FILE_ROWS, hook),
                     deletes=_deletes(found))
     if change.empty and not intent.txns:
         return KeyedResult(None, 0, 0)

@@ -142,6 +142,11 @@ class Snapshot:
                 f"{self.uri} uses column mapping mode {self.column_mapping!r}; supported: "
                 "none, name, id")
 
+    @property
+    def live_rows(self) -> int:
+        """Live rows by the log's counts (what sizes the files a writer makes)."""
+        return sum(f.live_records or 0 for f in self.files)
+
     @cached_property
     def files(self) -> list[DataFile]:
         """The live data files, typed partition values and stats from delta-rs, DVs replayed."""

@@ -42,7 +42,8 @@ MAX_SMALL_FILES = 32  # barrier-sized files tolerated before they are merged
 SMALL_FILE_ROWS = FILE_ROWS // 8
 DV_KEEP_VERSIONS = 100  # DV files a reader of the last N versions may need are kept
 DV_MIN_AGE_SECONDS = 3600.0  # never collect a DV file younger than this (in-flight commits)
-DRIVER_COMPACT_ROWS = 1_000_000  # live rows up to which a compaction runs in Arrow
+DRIVER_COMPACT_ROWS_DEFAULT = 1_000_000
+DRIVER_COMPACT_ROWS = DRIVER_COMPACT_ROWS_DEFAULT  # live rows up to which compaction is Arrow
 
 
 @dataclass
@@ -88,7 +89,7 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     if len(chosen) < 2 and not any(f.deletion_vector for f in chosen):
         return MaintenanceReport()
     live = sum(f.live_records or 0 for f in chosen)
-    per_file = seek_rows or file_rows_for(_live_rows(snap))
+    per_file = seek_rows or file_rows_for(snap.live_rows)
     if live <= DRIVER_COMPACT_ROWS and not seek_rows:
         adds = _rewrite_on_driver(snap, chosen, key_names, per_file)
     else:
@@ -105,10 +106,6 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     commit(snap, Change(adds=[a for a in adds if a.rows], removes=chosen, data_change=False),
            Intent(operation="OPTIMIZE"))
     return MaintenanceReport(compacted_files=len(chosen), rewritten_rows=written)
-
-
-def _live_rows(snap: Snapshot) -> int:
-    return sum(f.live_records or 0 for f in snap.files)
 
 
 def _rewrite_on_driver(snap: Snapshot, files: Sequence[DataFile], key_names: Sequence[str],

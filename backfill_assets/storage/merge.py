@@ -100,8 +100,7 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     schema = snap.arrow_schema
     cols = schema.names
     cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
-    file_rows = file_rows or file_rows_for(
-        sum(f.live_records or 0 for f in snap.files) + rows_hint)
+    file_rows = file_rows or file_rows_for(snap.live_rows + rows_hint)
     deletes: dict[str, BitMap64] = {}
     parts: list[DataFrame] = []
     cdc_parts: list[DataFrame] = []

@@ -27,6 +27,7 @@ from backfill_assets.storage import (
     apply_changes,
     apply_keyed,
     ensure_mor_table,
+    maintain,
 )
 from backfill_assets.storage import commit as commit_mod
 from backfill_assets.storage.maintain import collect_dv_garbage, compact
@@ -108,8 +109,11 @@ def _arrow(rows: list[tuple]) -> pa.Table:
 def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monkeypatch,
                                                   batches, file_rows, engine):
     """Both engines of a merge-on-read commit (Spark for big barriers, the driver for small
-    ones) against the same model."""
+    ones) against the same model; the final compaction on the same engine (a compaction of
+    more than DRIVER_COMPACT_ROWS rows runs in Spark)."""
     monkeypatch.setattr(commit_mod, "CHECKPOINT_INTERVAL", 3)
+    monkeypatch.setattr(maintain, "DRIVER_COMPACT_ROWS",
+                        0 if engine == "spark" else maintain.DRIVER_COMPACT_ROWS_DEFAULT)
     uri = str(tmp_path_factory.mktemp("mor") / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     model = {k: "seed" for k in range(0, 30, 2)}

@@ -73,3 +73,19 @@ def test_a_table_recreated_at_the_same_uri_is_loaded_afresh(tmp_path):
     assert again is not first and again.schema().to_arrow().names == ["b"]
     assert delta_store.latest_version(uri) == 0
     assert Snapshot.load(uri).version == 0  # the latest, by a listing
+
+
+def test_a_progress_table_of_earlier_rounds_keeps_its_vnode_partitions(tmp_path):
+    """Progress tables made before round 7 are vnode-partitioned delta-rs tables: they are
+    still written per partition (not turned into merge-on-read tables) and read back."""
+    uri = str(tmp_path / "progress")
+    DeltaTable.create(uri, recovery.progress_schema(KO), partition_by=["vnode"])
+    table = mv_store.ensure_table(uri, recovery.progress_schema(KO), {}, cdf=False)
+    assert table.metadata().partition_columns == ["vnode"]
+    state = BackfillState(KO, VNODES)
+    state.update(2, (4,), 1)
+    state.advance_version(2, 3)
+    recovery.write_progress(table, state, KO, "m", VNODES, 3)
+    assert _fresh(table)[2] == (InProgress((4,), 1), 3)
+    assert DeltaTable(uri).transaction_version("m/progress/2") == 3
+    assert "deletionVectors" not in (DeltaTable(uri).protocol().reader_features or [])

@@ -6,7 +6,9 @@
 For each size and pk shape: an upstream of N rows x 8 columns (cached under BENCH_DATA), then,
 each in a FRESH process under `flock $BENCH_LOCK`:
   * baselines on the same rows: (a) Spark read.parquet -> write.parquet copy, (b) pyarrow
-    dataset copy, (c) naive full refresh (Spark: read, mv_spark.project + filter, overwrite);
+    dataset copy, (c) naive full refresh (Spark: read, mv_spark.project + filter, overwrite),
+    (d) the same refresh with each task's rows in (vnode, key) order, the MV's layout (the
+    floor of any backfill that writes it; benchmarks/baselines.py);
   * per mode (arrangement, no_shuffle): an unthrottled backfill to completion with
     `run_barrier` in-process, while a separate writer process commits a DML batch
     (--dml-fraction of the rows: inserts, updates, deletes, pk changes) before every barrier;
@@ -27,6 +29,7 @@ import shutil
 import sys
 import time
 
+from benchmarks import baselines as B
 from benchmarks import common as C
 
 MODES = ("snapshot", "arrangement", "no_shuffle")
@@ -48,15 +51,18 @@ def worker_baselines(args) -> dict:
     audit = C.CpuAudit()
     d = C.bench_mv(args.pk, "arrangement", args.vnodes, 1, uri)
     res: dict = {"spark_copy": [], "pyarrow_copy": [], "full_refresh": [],
-                 "spark_start": spark_start}
+                 "clustered_refresh": [], "spark_start": spark_start}
     try:
         for _ in range(args.repeat):
-            res["spark_copy"].append(C.spark_copy(spark, uri, version, out + "_spark"))
-            res["pyarrow_copy"].append(C.pyarrow_copy(uri, version, out + "_arrow"))
-            res["full_refresh"].append(C.full_refresh(spark, d, uri, version, out + "_mv"))
+            res["spark_copy"].append(B.spark_copy(spark, uri, version, out + "_spark"))
+            res["pyarrow_copy"].append(B.pyarrow_copy(uri, version, out + "_arrow"))
+            res["full_refresh"].append(B.full_refresh(spark, d, uri, version, out + "_mv"))
+            res["clustered_refresh"].append(
+                B.clustered_refresh(spark, d, uri, version, out + "_mv"))
             print(f"  baselines {C.human_rows(args.rows)} {args.pk}: spark copy "
                   f"{res['spark_copy'][-1]:.2f}s, pyarrow copy {res['pyarrow_copy'][-1]:.2f}s, "
-                  f"full refresh {res['full_refresh'][-1]:.2f}s", flush=True)
+                  f"full refresh {res['full_refresh'][-1]:.2f}s, clustered refresh "
+                  f"{res['clustered_refresh'][-1]:.2f}s", flush=True)
     finally:
         for suffix in ("_spark", "_arrow", "_mv"):
             shutil.rmtree(out + suffix, ignore_errors=True)
@@ -266,30 +272,34 @@ def print_report(out: dict) -> None:
     bases = {(b["rows"], b["pk"]): b for b in out["baselines"]}
     print("\nBaselines (best of repeats, seconds; rows/s on the upstream rows)")
     C.print_table(
-        ["rows", "pk", "spark copy s", "pyarrow copy s", "full refresh s", "spark copy rows/s"],
+        ["rows", "pk", "spark copy s", "pyarrow copy s", "full refresh s",
+         "clustered refresh s", "spark copy rows/s"],
         [[C.human_rows(b["rows"]), b["pk"], _best(b, "spark_copy"), _best(b, "pyarrow_copy"),
-          _best(b, "full_refresh"), b["rows"] / _best(b, "spark_copy")] for b in out["baselines"]])
+          _best(b, "full_refresh"), _best(b, "clustered_refresh"),
+          b["rows"] / _best(b, "spark_copy")] for b in out["baselines"]])
     print("\nBackfill to completion under a steady change stream")
     rows = []
     for r in out["runs"]:
         if "failed" in r:
             rows.append([C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], "FAILED",
-                         "", "", "", "", "", "", "", ""])
+                         "", "", "", "", "", "", "", "", ""])
             continue
         b = bases.get((r["rows"], r["pk"]), {})
-        sc, pa_, fr = (_best(b, k) for k in ("spark_copy", "pyarrow_copy", "full_refresh"))
+        sc, pa_, fr, cr = (_best(b, k) for k in ("spark_copy", "pyarrow_copy", "full_refresh",
+                                                  "clustered_refresh"))
         rows.append([
             C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], r["barriers"],
             r["seconds"], r["rows_per_second"],
             f"{r['seconds'] / sc:.2f}x" if sc else "-",
             f"{r['seconds'] / pa_:.2f}x" if pa_ else "-",
             f"{r['seconds'] / fr:.2f}x" if fr else "-",
+            f"{r['seconds'] / cr:.2f}x" if cr else "-",
             r["driver_peak_mib"], r["jvm_peak_mib"],
             f"{100 * r.get('foreign_cpu_share', 0):.0f}%",
         ])
     C.print_table(["rows", "pk", "mode", "vnodes", "barriers", "seconds", "rows/s",
                    "vs spark copy", "vs pyarrow copy", "vs full refresh",
-                   "driver peak MiB", "JVM peak MiB", "foreign CPU"], rows)
+                   "vs clustered refresh", "driver peak MiB", "JVM peak MiB", "foreign CPU"], rows)
     print("\nWhere the time goes (seconds: wall / driver CPU / JVM CPU, summed over barriers)")
     for r in out["runs"]:
         if "failed" in r:

@@ -23,6 +23,7 @@ import statistics
 import sys
 import time
 
+from benchmarks import baselines as B
 from benchmarks import common as C
 
 MODES = ("snapshot", "arrangement", "no_shuffle")
@@ -93,7 +94,7 @@ def worker(args) -> dict:
             out["consecutive"] = consecutive(spark, d, tables, feeder, args, timed_barrier)
         latest = delta_store.latest_version(uri)
         refresh_dir = os.path.join(run_dir, "refresh")
-        refresh = [C.full_refresh(spark, d, uri, latest, refresh_dir) for _ in range(args.repeat)]
+        refresh = [B.full_refresh(spark, d, uri, latest, refresh_dir) for _ in range(args.repeat)]
         out["full_refresh_seconds"] = [round(x, 3) for x in refresh]
         out["full_refresh_median"] = round(statistics.median(refresh), 3)
         print(f"  {args.mode}: full refresh {out['full_refresh_seconds']}", flush=True)

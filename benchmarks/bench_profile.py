@@ -18,6 +18,7 @@ import shutil
 import sys
 import time
 
+from benchmarks import baselines as B
 from benchmarks import common as C
 
 
@@ -88,7 +89,7 @@ def worker(args) -> dict:
 
     out_dir = os.path.join(run_dir, "copy")
     time_it("A spark copy (baseline a)", "read_version -> write.parquet",
-            lambda: C.spark_copy(spark, uri, version, out_dir))
+            lambda: B.spark_copy(spark, uri, version, out_dir))
     time_it("B read + count", "read_version().count()", lambda: read().count())
     time_it("C collect all rows to the driver", "read_version().toArrow()",
             lambda: read().toArrow().num_rows)

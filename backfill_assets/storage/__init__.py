@@ -11,8 +11,10 @@ Public surface (everything else in the package is its inside):
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files (files sized by
   ``file_rows_for`` the table's rows);
-- ``apply_keyed`` with ``KeyedRows``: the same commit for a small barrier, on the driver (key
-  lookups only, no Spark job); ``replace_keyed``: the rows of a few keys overwritten (the
+- ``KeyedRows`` (each changed key's row before and after): found by key lookups on the
+  driver instead of a Spark merge, with ``apply_changes(keyed=...)`` (a chunked barrier's
+  forwarded changes beside its Spark-written chunk, one commit) or ``apply_keyed`` (a small
+  barrier: no Spark job); ``replace_keyed``: the rows of a few keys overwritten (the
   progress table); ``key_counts``: rows per key, reading only key columns;
 - ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
 See docs/ARCHITECTURE.md, "The storage layer".
@@ -28,9 +30,9 @@ from pyspark.sql import functions as F
 
 from backfill_assets.storage.chunk_read import read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
-from backfill_assets.storage.keyed import KeyedRows, apply_keyed, key_counts, replace_keyed
+from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
-from backfill_assets.storage.merge import Applied, append, apply_changes, file_rows_for
+from backfill_assets.storage.merge import Applied, append, apply_changes, apply_keyed, file_rows_for
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
 from backfill_assets.storage.read import read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows

@@ -1,4 +1,4 @@
-"""Merge-on-read of a small barrier on the driver: no Spark job, the cost of what changed.
+"""Merge-on-read by key lookups on the driver: no Spark job, the cost of what changed.
 
 A barrier that carries few changes should cost what changed, not what the table holds. The
 caller knows, per changed key, the row the table holds now (``before``: derived from the change
@@ -6,7 +6,9 @@ feed's pre-images, which is what the MV or replica was built from) and the row i
 (``after``). The layer then only has to find where each held key lives: it reads the key
 columns (never the other columns) of the files whose statistics admit a changed key, takes the
 rows' positions for the deletion vectors, and writes one file of new rows and one change-data
-file from the rows it was given. Nothing goes through Spark.
+file from the rows it was given. Nothing goes through Spark. The commit itself is
+``merge.apply_changes(keyed=...)``: a small barrier's alone (``merge.apply_keyed``), or a
+chunked barrier's forwarded changes beside the snapshot chunk that Spark writes, in one commit.
 
 The table and the change feed must agree: a key ``before`` says is held must be found exactly
 once, and a key only ``after`` names must not be found. Otherwise the barrier stops with
@@ -62,27 +64,39 @@ class KeyedResult:
     rows_deleted: int
 
 
-def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
-                *, file_rows_max: int = NEW_FILE_ROWS, hook: Hook = _no_hook) -> KeyedResult:
-    """One commit of ``rows`` on ``snap`` (see the module docstring). ``hook`` is called at the
-    same points as ``apply_changes``: data files, change files, then just before the log."""
+@dataclass(frozen=True)
+class Located:
+    """``KeyedRows`` found in a table, nothing written yet: both sides without the keys that
+    stay as they are, and the DV bits of the held rows they replace or delete."""
+
+    before: pa.Table
+    after: pa.Table
+    deletes: dict[str, BitMap64]
+    rows_deleted: int
+
+
+def locate(snap: Snapshot, key_names: Sequence[str], rows: KeyedRows) -> Located:
+    """Where ``rows``' keys live in ``snap`` (key columns only, see the module docstring);
+    ``StorageMismatch`` when the table disagrees with them. Writes nothing, so a commit that
+    calls it before its first write leaves nothing behind when it refuses."""
     schema = snap.arrow_schema
     before, after = _unchanged_dropped(rows.before.select(schema.names).cast(schema),
                                        rows.after.select(schema.names).cast(schema), key_names)
     found = _positions(snap, key_names, before, after)
-    deletes = _deletes(found)
-    adds = _written(snap, key_names, after, file_rows_max, hook)
-    cdc = []
-    if snap.configuration.get("delta.enableChangeDataFeed") == "true" and deletes:
-        feed = _change_rows(before, after, key_names)
-        cdc = write_table(feed, snap.uri, snap.storage_options, feed.schema,
-                          folder=CHANGE_FOLDER, prefix="cdc")
-        hook("change_files_written")
-    change = Change(adds=adds, cdc=cdc, deletes=deletes)
-    if change.empty and not intent.txns:
-        return KeyedResult(None, 0, 0)
-    version = commit(snap, change, intent, hook)
-    return KeyedResult(version, after.num_rows, found.num_rows)
+    return Located(before, after, _deletes(found), found.num_rows)
+
+
+def write_located(snap: Snapshot, key_names: Sequence[str], located: Located,
+                  file_rows_max: int = NEW_FILE_ROWS) -> list:
+    """The new rows of ``located`` as files clustered by (vnode, key), written here."""
+    return _written(snap, key_names, located.after, file_rows_max)
+
+
+def write_located_feed(snap: Snapshot, key_names: Sequence[str], located: Located) -> list:
+    """The exact change-data file of ``located`` (update pre/post images, inserts, deletes)."""
+    feed = _change_rows(located.before, located.after, key_names)
+    return write_table(feed, snap.uri, snap.storage_options, feed.schema,
+                       folder=CHANGE_FOLDER, prefix="cdc")
 
 
 def replace_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, keys: pa.Table,
@@ -94,9 +108,10 @@ def replace_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, keys
     holds for those keys goes. No change-data files (callers' tables have no change feed)."""
     schema = snap.arrow_schema
     found = _held(snap, key_names, keys.select(list(key_names)))
-    change = Change(adds=_written(snap, key_names, rows.select(schema.names).cast(schema),
-                                  NEW_FILE_ROWS, hook),
-                    deletes=_deletes(found))
+    adds = _written(snap, key_names, rows.select(schema.names).cast(schema), NEW_FILE_ROWS)
+    if adds:
+        hook("data_files_written")
+    change = Change(adds=adds, deletes=_deletes(found))
     if change.empty and not intent.txns:
         return KeyedResult(None, 0, 0)
     return KeyedResult(commit(snap, change, intent, hook), rows.num_rows, found.num_rows)
@@ -111,17 +126,15 @@ def _deletes(found: pa.Table) -> dict[str, BitMap64]:
     return deletes
 
 
-def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table, file_rows_max: int,
-             hook: Hook) -> list:
+def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table,
+             file_rows_max: int) -> list:
     """``rows`` written as new files clustered by (vnode, key)."""
     if not rows.num_rows:
         return []
     order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
     clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
-    adds = write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
+    return write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
                        max_rows_per_file=file_rows_max)
-    hook("data_files_written")
-    return adds
 
 
 def _unchanged_dropped(before: pa.Table, after: pa.Table, key_names: Sequence[str]

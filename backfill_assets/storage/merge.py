@@ -8,6 +8,12 @@ key); an upsert equal to the row already there changes nothing. For a table with
 feed, a commit that deletes anything also writes ``_change_data`` files with exact
 ``update_preimage`` / ``update_postimage`` / ``insert`` / ``delete`` rows (a version with cdc
 files is read only from them); an insert-only commit needs none (its files read as inserts).
+
+Few changes come as ``keyed`` rows instead (each changed key's row before and after, Arrow):
+they are found by key lookups on the driver (``keyed.py``: key columns only) rather than by a
+Spark read of every column of every file a changed key may be in, which for changes spread
+over all vnodes is the whole table. Their new rows and change rows are written on the driver;
+the ``inserts`` (a snapshot chunk, possibly large) are still written by Spark; one commit.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from pyspark.sql import functions as F
 
 from backfill_assets.core import names
 from backfill_assets.delta_store import VNODE_COUNT_PROPERTY
+from backfill_assets.storage import keyed as keyed_mod
 from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
+from backfill_assets.storage.keyed import NEW_FILE_ROWS, KeyedRows
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.prune import VNODE, files_holding
 from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, read_snapshot
@@ -82,26 +90,39 @@ def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequ
                          file_rows=file_rows)
 
 
-def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
+def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
+                *, file_rows_max: int = NEW_FILE_ROWS, hook: Hook = _no_hook) -> Applied:
+    """One commit of a small barrier's ``rows`` on the driver: ``apply_changes(keyed=rows)``
+    without Spark (nothing is written by a Spark job when there are no ``inserts``)."""
+    return apply_changes(None, snap, key_names, intent, keyed=rows, file_rows=file_rows_max,
+                         hook=hook)
+
+
+def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequence[str],
                   intent: Intent, *, changes: DataFrame | None = None,
-                  inserts: DataFrame | None = None, rows_hint: int = 0,
-                  file_rows: int | None = None, clustered_inserts: bool = False,
-                  hook: Hook = _no_hook) -> Applied:
-    """One commit: keyed ``changes`` (table columns + ``OP``) merged on read, plus
-    ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many rows
-    will be written (sizes the files). ``clustered_inserts``: each Spark partition of
-    ``inserts`` already holds one vnode range in (vnode, key) order (a seek chunk), so they
-    are written as they come, without a shuffle whose only purpose would be the layout. A
-    table with ``backfill.seekFileRows`` (the replica) gets its inserts in files of one vnode
-    each, about that many rows (what a chunk seeks by). ``hook`` is called between the
-    writes (the crash tests kill the process there): ``data_files_written``,
+                  keyed: KeyedRows | None = None, inserts: DataFrame | None = None,
+                  rows_hint: int = 0, file_rows: int | None = None,
+                  clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
+    """One commit: keyed ``changes`` (table columns + ``OP``) merged on read in Spark, or
+    ``keyed`` rows (each changed key's row before and after) found by key lookups on the
+    driver, plus ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about
+    how many rows will be written (sizes the files). ``clustered_inserts``: each Spark
+    partition of ``inserts`` already holds one vnode range in (vnode, key) order (a seek
+    chunk), so they are written as they come, without a shuffle whose only purpose would be
+    the layout. A table with ``backfill.seekFileRows`` (the replica) gets its inserts in files
+    of one vnode each, about that many rows (what a chunk seeks by). ``hook`` is called
+    between the writes (the crash tests kill the process there): ``data_files_written``,
     ``change_files_written``, then ``dv_file_written`` just before the log entry is
-    published."""
+    published. A ``keyed`` side the table disagrees with raises ``StorageMismatch`` before
+    anything is written."""
+    if changes is not None and keyed is not None:
+        raise ValueError("apply_changes takes `changes` (Spark) or `keyed` (driver), not both")
     schema = snap.arrow_schema
     cols = schema.names
     cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
     file_rows = file_rows or file_rows_for(snap.live_rows + rows_hint)
-    deletes: dict[str, BitMap64] = {}
+    located = keyed_mod.locate(snap, key_names, keyed) if keyed is not None else None
+    deletes: dict[str, BitMap64] = dict(located.deletes) if located is not None else {}
     parts: list[DataFrame] = []
     cdc_parts: list[DataFrame] = []
     matched = None
@@ -142,16 +163,16 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
         for rows, per_file, split in laid_out:
             adds += write_files(rows, snap.uri, snap.storage_options, schema,
                                 max_rows_per_file=per_file, split_column=split)
-        if laid_out:
+        if located is not None:
+            adds += keyed_mod.write_located(snap, key_names, located,
+                                            min(file_rows, NEW_FILE_ROWS))
+        if adds or laid_out:
             hook("data_files_written")
         cdc = []
         if cdf and deletes:
-            feed = cdc_parts[0]
-            for p in cdc_parts[1:]:
-                feed = feed.unionByName(p)
-            cdc_schema = schema.append(pa.field(CHANGE_TYPE, pa.string()))
-            cdc = write_files(feed.coalesce(1), snap.uri, snap.storage_options, cdc_schema,
-                              folder=CHANGE_FOLDER, prefix="cdc")
+            cdc = _feed_files(snap, cdc_parts)
+            if located is not None:
+                cdc += keyed_mod.write_located_feed(snap, key_names, located)
             hook("change_files_written")
         change = Change(adds=[a for a in adds if a.rows], cdc=cdc, deletes=deletes)
         written = sum(a.rows for a in adds)
@@ -162,6 +183,19 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     finally:
         if matched is not None:
             matched.unpersist()
+
+
+def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame]) -> list:
+    """The Spark side's exact change rows (matched changes, inserts as ``insert``) as
+    ``_change_data`` files; none when that side has none."""
+    if not cdc_parts:
+        return []
+    feed = cdc_parts[0]
+    for p in cdc_parts[1:]:
+        feed = feed.unionByName(p)
+    cdc_schema = snap.arrow_schema.append(pa.field(CHANGE_TYPE, pa.string()))
+    return write_files(feed.coalesce(1), snap.uri, snap.storage_options, cdc_schema,
+                       folder=CHANGE_FOLDER, prefix="cdc")
 
 
 def _match(spark: SparkSession, snap: Snapshot, changes: DataFrame,

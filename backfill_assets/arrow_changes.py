@@ -4,6 +4,11 @@ A barrier over finished vnodes with few changes should cost what changed. Its ch
 already on the driver (the storage layer reads the feed as Arrow), so netting them there saves
 the Spark jobs (a shuffle for the window, a collect of the keys) that dominate such a barrier.
 
+A chunked barrier's forwarded changes take the same path when they are few: ``visible`` keeps
+the rows each vnode's position already covers (the rule of ``mv_spark.visible_rows``), and for
+those keys the MV holds the row at the vnode's version, which is what ``net_with_prior`` takes
+from the feed as the row before the range.
+
 The rule is the one of ``spark_ops.net_changes``: the last change of a key wins (highest
 ``_commit_version``; within one version an insert/update_postimage wins over a
 delete/update_preimage). Netting here also yields what the Spark path reads from the MV
@@ -21,7 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.changes import is_visible
+from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.names import RANK, ROW_NUMBER
+from backfill_assets.core.progress import Completed, InProgress, VnodeProgress
 from backfill_assets.core.vnode import vnodes_of
 
 VNODE = "vnode"
@@ -52,6 +60,30 @@ def newer_than(raw: pa.Table, since: Mapping[int, int]) -> pa.Table:
     floor = np.where(inside, lookup[np.minimum(vnodes, len(lookup) - 1)], np.iinfo(np.int64).max)
     versions = raw.column(VERSION).to_numpy(zero_copy_only=False).astype(np.int64)
     return raw.filter(pa.array(versions > floor))
+
+
+def visible(rows: pa.Table, progress: Mapping[int, VnodeProgress],
+            key_order: KeyOrder) -> pa.Table:
+    """The rows (with ``vnode``) each vnode's backfill already covers: every row of a Completed
+    vnode (or one whose position is the empty vnode's placeholder), the rows of an InProgress
+    vnode whose key is at or before its position (``core.changes.is_visible``: the core's key
+    order), none of other vnodes. What ``mv_spark.visible_rows`` keeps, on the driver."""
+    if not rows.num_rows:
+        return rows
+    vnodes = rows.column(VNODE).to_numpy(zero_copy_only=False)
+    whole = [v for v, p in progress.items() if isinstance(p, Completed)
+             or (isinstance(p, InProgress) and key_order.is_placeholder(p.current_pos))]
+    at = {v: p for v, p in progress.items() if isinstance(p, InProgress) and v not in whole}
+    mask = np.isin(vnodes, np.array(whole, dtype=vnodes.dtype))
+    rows_at = np.flatnonzero(np.isin(vnodes, np.array(list(at), dtype=vnodes.dtype)))
+    if len(rows_at):
+        picked = pa.array(rows_at)
+        keys = zip(*(rows.column(k).take(picked).to_pylist() for k in key_order.names),
+                   strict=True)
+        for i, key in zip(rows_at, keys, strict=True):
+            vnode = int(vnodes[i])
+            mask[i] = is_visible(key, lambda _k, v=vnode: v, at, key_order)
+    return rows.filter(pa.array(mask))
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ class SnapshotSource(Protocol):
     """Prepares and serves the rows a snapshot chunk is selected from."""
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
-                changes: DataFrame | None, hook) -> int:
+                changes: DataFrame | pa.Table | None, hook) -> int:
         """Bring the snapshot side of `replicate_from`'s vnodes to `ctx.v_new`; rows written."""
 
     def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
@@ -87,7 +87,10 @@ class ReplicaSource:
     """Arrangement backfill: snapshot reads come from the backfill's own replica."""
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
-                changes: DataFrame | None, hook) -> int:
+                changes: DataFrame | pa.Table | None, hook) -> int:
+        if not replicate_from:  # every vnode finished: the replica is not read again
+            hook("after_replica_commit")
+            return 0
         table = mv_store.ensure_data_table(
             ctx.tables.replica, replica_schema(ctx.upstream_schema), ctx.tables.storage_options,
             cdf=False, key_names=ctx.key_names, vnode_count=ctx.vnode_count,
@@ -116,16 +119,26 @@ class ReplicaSource:
         return storage.append(ctx.spark, replica, up, ctx.key_names, intent, estimate).rows_written
 
     def _replicate(self, ctx: SourceContext, table, behind: Mapping[int, int],
-                   changes: DataFrame) -> int:
-        """Apply the change chunk (d_k, v_new] of every vnode k to the replica (all keys)."""
+                   changes: DataFrame | pa.Table) -> int:
+        """Apply the change chunk (d_k, v_new] of every vnode k to the replica (all keys):
+        few change rows (Arrow, with the MV's vnode) by key lookups on the driver, the
+        replica holding exactly each key's row before the chunk (it is at d_k); else a Spark
+        merge."""
+        intent = mv_store.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
+        replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+        if isinstance(changes, pa.Table):
+            from backfill_assets.arrow_changes import net_with_prior, newer_than
+
+            netted = net_with_prior(newer_than(changes, behind), ctx.key_names)
+            storage.apply_keyed(replica, ctx.key_names, intent,  # commits the txns at least
+                                storage.KeyedRows(netted.before, netted.after))
+            return netted.keys
         from backfill_assets.mv_spark import with_vnode_versions
 
         rows = spark_ops.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
         cols = [f.name for f in replica_schema(ctx.upstream_schema)]
         rows = rows.select(*[f"`{c}`" for c in cols], OP).cache()
         try:
-            intent = mv_store.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
-            replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
             storage.apply_changes(ctx.spark, replica, ctx.key_names, intent, changes=rows,
                                   rows_hint=0)
             return rows.count()

@@ -10,9 +10,13 @@ Modes differ only by the snapshot source and the position strategy (see sources.
 core/positions.py, core/snapshot.py: a bulk strategy reads each vnode's remainder whole, without
 a sort, in `snapshot_read`); kill points (`hook`) sit on every commit boundary for the crash tests.
 
-A small barrier (only finished vnodes, few change rows: `small_barrier`) runs the same phases
-on the driver: the changes are netted in Arrow (`arrow_changes`), projected in one small Spark
-job, and merged on read by key lookups (`storage.apply_keyed`), so it costs what changed.
+A step whose change rows are few (`keyed_barrier`) keeps them on the driver: they are netted
+in Arrow (`arrow_changes`), the visible ones projected in one small Spark job, and merged on
+read by key lookups (`storage.apply_changes(keyed=...)`, the replica's by `storage.apply_keyed`)
+instead of a Spark merge that reads every column of every file a changed key may be in (for
+changes spread over all vnodes, the whole MV). The snapshot chunk, which can be large, stays in
+Spark and lands in the same MV commit. A small barrier (finished vnodes only) then runs no other
+Spark job: it costs what changed.
 """
 
 from __future__ import annotations
@@ -40,28 +44,25 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.errors import ConcurrentBackfillRun
-from backfill_assets.key_checks import (
-    check_inserted_keys,
-    check_inserted_keys_local,
-)
+from backfill_assets.key_checks import check_inserted_keys, check_inserted_keys_local
 from backfill_assets.layout import check_run_layout
-from backfill_assets.mv_spark import (
-    BAD_KEY,
-    KEEP,
-    RN,
-    project_rows,
-    validate_expressions,
-)
+from backfill_assets.mv_spark import BAD_KEY, KEEP, RN, validate_expressions
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
 from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
 from backfill_assets.snapshot_read import replacing
 from backfill_assets.sources import SOURCES, SourceContext
-from backfill_assets.step_changes import change_rows, forwarded, in_spark
+from backfill_assets.step_changes import (
+    change_rows,
+    forwarded,
+    forwarded_keyed,
+    in_spark,
+    on_driver,
+)
 from backfill_assets.storage import maintain
 from backfill_assets.upstream_check import checked_upstream, strategy_for
 
 Hook = Callable[[str], None]
-SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a forward-only step runs on the driver
+SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a step keeps them on the driver
 
 
 def no_hook(point: str) -> None:
@@ -97,7 +98,7 @@ class StepReport:
     progress: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # mode-specific figures for the run's metadata
-    engine: str = "spark"  # "driver": a small barrier (`small_barrier`) ran without Spark jobs
+    engine: str = "spark"  # "driver": changes kept on the driver and no snapshot rows read
 
     @property
     def finished(self) -> bool:
@@ -113,8 +114,8 @@ def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> Ste
     step = _Step.open(spark, req, hook)
     hook("before_write")
     raw = change_rows(step.ctx, step.plan)
-    if small_barrier(step.plan, step.state, raw, step.replay or bool(req.reset)):
-        return step.run_small(raw)
+    if keyed_barrier(raw, step.replay or bool(req.reset)):
+        return step.run(on_driver(step.ctx, step.plan, raw))
     changes = in_spark(step.ctx, step.plan, raw)
     try:
         return step.run(changes)
@@ -123,13 +124,11 @@ def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> Ste
             changes.unpersist()
 
 
-def small_barrier(plan: StepPlan, state: BackfillState, raw: pa.Table | None,
-                  special: bool) -> bool:
-    """Whether the step only forwards a few changes to finished vnodes: then it runs on the
-    driver (`_Step.run_small`), at the cost of what changed instead of a dozen Spark jobs."""
-    return (raw is not None and raw.num_rows <= SMALL_BARRIER_ROWS and not special
-            and not plan.replicate_vnodes
-            and all(isinstance(state.current(p.vnode), Completed) for p in plan.vnodes))
+def keyed_barrier(raw: pa.Table | None, special: bool) -> bool:
+    """Whether the step's change rows stay on the driver (netted in Arrow, applied by key
+    lookups): at most `SMALL_BARRIER_ROWS` of them, and not a replay or a re-snapshot (those
+    take the Spark merge, which `snapshot_read.replacing` builds on)."""
+    return raw is not None and raw.num_rows <= SMALL_BARRIER_ROWS and not special
 
 
 @dataclass
@@ -187,20 +186,23 @@ class _Step:
         return cls(req, ctx, plan, state, strategy, mv, progress_table, mv_schema,
                    report, hook, started, replay)
 
-    def run(self, changes: DataFrame | None) -> StepReport:
-        """Replicate, forward, read the snapshot chunk, commit the MV, commit progress."""
+    def run(self, changes: DataFrame | pa.Table | None) -> StepReport:
+        """Replicate, forward, read the snapshot chunk, commit the MV, commit progress.
+        ``changes``: the step's change rows in Spark, or few of them on the driver (Arrow,
+        `step_changes.on_driver`), or None."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         source = SOURCES[self.req.mode or d.mode]
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
         fresh = [v for v in report.vnodes if isinstance(state.current(v), NotStarted)]
         if not getattr(source, "checks_keys", False):
             check_fresh_keys(self.ctx, fresh)
-        if changes is not None:
-            check_inserted_keys(changes, upstream_at(self.ctx),
-                                [v for v in report.vnodes if v not in fresh],
-                                self.ctx.key_names, self.ctx.tables.upstream, plan.v_new)
+        self._check_inserted(changes, [v for v in report.vnodes if v not in fresh])
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
-        forward = forwarded(changes, state, plan, d)
+        keyed = isinstance(changes, pa.Table)
+        if keyed:
+            forward, report.forwarded_rows = forwarded_keyed(self.ctx, changes, state, plan, d)
+        else:
+            forward = forwarded(changes, state, plan, d)
         chunk = Chunk(None, 0, {})
         try:
             if not self.replay:
@@ -209,39 +211,33 @@ class _Step:
                 self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
             for vnode in report.vnodes:
                 state.advance_version(vnode, plan.v_new)
-            report.forwarded_rows = forward.count() if forward is not None else 0
+            if not keyed:
+                report.forwarded_rows = forward.count() if forward is not None else 0
             report.snapshot_rows = chunk.read
+            if keyed and chunk.rows is None and not fresh:
+                report.engine = "driver"
             if chunk.scanned is not None:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned
             self._commit_mv(forward if report.forwarded_rows else None, chunk.rows,
                             clustered=chunk.clustered or chunk.scanned is not None)
         finally:
-            for df in (forward, chunk.rows):
+            for df in (None if keyed else forward, chunk.rows):
                 if df is not None:
                     df.unpersist()
         return self._finish()
 
-    def run_small(self, raw: pa.Table) -> StepReport:
-        """A small barrier (`small_barrier`): net on the driver, project the few rows in one
-        small Spark job, and merge them on read by key lookups (`storage.keyed`)."""
-        d, plan, state, report, ctx = (self.req.definition, self.plan, self.state,
-                                       self.report, self.ctx)
-        since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
-        rows = arrow_changes.newer_than(
-            arrow_changes.with_vnode(raw, ctx.key_names, ctx.key_types, ctx.vnode_count), since)
-        check_inserted_keys_local(rows, ctx.tables, ctx.key_names, ctx.vnode_count,
-                                  plan.v_new)
-        netted = arrow_changes.net_with_prior(rows, ctx.key_names)
-        for vnode in report.vnodes:
-            state.advance_version(vnode, plan.v_new)
-        report.forwarded_rows, report.engine = netted.keys, "driver"
-        if netted.keys:
-            before, after = project_rows(ctx.spark, d, netted.before, netted.after)
-            snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
-            storage.apply_keyed(snap, state.key_order.names, self._mv_intent(),
-                                storage.KeyedRows(before, after),
-                                hook=lambda point: self.hook(f"mv_{point}"))
-        return self._finish()
+    def _check_inserted(self, changes: DataFrame | pa.Table | None, started: list[int]) -> None:
+        """Keys the change rows insert into started vnodes: not held twice by the upstream
+        (key_checks). On the driver the check reads only key columns, and is skipped for an
+        upstream whose every row came from the platform's pk-enforcing writer."""
+        ctx = self.ctx
+        if isinstance(changes, pa.Table):
+            rows = arrow_changes.newer_than(changes, {v: -1 for v in started})
+            check_inserted_keys_local(rows, ctx.tables, ctx.key_names, ctx.vnode_count,
+                                      self.plan.v_new)
+        elif changes is not None:
+            check_inserted_keys(changes, upstream_at(ctx), started, ctx.key_names,
+                                ctx.tables.upstream, self.plan.v_new)
 
     def _finish(self) -> StepReport:
         """After the MV commit: the progress commit, compaction, the report."""
@@ -266,21 +262,24 @@ class _Step:
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
-    def _commit_mv(self, forward: DataFrame | None, chunk: DataFrame | None,
-                   clustered: bool = False) -> None:
-        """One atomic MV commit: forwarded changes + snapshot chunk + the progress they make
-        (``clustered``: the chunk's rows already come in the writer's layout, see
-        storage/chunk_read.py, so no shuffle re-lays them out)."""
+    def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
+                   chunk: DataFrame | None, clustered: bool = False) -> None:
+        """One atomic MV commit: forwarded changes (a Spark frame, or keyed rows found by key
+        lookups on the driver) + snapshot chunk + the progress they make (``clustered``: the
+        chunk's rows already come in the writer's layout, see storage/chunk_read.py, so no
+        shuffle re-lays them out)."""
         if forward is None and chunk is None and not self.req.reset:
             return
         key_order, intent = self.state.key_order, self._mv_intent()
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+        keyed = forward if isinstance(forward, storage.KeyedRows) else None
+        changes = None if keyed is not None else forward
         if self.req.reset:  # a re-snapshot reads only reset vnodes: their old rows go
-            forward, rows = replacing(self.ctx.spark, snap, rows, self.req.reset,
+            changes, rows = replacing(self.ctx.spark, snap, rows, self.req.reset,
                                       key_order.names), None
-        storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=forward,
-                              inserts=rows, rows_hint=self.report.snapshot_rows,
+        storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=changes,
+                              keyed=keyed, inserts=rows, rows_hint=self.report.snapshot_rows,
                               file_rows=mv_file_rows(self.ctx),
                               clustered_inserts=clustered and rows is not None,
                               hook=lambda point: self.hook(f"mv_{point}"))

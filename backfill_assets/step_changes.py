@@ -1,6 +1,8 @@
 """The change side of a step: the upstream's change rows the step's vnodes need, read once
-as Arrow on the driver (a small barrier nets them there), or as a cached Spark frame with the
-MV's vnode, netted and projected to the MV rows each vnode's position already covers."""
+as Arrow on the driver, then either kept there (few rows: `on_driver`; netted in Arrow and
+applied by key lookups, `forwarded_keyed`) or turned into a cached Spark frame with the MV's
+vnode (`in_spark`; netted in Spark, `forwarded`), and in both cases projected to the MV rows
+each vnode's position already covers."""
 
 from __future__ import annotations
 
@@ -8,13 +10,19 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from backfill_assets import delta_store, mv_store, spark_ops
+from backfill_assets import arrow_changes, delta_store, mv_store, spark_ops, storage
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import OP
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.progress import BackfillState, NotStarted
 from backfill_assets.key_checks import check_change_keys
-from backfill_assets.mv_spark import KEEP, project, visible_rows, with_vnode_versions
+from backfill_assets.mv_spark import (
+    KEEP,
+    project,
+    project_rows,
+    visible_rows,
+    with_vnode_versions,
+)
 from backfill_assets.sources import SourceContext
 
 
@@ -45,13 +53,45 @@ def in_spark(ctx: SourceContext, plan: StepPlan, raw: pa.Table | None) -> DataFr
     return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
 
 
+def on_driver(ctx: SourceContext, plan: StepPlan, raw: pa.Table) -> pa.Table:
+    """The change rows kept on the driver: with the MV's vnode (computed as in Spark), the
+    step's vnodes only."""
+    rows = arrow_changes.with_vnode(raw, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return arrow_changes.newer_than(rows, {p.vnode: -1 for p in plan.vnodes})
+
+
+def forward_since(plan: StepPlan, state: BackfillState) -> dict[int, int]:
+    """Each forwarding vnode's version (its changes after it reach the MV) — NotStarted vnodes
+    forward nothing."""
+    return {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None
+            and not isinstance(state.current(p.vnode), NotStarted)}
+
+
+def forwarded_keyed(ctx: SourceContext, rows: pa.Table, state: BackfillState, plan: StepPlan,
+                    d: MVDefinition) -> tuple[storage.KeyedRows | None, int]:
+    """`forwarded` on the driver (`on_driver` rows): the visible changes netted per key with
+    each key's row before the range, projected to MV rows; and how many keys they change.
+    The row before is what the MV holds: a visible key is at or before its vnode's position,
+    so the MV holds the upstream's row at the vnode's version (`forward_from`), which is the
+    row before the first change after it."""
+    since = forward_since(plan, state)
+    progress = {v: state.current(v) for v in since}
+    visible = arrow_changes.visible(arrow_changes.newer_than(rows, since), progress,
+                                    state.key_order)
+    netted = arrow_changes.net_with_prior(visible, ctx.key_names)
+    if not netted.keys:
+        return None, 0
+    before, after = project_rows(ctx.spark, d, netted.before, netted.after)
+    return storage.KeyedRows(before, after), netted.keys
+
+
 def forwarded(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
               d: MVDefinition) -> DataFrame | None:
     """Netted changes each vnode's current position covers, projected to MV rows with `OP`
     (cached: it is counted, its keys collected and its rows written)."""
-    since = {p.vnode: p.forward_from for p in plan.vnodes if p.forward_from is not None}
+    since = forward_since(plan, state)
     progress = {v: state.current(v) for v in since}
-    if changes is None or all(isinstance(p, NotStarted) for p in progress.values()):
+    if changes is None or not since:
         return None
     net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
     visible = project(visible_rows(net, progress, state.key_order), d)

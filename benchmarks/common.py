@@ -645,12 +645,12 @@ class PhaseProfiler:
         self.wrap(step, "recover_state", "recover progress")
         self.wrap(step, "change_rows", "change read (storage layer, Arrow)")
         self.wrap(step, "in_spark", "changes into Spark")
-        self.wrap(arrow_changes, "net_with_prior", "small barrier: netting (Arrow)")
-        self.wrap(step, "project_rows", "small barrier: projection (Spark, local)")
-        self.wrap(step, "check_inserted_keys_local", "small barrier: inserted-key check")
-        self.wrap(keyed, "_positions", "small barrier: key lookups (key columns)")
-        self.wrap(keyed, "write_table", "small barrier: data + change files (driver)")
-        self.wrap(keyed, "commit", "Delta commit (log entry, DVs)")
+        self.wrap(arrow_changes, "net_with_prior", "keyed: netting (Arrow)")
+        self.wrap(arrow_changes, "visible", "keyed: visible rows (Arrow + core order)")
+        self.wrap(step_changes, "project_rows", "keyed: projection (Spark, local)")
+        self.wrap(step, "check_inserted_keys_local", "keyed: inserted-key check")
+        self.wrap(keyed, "_positions", "keyed: key lookups (key columns)")
+        self.wrap(keyed, "write_table", "keyed: data + change files (driver)")
         self.wrap(sources.ReplicaSource, "_initialise", "replica init (Spark read + write)")
         self.wrap(merge, "write_files", "data + change files (Spark mapInArrow)")
         self.wrap(merge, "commit", "Delta commit (log entry, DVs)")
@@ -659,6 +659,7 @@ class PhaseProfiler:
         self.wrap(maintain, "compact", "compaction")
         self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
         self.wrap(step, "forwarded", "forward netting (Spark)")
+        self.wrap(step, "forwarded_keyed", "keyed forward (glue)")
         self.wrap(step, "snapshot_chunk", "snapshot chunk: seek plan (log stats) + glue")
         self.wrap(chunk_reads, "first_rows", "no_shuffle cut: top-k of the candidates (Spark)")
         self.wrap(chunk_reads, "chunk_stats",
@@ -676,7 +677,7 @@ class PhaseProfiler:
         if hasattr(step, "_Step"):
             self.wrap(step._Step, "open", "step open: plan + misc")
             self.wrap(step._Step, "_commit_mv", "MV write (merge-on-read / append)")
-            self.wrap(step._Step, "run_small", "small barrier (driver)")
+            self.wrap(step._Step, "_check_inserted", "inserted-key check (glue)")
         return self
 
 

@@ -76,7 +76,17 @@ def visible(rows: pa.Table, progress: Mapping[int, VnodeProgress],
     at = {v: p for v, p in progress.items() if isinstance(p, InProgress) and v not in whole}
     mask = np.isin(vnodes, np.array(whole, dtype=vnodes.dtype))
     rows_at = np.flatnonzero(np.isin(vnodes, np.array(list(at), dtype=vnodes.dtype)))
-    if len(rows_at):
+    single = key_order.columns[0]
+    if len(rows_at) and len(key_order.columns) == 1 and single.type in ("int", "bigint"):
+        # one integer column: the same comparison as the core's, vectorised (keys non-null)
+        pos = np.zeros(int(vnodes.max()) + 1, dtype=np.int64)
+        for v, p in at.items():
+            if v < len(pos):
+                pos[v] = p.current_pos[0]
+        keys = rows.column(single.name).to_numpy(zero_copy_only=False).astype(np.int64)
+        held = pos[vnodes[rows_at]]
+        mask[rows_at] = (keys[rows_at] >= held) if single.descending else (keys[rows_at] <= held)
+    elif len(rows_at):
         picked = pa.array(rows_at)
         keys = zip(*(rows.column(k).take(picked).to_pylist() for k in key_order.names),
                    strict=True)

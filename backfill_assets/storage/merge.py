@@ -170,7 +170,9 @@ def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequenc
             hook("data_files_written")
         cdc = []
         if cdf and deletes:
-            cdc = _feed_files(snap, cdc_parts)
+            # the keyed side's change rows are few and written here; a chunk's inserts keep
+            # their tasks (one vnode range each) instead of funnelling through one
+            cdc = _feed_files(snap, cdc_parts, one_file=located is None)
             if located is not None:
                 cdc += keyed_mod.write_located_feed(snap, key_names, located)
             hook("change_files_written")
@@ -185,17 +187,18 @@ def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequenc
             matched.unpersist()
 
 
-def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame]) -> list:
+def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame], one_file: bool) -> list:
     """The Spark side's exact change rows (matched changes, inserts as ``insert``) as
-    ``_change_data`` files; none when that side has none."""
+    ``_change_data`` files (``one_file``: through one task, so the many small partitions of
+    a merge's union make one file); none when that side has none."""
     if not cdc_parts:
         return []
     feed = cdc_parts[0]
     for p in cdc_parts[1:]:
         feed = feed.unionByName(p)
     cdc_schema = snap.arrow_schema.append(pa.field(CHANGE_TYPE, pa.string()))
-    return write_files(feed.coalesce(1), snap.uri, snap.storage_options, cdc_schema,
-                       folder=CHANGE_FOLDER, prefix="cdc")
+    return write_files(feed.coalesce(1) if one_file else feed, snap.uri, snap.storage_options,
+                       cdc_schema, folder=CHANGE_FOLDER, prefix="cdc")
 
 
 def _match(spark: SparkSession, snap: Snapshot, changes: DataFrame,

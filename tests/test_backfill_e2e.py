@@ -57,6 +57,22 @@ def test_many_barriers_with_live_dml(spark, warehouse, mode):
     assert stats["barriers"] >= 4 and stats["forwarded_rows"] > 0
 
 
+@pytest.mark.parametrize("mode", ["arrangement", pytest.param("no_shuffle",
+                                                                marks=pytest.mark.variant)])
+def test_chunked_barriers_whose_changes_go_through_spark(spark, warehouse, mode, monkeypatch):
+    """More change rows than `SMALL_BARRIER_ROWS` (forced to 0 here) leave the driver: the
+    forwarded and replicated changes take the Spark merge, beside the same chunks."""
+    from backfill_assets import step
+
+    monkeypatch.setattr(step, "SMALL_BARRIER_ROWS", 0)
+    live = _live(warehouse, seed=5)
+    live.create(rows=120)
+    d = simple_mv(VNODES, mode=mode, chunk_size=6)
+    tables = MVTables.under(warehouse, d.name, "orders")
+    stats = drive(spark, d, tables, live, ranges=[range(VNODES)], changes_per_barrier=6)
+    assert stats["barriers"] >= 4 and stats["forwarded_rows"] > 0
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_empty_vnode_and_vnode_emptied_mid_backfill(spark, warehouse, mode):
     """Vnode 3 never has a row; every row of vnode 5 is deleted after two barriers."""

@@ -15,7 +15,8 @@ S3 it is a conditional PUT with ``If-None-Match: *`` (obstore ``mode="create"``)
 (since August 2024), MinIO, Cloudflare R2 and moto's server honour (the last one is tested
 here). A store that ignores the header would let two writers both "win":
 ``check_conditional_writes`` probes a store once and raises ``ConditionalWritesUnsupported``
-(the probe is in conditional.py).
+(the probe is in conditional.py). Small documents rewritten in place (runtime controls, stop
+requests) use ``replace_bytes``: a reader sees the old or the new bytes, never part of them.
 
 The storage layer's own helpers live here too: ``join`` (URIs and paths alike), ``is_local``,
 ``list_names`` (a folder's direct files, e.g. ``_delta_log``) and ``list_recursive`` (relative
@@ -202,15 +203,22 @@ def put_if_absent(uri: str, data: bytes, storage_options: StorageOptions = None)
     return True
 
 
-def _put_if_absent_local(path: str, data: bytes) -> bool:
+def _complete_temp(path: str, data: bytes) -> str:
+    """A temporary file beside ``path`` holding all of ``data`` on disk: what a local write
+    links or renames into place, so no reader ever sees part of it."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".put-", dir=folder)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    return tmp
+
+
+def _put_if_absent_local(path: str, data: bytes) -> bool:
+    tmp = _complete_temp(path, data)
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
         try:
             os.link(tmp, path)  # atomic, and fails if the name exists (rename would replace)
         except FileExistsError:
@@ -220,8 +228,25 @@ def _put_if_absent_local(path: str, data: bytes) -> bool:
         os.unlink(tmp)
 
 
+def replace_bytes(uri: str, data: bytes, storage_options: StorageOptions = None) -> None:
+    """Write or replace the object at ``uri`` so that a reader gets the old bytes or the new
+    ones, never part of them: for small documents rewritten in place (runtime controls, stop
+    requests). On S3 one PUT is atomic; locally a complete temporary file is renamed over it."""
+    loc = parse(uri)
+    if loc.scheme != LOCAL:
+        write_bytes(uri, data, storage_options)
+        return
+    tmp = _complete_temp(loc.path, data)
+    try:
+        os.replace(tmp, loc.path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def write_bytes(uri: str, data: bytes, storage_options: StorageOptions = None) -> None:
-    """Write (or overwrite) the object at ``uri``: for data files, whose names are unique."""
+    """Write (or overwrite) the object at ``uri``: for data files, whose names are unique (a
+    reader of a name being written is not expected; see ``replace_bytes`` for that)."""
     fs, path = filesystem(uri, storage_options)
     if parse(uri).scheme == LOCAL:
         fs.create_dir(os.path.dirname(path), recursive=True)

@@ -34,7 +34,7 @@ def controls_in_force(d: MVDefinition, tables: MVTables,
                       overrides: Controls | None = None) -> Controls:
     """What the next barrier will use: run overrides, else the stored controls, else the MV
     definition's; `chunk_size` is always set, `rate_limit` None means unlimited."""
-    stored = read_controls(mv_root(tables))
+    stored = read_controls(tables)
     overrides = overrides or Controls()
     chunk = overrides.chunk_size or stored.chunk_size or d.chunk_size
     rate = _first_set(overrides.rate_limit, stored.rate_limit, d.rate_limit)
@@ -113,11 +113,6 @@ def _lag_seconds(upstream, mv_version: int | None) -> float:
         return 0.0
     behind = upstream.history(min(LAG_HISTORY_LIMIT, upstream.version() - mv_version))
     return max(0.0, time.time() - behind[-1]["timestamp"] / 1000.0)
-
-
-def mv_root(tables: MVTables) -> str:
-    """The folder holding the MV's tables and its controls."""
-    return tables.mv.rsplit("/", 1)[0]
 
 
 def _first_set(*values: int | None) -> int | None:

@@ -1,19 +1,20 @@
 """Runtime controls of an MV: rate limit (rows/s, 0 = paused) and chunk size.
 
 RisingWave changes these with Pause / Resume / Throttle mutations carried by barriers; here a
-small JSON document beside the MV's tables is read at every barrier, so a change takes effect at
-the next barrier without restarting anything. Run config of a single run overrides it.
+small JSON document beside the MV's tables (local folder or object store, through
+`storage.documents`) is read at every barrier, so a change takes effect at the next barrier
+without restarting anything. Run config of a single run overrides it.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
-from backfill_assets.errors import InvalidControl, UnsupportedStorage
+from backfill_assets.errors import InvalidControl
+from backfill_assets.mv_store import MVTables
+from backfill_assets.storage import objects
+from backfill_assets.storage.documents import read_json, write_json
 
 UNSET = "unset"
 
@@ -75,53 +76,36 @@ def requested(current: Controls, snapshot: SnapshotSide, rate_limit: int | None 
     return Controls(chunk, rate).validated()
 
 
-def refuse_remote(mv_root: str, what: str) -> None:
-    """These small files are local-file only so far: on an object-store warehouse they would
-    land in a local folder that other machines never see, so refuse by name instead."""
-    if "://" in mv_root:
-        raise UnsupportedStorage(
-            f"{what} are kept as files in the MV's folder, which is on an object store here "
-            f"({mv_root}): not supported yet, nothing was written. Run the backfill without "
-            "them (the MV definition's chunk_size / rate_limit apply), or use a local or "
-            "shared-folder warehouse")
+def controls_uri(tables: MVTables) -> str:
+    """Where the MV's controls live: beside its tables, so every run, follower and sensor
+    reaches them with the warehouse's storage options, on a local folder or an object store."""
+    return objects.join(tables.root, "controls.json")
 
 
-def controls_path(mv_root: str) -> str:
-    return os.path.join(mv_root, "controls.json")
-
-
-def read_controls(mv_root: str) -> Controls:
+def read_controls(tables: MVTables) -> Controls:
     """The controls in force (defaults when none were ever set)."""
-    path = controls_path(mv_root)
-    if not os.path.exists(path):
-        return Controls()
-    with open(path, encoding="utf-8") as f:
-        return Controls(**json.load(f)).validated()
+    stored = read_json(controls_uri(tables), tables.storage_options)
+    return Controls() if stored is None else Controls(**stored).validated()
 
 
-def write_controls(mv_root: str, controls: Controls) -> Controls:
-    """Atomically replace the controls (a reader never sees half a file)."""
-    controls.validated()
-    refuse_remote(mv_root, "runtime controls (rate limit, pause, chunk size)")
-    os.makedirs(mv_root, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=mv_root, prefix=".controls-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(asdict(controls), f)
-    os.replace(tmp, controls_path(mv_root))
+def write_controls(tables: MVTables, controls: Controls) -> Controls:
+    """Replace the controls atomically (a reader never sees half a document); bad values are
+    refused with InvalidControl before anything is written."""
+    write_json(controls_uri(tables), asdict(controls.validated()), tables.storage_options)
     return controls
 
 
-def update_controls(mv_root: str, *, chunk_size: int | str | None = None,
+def update_controls(tables: MVTables, *, chunk_size: int | str | None = None,
                     rate_limit: int | str | None = None) -> Controls:
     """Change some controls; `UNSET` clears one back to its default ("unlimited" rate)."""
-    current = read_controls(mv_root)
+    current = read_controls(tables)
     changes: dict = {}
     if chunk_size is not None:
         changes["chunk_size"] = None if chunk_size == UNSET else _whole(chunk_size, "chunk_size")
     if rate_limit is not None:
         changes["rate_limit"] = (None if rate_limit in (UNSET, "unlimited")
                                  else _whole(rate_limit, "rate_limit"))
-    return write_controls(mv_root, replace(current, **changes))
+    return write_controls(tables, replace(current, **changes))
 
 
 def _whole(value: int | str, name: str) -> int:

@@ -11,15 +11,14 @@ Stopping: a stop request (`request_stop`, written by `stop_follower_job`) or an 
 run termination, Ctrl-C) ends the loop after the barrier in flight has committed; a second
 interrupt abandons it at once (its commits are atomic and recoverable, nothing is
 half-visible). A stop request stays in force until `clear_stop` (`start_follower_job`), so the
-barrier sensor does not restart a follower someone stopped.
+barrier sensor does not restart a follower someone stopped. It is a small document beside the
+MV's tables (`storage.documents`), so it works the same on a local folder and an object store.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,13 +28,15 @@ from dataclasses import dataclass
 from pyspark.sql import SparkSession
 
 from backfill_assets import mv_store
-from backfill_assets.barrier import controls_in_force, figures, mv_root, run_barrier
-from backfill_assets.controls import read_controls, refuse_remote
+from backfill_assets.barrier import controls_in_force, figures, run_barrier
+from backfill_assets.controls import read_controls
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.mv_store import MVTables
 from backfill_assets.step import Hook, StepReport, no_hook
+from backfill_assets.storage import objects
+from backfill_assets.storage.documents import read_json, write_json
 
 DEFAULT_POLL_SECONDS = 1.0
 MAX_CONFLICTS = 3  # consecutive ConcurrentBackfillRun before the follower gives the vnodes up
@@ -64,36 +65,28 @@ class FollowerSummary:
     stopped_by: str = ""  # "stop request", "interrupt", "max barriers"
 
 
-def stop_path(root: str) -> str:
-    return os.path.join(root, "follower_stop.json")
+def stop_uri(tables: MVTables) -> str:
+    """Where a stop request lives: beside the MV's tables (local folder or object store), so
+    the follower, the stop/start jobs and the barrier sensor all see it wherever they run."""
+    return objects.join(tables.root, "follower_stop.json")
 
 
 def request_stop(tables: MVTables, reason: str) -> None:
     """Ask every follower of the MV to stop after its barrier in flight (atomic write)."""
-    root = mv_root(tables)
-    refuse_remote(root, "follower stop requests")
-    os.makedirs(root, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".follower-stop-")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"requested_at": time.time(), "reason": reason}, f)
-    os.replace(tmp, stop_path(root))
+    write_json(stop_uri(tables), {"requested_at": time.time(), "reason": reason},
+               tables.storage_options)
 
 
 def clear_stop(tables: MVTables) -> bool:
     """Withdraw a stop request; True if there was one."""
-    try:
-        os.remove(stop_path(mv_root(tables)))
-        return True
-    except FileNotFoundError:
-        return False
+    return objects.delete(stop_uri(tables), tables.storage_options)
 
 
 def stop_request(tables: MVTables) -> dict | None:
     """The stop request in force ({"requested_at", "reason"}), or None."""
     try:
-        with open(stop_path(mv_root(tables)), encoding="utf-8") as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
+        return read_json(stop_uri(tables), tables.storage_options)
+    except json.JSONDecodeError:
         return None
 
 
@@ -119,7 +112,7 @@ def follow(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Seque
             summary.stopped_by = "max barriers"
             return summary
         latest = upstream_version(tables)
-        paused = read_controls(mv_root(tables)).rate_limit == 0
+        paused = read_controls(tables).rate_limit == 0
         if latest is None or (latest == done_version and (not unfinished or paused)):
             stop.wait(poll_seconds)
             continue

@@ -55,6 +55,12 @@ class MVTables:
             storage_options=dict(storage_options or {}),
         )
 
+    @property
+    def root(self) -> str:
+        """The folder (or object-store prefix) holding the MV's tables and its small documents:
+        runtime controls, follower stop requests, the no-shuffle run layout."""
+        return self.mv.rsplit("/", 1)[0]
+
 
 def txn_id(mv_name: str, phase: str, vnode: int) -> str:
     """The application-transaction id of one phase of one vnode of one MV."""

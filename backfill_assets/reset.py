@@ -21,8 +21,7 @@ from backfill_assets.mv_store import MVTables
 
 def mv_state_paths(tables: MVTables) -> list[str]:
     """Every table and file that makes up the MV's state."""
-    root = tables.mv.rsplit("/", 1)[0]
-    return [tables.mv, tables.replica, tables.progress, layout_path(root)]
+    return [tables.mv, tables.replica, tables.progress, layout_path(tables.root)]
 
 
 def reset_mv(mv_name: str, tables: MVTables, confirm: str) -> list[str]:

@@ -163,7 +163,7 @@ class _Step:
         vnodes = tuple(sorted(req.vnodes))
         strategy = strategy_for(req.mode) if req.mode else upstream.strategy
         if (req.mode or d.mode) == "no_shuffle":
-            check_run_layout(req.tables.mv.rsplit("/", 1)[0], vnodes,
+            check_run_layout(req.tables.root, vnodes,
                              lambda group: _unfinished(progress_table, key_order, group))
         state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv, so)
         if req.reset:  # re-snapshot: start these vnodes again (their MV rows get replaced)

@@ -15,13 +15,14 @@ import dagster as dg
 from pydantic import Field
 
 from backfill_assets.assets import MV
-from backfill_assets.barrier import controls_in_force, figures, mv_root, vnode_states
+from backfill_assets.barrier import controls_in_force, figures, vnode_states
 from backfill_assets.checks import progress_result
 from backfill_assets.controls import SnapshotSide, read_controls, requested, write_controls
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.progress_view import controls_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
+from resources.warehouse import WarehouseResource
 
 
 class ControlsConfig(dg.Config):
@@ -43,11 +44,11 @@ class ControlsConfig(dg.Config):
 
 def build_controls_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="set_controls")
-    def set_controls(context: dg.OpExecutionContext, config: ControlsConfig) -> dg.Output:
-        tables = mv_tables(d, settings)
-        root = mv_root(tables)
-        controls = write_controls(root, requested(
-            read_controls(root), config.snapshot, config.rate_limit, config.chunk_size,
+    def set_controls(context: dg.OpExecutionContext, config: ControlsConfig,
+                     warehouse: WarehouseResource) -> dg.Output:
+        tables = mv_tables(d, settings, warehouse.options())
+        controls = write_controls(tables, requested(
+            read_controls(tables), config.snapshot, config.rate_limit, config.chunk_size,
             config.reset_chunk_size))
         in_force = controls_in_force(d, tables)
         context.log.info(f"controls of MV {d.name!r} from the next barrier: "

@@ -118,7 +118,6 @@ def main() -> int:
     import dagster as dg
 
     from backfill_assets import definitions
-    from backfill_assets.barrier import mv_root
     from jobs.workspace_runs import run_in_workspace
     from resources.mv import mv_tables
 
@@ -158,7 +157,7 @@ def main() -> int:
           f"{forwarded} changes forwarded")
     verdict = f"verified {rows} rows, 0 mismatches" if verify.success else "FAILED"
     print(f"verify_job: {verdict}")
-    where = f"tables under {mv_root(tables)}"
+    where = f"tables under {tables.root}"
     print(where if _remote() else f"{where}; settings for the UI in {DEMO_ENV}: `make ui` "
           "serves this MV")
     return 0 if verify.success else 1

@@ -138,8 +138,10 @@ class _Emitter:
 
 def _stop_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="request_follower_stop")
-    def request_follower_stop(context: dg.OpExecutionContext) -> None:
-        request_stop(mv_tables(d, settings), f"stop_follower_job run {context.run_id}")
+    def request_follower_stop(context: dg.OpExecutionContext,
+                              warehouse: WarehouseResource) -> None:
+        request_stop(mv_tables(d, settings, warehouse.options()),
+                     f"stop_follower_job run {context.run_id}")
         context.log.info(f"followers of MV {d.name!r} stop after their barrier in flight; "
                          "start_follower_job starts them again")
 
@@ -154,8 +156,9 @@ def _stop_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
 
 def _start_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="clear_follower_stop")
-    def clear_follower_stop(context: dg.OpExecutionContext) -> None:
-        had = clear_stop(mv_tables(d, settings))
+    def clear_follower_stop(context: dg.OpExecutionContext,
+                            warehouse: WarehouseResource) -> None:
+        had = clear_stop(mv_tables(d, settings, warehouse.options()))
         context.log.info(("stop request withdrawn" if had else "no stop request was in force")
                          + "; the barrier sensor starts the followers at its next tick "
                          "(continuous mode), or launch follower_job")

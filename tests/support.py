@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import random
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -201,3 +202,31 @@ def _canon(row: dict) -> dict:
 
 def _key(row: dict, key_names: Sequence[str]) -> tuple:
     return tuple(str(row[k]) for k in key_names)
+
+
+# ------------------------------------------------------------------ followers (running loops)
+
+
+def progress_rows(tables: MVTables) -> dict[int, dict]:
+    """The progress table's rows by vnode ({} before the first barrier)."""
+    from backfill_assets.mv_store import open_table, read_rows
+
+    table = open_table(tables.progress, tables.storage_options)
+    if table is None:
+        return {}
+    rows = read_rows(table, None, ["vnode", "row_count", "backfill_finished", "version"])
+    return {r["vnode"]: r for r in rows.to_pylist()}
+
+
+def caught_up(tables: MVTables, version: int, vnode_count: int) -> bool:
+    """Every vnode's progress has reached upstream `version` (a follower took it)."""
+    rows = progress_rows(tables)
+    return len(rows) == vnode_count and all(r["version"] >= version for r in rows.values())
+
+
+def wait_for(what: str, predicate: Callable[[], bool], seconds: float = 120) -> None:
+    """Poll `predicate` until it holds; fail naming `what` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)

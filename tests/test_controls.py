@@ -7,13 +7,14 @@ import random
 import dagster as dg
 import pytest
 
-from backfill_assets.barrier import mv_root, run_barrier
+from backfill_assets.barrier import run_barrier
 from backfill_assets.controls import Controls, read_controls, update_controls
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.errors import InvalidControl, RescaleRefused
 from backfill_assets.mv_store import MVTables
 from jobs.controls import build_controls_job
 from resources.settings import load_settings
+from resources.warehouse import warehouse_resource
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
 
 VNODES = 8
@@ -30,7 +31,7 @@ def backfill(spark, warehouse):
 
 def test_rate_limit_bounds_rows_per_barrier(spark, backfill):
     live, d, tables = backfill
-    update_controls(mv_root(tables), rate_limit=16)
+    update_controls(tables, rate_limit=16)
     for _ in range(2):
         live.apply(live.random_batch(4))
         report = run_barrier(spark, d, tables, list(range(VNODES)))
@@ -47,14 +48,14 @@ def test_pause_stops_snapshot_while_changes_flow_then_resume(spark, backfill):
     while not any(isinstance(p, Completed) for p in first.progress.values()):
         first = run_barrier(spark, d, tables, vnodes)  # until some vnode is finished
     assert any(isinstance(p, InProgress) for p in first.progress.values())
-    update_controls(mv_root(tables), rate_limit=0)
+    update_controls(tables, rate_limit=0)
     live.apply(live.random_batch(30))
     paused = run_barrier(spark, d, tables, vnodes)
     assert paused.paused and paused.snapshot_rows == 0 and paused.forwarded_rows > 0
     assert paused.progress == first.progress  # positions and row counts did not move
     assert_verified(spark, d, tables)
 
-    update_controls(mv_root(tables), rate_limit="unlimited", chunk_size=3)
+    update_controls(tables, rate_limit="unlimited", chunk_size=3)
     resumed = run_barrier(spark, d, tables, vnodes)
     assert resumed.chunk_limit == 3 and 0 < resumed.snapshot_rows <= 3 * VNODES
     for v in vnodes:  # continued from the same position, not from scratch
@@ -70,15 +71,17 @@ def test_set_controls_job_typed_config_and_bad_values(tmp_path, warehouse, monke
     settings = load_settings()
     d = simple_mv(VNODES)
     job = build_controls_job(d, settings)
-    root = mv_root(MVTables.under(warehouse, d.name, d.upstream))
+    tables = MVTables.under(warehouse, d.name, d.upstream)
     instance = dg.DagsterInstance.ephemeral()
+    resources = {"warehouse": warehouse_resource(settings)}
 
     def run(**config):
         return job.execute_in_process(run_config={"ops": {"set_controls": {"config": config}}},
-                                      instance=instance, raise_on_error=False)
+                                      instance=instance, resources=resources,
+                                      raise_on_error=False)
 
     result = run(snapshot="pause", chunk_size=60)  # ints as ints, pause as a choice
-    assert result.success and read_controls(root) == Controls(chunk_size=60, rate_limit=0)
+    assert result.success and read_controls(tables) == Controls(chunk_size=60, rate_limit=0)
     output = next(e for e in result.all_events if e.event_type_value == "STEP_OUTPUT")
     meta = output.event_specific_data.metadata
     assert meta["paused"].value is True and meta["chunk_size"].value == 60
@@ -89,9 +92,9 @@ def test_set_controls_job_typed_config_and_bad_values(tmp_path, warehouse, monke
     assert observed.metadata["controls_chunk_size"].value == 60
 
     assert run(snapshot="resume", rate_limit=500).success
-    assert read_controls(root) == Controls(chunk_size=60, rate_limit=500)
+    assert read_controls(tables) == Controls(chunk_size=60, rate_limit=500)
     assert run(reset_chunk_size=True).success
-    assert read_controls(root) == Controls(chunk_size=None, rate_limit=500)
+    assert read_controls(tables) == Controls(chunk_size=None, rate_limit=500)
     for bad, words in (({"snapshot": "pause", "rate_limit": 100}, "contradict"),
                        ({"chunk_size": 0}, "whole number >= 1"),
                        ({"rate_limit": -5}, "rows per second >= 0")):
@@ -99,11 +102,11 @@ def test_set_controls_job_typed_config_and_bad_values(tmp_path, warehouse, monke
         assert not failed.success
         error = failed.failure_data_for_node("set_controls").error.cause
         assert error.cls_name == "InvalidControl" and words in error.message, error.message
-    assert read_controls(root) == Controls(chunk_size=None, rate_limit=500)  # nothing written
+    assert read_controls(tables) == Controls(chunk_size=None, rate_limit=500)  # nothing written
     with pytest.raises(dg.DagsterInvalidConfigError, match="snapshot"):
         run(snapshot="stop")  # not a choice: refused before the run starts
     with pytest.raises(InvalidControl, match="not a whole number"):
-        update_controls(root, chunk_size="lots")
+        update_controls(tables, chunk_size="lots")
 
 
 def test_no_shuffle_refuses_to_rescale_while_in_progress(spark, warehouse):
@@ -121,19 +124,3 @@ def test_no_shuffle_refuses_to_rescale_while_in_progress(spark, warehouse):
     run_barrier(spark, d, tables, [0, 1, 2, 3])  # finished: any ranges from now on
     run_barrier(spark, d, tables, [4, 5, 6, 7])
     assert_verified(spark, d, tables)
-
-
-def test_controls_and_stop_requests_refuse_an_object_store_warehouse(tmp_path, monkeypatch):
-    """They are local files so far: on an s3:// warehouse they would land in a local folder
-    no other machine sees, so they fail by name and write nothing (README, Scale out)."""
-    from backfill_assets.errors import UnsupportedStorage
-    from backfill_assets.follower import request_stop
-
-    monkeypatch.chdir(tmp_path)
-    tables = MVTables.under("s3://bucket/warehouse", "orders_mv", "orders")
-    assert read_controls(mv_root(tables)) == Controls()  # nothing set: the defaults
-    with pytest.raises(UnsupportedStorage, match="nothing was written"):
-        update_controls(mv_root(tables), rate_limit=100)
-    with pytest.raises(UnsupportedStorage, match="follower stop requests"):
-        request_stop(tables, "test")
-    assert list(tmp_path.iterdir()) == []

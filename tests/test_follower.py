@@ -8,21 +8,28 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 
 import dagster as dg
 import pytest
 
-from backfill_assets.barrier import mv_root, run_barrier
+from backfill_assets.barrier import run_barrier
 from backfill_assets.controls import update_controls
 from backfill_assets.core.progress import Completed
 from backfill_assets.follower import follow, stop_request
-from backfill_assets.mv_store import open_table, read_rows
 from jobs.follower import build_follower_jobs
 from resources.settings import load_settings
 from resources.spark import spark_resource
 from resources.warehouse import warehouse_resource
-from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
+from tests.support import (
+    LiveUpstream,
+    assert_verified,
+    caught_up,
+    progress_rows,
+    simple_mv,
+    simple_row,
+    simple_spec,
+    wait_for,
+)
 
 VNODES = 8
 
@@ -34,26 +41,6 @@ def upstream(warehouse, monkeypatch):
                         simple_row, lambda rng: rng.randint(1, 50_000))
     live.create(rows=160)
     return live
-
-
-def _progress(tables) -> dict:
-    table = open_table(tables.progress, {})
-    if table is None:
-        return {}
-    rows = read_rows(table, None, ["vnode", "row_count", "backfill_finished", "version"])
-    return {r["vnode"]: r for r in rows.to_pylist()}
-
-
-def _wait(what, predicate, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def _caught_up(tables, version: int) -> bool:
-    rows = _progress(tables)
-    return len(rows) == VNODES and all(r["version"] >= version for r in rows.values())
 
 
 @pytest.mark.slow
@@ -76,25 +63,26 @@ def test_pause_resume_and_stop_while_the_follower_runs(spark, upstream, dagster_
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    _wait("the first barrier", lambda: len(_progress(tables)) == VNODES)
-    update_controls(mv_root(tables), rate_limit=0)  # pause
+    wait_for("the first barrier", lambda: len(progress_rows(tables)) == VNODES)
+    update_controls(tables, rate_limit=0)  # pause
     latest = upstream.apply(upstream.random_batch(10))
-    _wait(f"the paused follower to forward v{latest}", lambda: _caught_up(tables, latest))
-    paused = _progress(tables)
+    wait_for(f"the paused follower to forward v{latest}",
+             lambda: caught_up(tables, latest, VNODES))
+    paused = progress_rows(tables)
     assert not all(r["backfill_finished"] for r in paused.values())
     for _ in range(2):
         latest = upstream.apply(upstream.random_batch(10))
-        _wait("forwarding while paused", lambda v=latest: _caught_up(tables, v))
-        assert {v: r["row_count"] for v, r in _progress(tables).items()} == \
+        wait_for("forwarding while paused", lambda v=latest: caught_up(tables, v, VNODES))
+        assert {v: r["row_count"] for v, r in progress_rows(tables).items()} == \
             {v: r["row_count"] for v, r in paused.items()}, "a paused follower read the snapshot"
     assert_verified(spark, d, tables)
 
-    update_controls(mv_root(tables), rate_limit="unlimited")  # resume
-    _wait("the backfill to finish", lambda: all(
-        r["backfill_finished"] for r in _progress(tables).values()))
+    update_controls(tables, rate_limit="unlimited")  # resume
+    wait_for("the backfill to finish", lambda: all(
+        r["backfill_finished"] for r in progress_rows(tables).values()))
     latest = upstream.apply(upstream.random_batch(10))
-    _wait("maintenance", lambda: _caught_up(tables, latest))
-    assert stop_job.execute_in_process(instance=instance).success
+    wait_for("maintenance", lambda: caught_up(tables, latest, VNODES))
+    assert stop_job.execute_in_process(instance=instance, resources=resources).success
     thread.join(60)
     assert not thread.is_alive(), "the follower did not stop on request"
     run_result = result["run"]

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.barrier import figures, mv_root, run_barrier
+from backfill_assets.barrier import figures, run_barrier
 from backfill_assets.controls import Controls, write_controls
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv_store import MVTables
@@ -65,17 +65,17 @@ def test_rate_limit_selects_the_chunked_path_then_bulk_finishes(spark, warehouse
     """Throttled: arrangement steps (positions per vnode); unthrottled again: each vnode's
     remainder after its position in one bulk read."""
     live, d, tables = _setup(warehouse, seed=33)
-    write_controls(mv_root(tables), Controls(rate_limit=16))
+    write_controls(tables, Controls(rate_limit=16))
     for _ in range(2):
         report = run_barrier(spark, d, tables, list(range(VNODES)))
         assert report.extra["snapshot_path"].startswith("chunked (arrangement steps): rate")
         assert 0 < report.snapshot_rows <= 16 and not report.finished
         assert_verified(spark, d, tables)
         live.apply(live.random_batch(8))
-    write_controls(mv_root(tables), Controls(rate_limit=0))
+    write_controls(tables, Controls(rate_limit=0))
     paused = run_barrier(spark, d, tables, list(range(VNODES)))
     assert paused.extra["snapshot_path"].endswith("paused") and paused.snapshot_rows == 0
-    write_controls(mv_root(tables), Controls())
+    write_controls(tables, Controls())
     live.apply(live.random_batch(8))
     report = run_barrier(spark, d, tables, list(range(VNODES)))
     assert report.extra["snapshot_path"] == "bulk" and report.finished

@@ -37,7 +37,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from backfill_assets.barrier import mv_root, run_barrier
+from backfill_assets.barrier import run_barrier
 from backfill_assets.controls import Controls, write_controls
 from backfill_assets.core.progress import Completed
 from backfill_assets.faults import KILL_POINTS
@@ -103,7 +103,7 @@ class Soak:
 
     def _barrier(self, mv: dict, version: int) -> None:
         tables = mv["tables"]
-        write_controls(mv_root(tables), Controls(self.rng.choice(CHUNKS), self.rng.choice(RATES)))
+        write_controls(tables, Controls(self.rng.choice(CHUNKS), self.rng.choice(RATES)))
         ranges = self._ranges(mv)
         kill_at = None
         if self.rng.random() < 0.3:

@@ -10,8 +10,8 @@ process with nothing but settings changed:
 
 The demo's driver (the child) commits; the executors write the data files straight to the
 store. At the end it prints what the store holds, then stops every server (they also die with
-this process: tests/infra/procs.py). The continuous-mode phase is skipped: its stop request and
-the runtime controls are files under the warehouse that only a local warehouse supports yet.
+this process: tests/infra/procs.py). The continuous-mode phase runs as in `make demo` (its stop
+request is an object under the MV's prefix on the store; DEMO_CONTINUOUS_SECONDS=0 skips it).
 The Dagster instance is a throwaway SQLite one (the demo wipes its assets' history).
 
 Sizes: DEMO_ROWS (default 100000) and DEMO_VNODES (16); the servers' logs stay in the printed
@@ -78,7 +78,7 @@ def main() -> int:
                     "PYSPARK_DRIVER_PYTHON": sys.executable,
                     "DEMO_ROWS": os.environ.get("DEMO_ROWS", "100000"),
                     "DEMO_VNODES": os.environ.get("DEMO_VNODES", "16"),
-                    "DEMO_CONTINUOUS_SECONDS": "0"})
+                    "DEMO_CONTINUOUS_SECONDS": os.environ.get("DEMO_CONTINUOUS_SECONDS", "15")})
         for var in ("BACKFILL_WAREHOUSE", "BACKFILL_SPARK_MASTER", "BACKFILL_STORAGE_OPTIONS"):
             print(f"  {var}={env[var]}")
         rc = subprocess.run([sys.executable, "-m", "jobs.demo"], cwd=ROOT, env=env,

@@ -15,8 +15,7 @@ S3 it is a conditional PUT with ``If-None-Match: *`` (obstore ``mode="create"``)
 (since August 2024), MinIO, Cloudflare R2 and moto's server honour (the last one is tested
 here). A store that ignores the header would let two writers both "win":
 ``check_conditional_writes`` probes a store once and raises ``ConditionalWritesUnsupported``
-(the probe is in conditional.py). Small documents rewritten in place (runtime controls, stop
-requests) use ``replace_bytes``: a reader sees the old or the new bytes, never part of them.
+(the probe is in conditional.py). Documents rewritten in place: ``replace_bytes``/``read_whole``.
 
 The storage layer's own helpers live here too: ``join`` (URIs and paths alike), ``is_local``,
 ``list_names`` (a folder's direct files, e.g. ``_delta_log``) and ``list_recursive`` (relative
@@ -219,19 +218,18 @@ def _complete_temp(path: str, data: bytes) -> str:
 def _put_if_absent_local(path: str, data: bytes) -> bool:
     tmp = _complete_temp(path, data)
     try:
-        try:
-            os.link(tmp, path)  # atomic, and fails if the name exists (rename would replace)
-        except FileExistsError:
-            return False
+        os.link(tmp, path)  # atomic, and fails if the name exists (rename would replace)
         return True
+    except FileExistsError:
+        return False
     finally:
         os.unlink(tmp)
 
 
 def replace_bytes(uri: str, data: bytes, storage_options: StorageOptions = None) -> None:
-    """Write or replace the object at ``uri`` so that a reader gets the old bytes or the new
-    ones, never part of them: for small documents rewritten in place (runtime controls, stop
-    requests). On S3 one PUT is atomic; locally a complete temporary file is renamed over it."""
+    """Write or replace the object at ``uri`` so that ``read_whole`` gets the old bytes or the
+    new ones, never part of them (small documents rewritten in place: controls, stop requests).
+    On S3 one PUT is atomic; locally a complete temporary file is renamed over the old one."""
     loc = parse(uri)
     if loc.scheme != LOCAL:
         write_bytes(uri, data, storage_options)
@@ -244,9 +242,24 @@ def replace_bytes(uri: str, data: bytes, storage_options: StorageOptions = None)
         raise
 
 
+def read_whole(uri: str, storage_options: StorageOptions = None) -> bytes:
+    """One whole version of the object at ``uri`` while ``replace_bytes`` may replace it: one GET
+    on S3 (pyarrow's reader takes the size, then the bytes: a replacement in between cuts the new
+    bytes at the old size); locally one open file. FileNotFoundError when there is none."""
+    loc = parse(uri)
+    if loc.scheme == LOCAL:
+        return read_bytes(uri)
+    from obstore import get
+    from obstore.exceptions import NotFoundError
+
+    try:
+        return bytes(get(_s3_store(loc.bucket, _canonical(storage_options)), loc.key).bytes())
+    except NotFoundError:
+        raise FileNotFoundError(f"no object at {uri}") from None
+
+
 def write_bytes(uri: str, data: bytes, storage_options: StorageOptions = None) -> None:
-    """Write (or overwrite) the object at ``uri``: for data files, whose names are unique (a
-    reader of a name being written is not expected; see ``replace_bytes`` for that)."""
+    """Write (or overwrite) the object at ``uri``: for data files, whose names are unique."""
     fs, path = filesystem(uri, storage_options)
     if parse(uri).scheme == LOCAL:
         fs.create_dir(os.path.dirname(path), recursive=True)

@@ -79,6 +79,40 @@ def test_bytes_roundtrip_list_and_delete(root):
     assert objects.read_bytes(f"{base}/vnode=1/a.parquet", opts, offset=1, size=1) == b"2"
 
 
+def test_documents_are_replaced_whole_while_read(root):
+    """Runtime controls and stop requests (storage.documents): a reader polling while the
+    document is replaced sees one whole version or another, never part of one, and nothing
+    but the document is left (no temporary files)."""
+    from backfill_assets.storage.documents import read_json, write_json
+
+    base, opts = root
+    uri = f"{base}/mv/controls.json"
+    assert read_json(uri, opts) is None
+    seen, errors, done = [], [], threading.Event()
+
+    def reader() -> None:
+        while not done.is_set():
+            try:
+                seen.append(read_json(uri, opts))
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(repr(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(30):
+            write_json(uri, {"n": i, "pad": "x" * 4096 * (i % 3)}, opts)
+    finally:
+        done.set()
+        thread.join(30)
+    assert errors == [], f"a reader saw part of a document: {errors[:3]}"
+    assert len(seen) > 1 and all(d is None or d["pad"] == "x" * 4096 * (d["n"] % 3) for d in seen)
+    assert read_json(uri, opts)["n"] == 29
+    assert [o.uri.rsplit("/", 1)[1] for o in objects.list_prefix(f"{base}/mv", opts)] == \
+        ["controls.json"]
+    assert objects.delete(uri, opts) is True and read_json(uri, opts) is None
+
+
 def _uri_head(base: str) -> str:
     return base if "://" in base else objects.parse(base).path
 

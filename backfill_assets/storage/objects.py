@@ -248,7 +248,10 @@ def read_whole(uri: str, storage_options: StorageOptions = None) -> bytes:
     bytes at the old size); locally one open file. FileNotFoundError when there is none."""
     loc = parse(uri)
     if loc.scheme == LOCAL:
-        return read_bytes(uri)
+        try:
+            return read_bytes(uri)
+        except NotADirectoryError:  # a folder on the way is a file: nothing can be there
+            raise FileNotFoundError(f"no object at {uri}") from None
     from obstore import get
     from obstore.exceptions import NotFoundError
 

@@ -34,6 +34,7 @@ class Chunk:
     stats: dict
     scanned: int | None = None  # rows of the files a seek read (None: not a seek)
     clustered: bool = False  # each Spark partition one vnode range in (vnode, key) order
+    bulk: storage.BulkRows | None = None  # the same rows projected in Arrow (snapshot mode)
 
 
 def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
@@ -88,7 +89,11 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
                                                            unique))
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
     read = sum(c.rows for c in per_vnode.values())
-    return Chunk(project(rows, d) if read else None, read, per_vnode, clustered=clustered)
+    if not read:
+        return Chunk(None, 0, per_vnode)
+    whole = all(p is None for p in positions.values())
+    return Chunk(project(rows, d), read, per_vnode, clustered=clustered,
+                 bulk=source.arrow_rows(ctx, readers, d) if whole else None)
 
 
 def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:

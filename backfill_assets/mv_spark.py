@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from backfill_assets.arrow_expr import ArrowProjection, NotExact, compile_projection
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import (
@@ -63,17 +64,29 @@ def _kept(definition: MVDefinition):
 
 
 def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table,
-                 after: pa.Table) -> tuple[pa.Table, pa.Table]:
+                 after: pa.Table, upstream_schema: pa.Schema | None = None
+                 ) -> tuple[pa.Table, pa.Table]:
     """A small barrier's upstream rows (on the driver) as the MV rows they make, rows the filter
     rejects dropped. The filter and the computed columns run in one small Spark job over a
     local relation, so they mean exactly what they mean in the Spark path (`project`: every
     expression over every row, the filter's null a rejection); only their results come back
     (the row's index, `KEEP`, the computed values), and the selected columns are taken from
     the Arrow rows as they are, which is exact and halves what the job converts. A definition
-    without a filter and computed columns only selects columns: no Spark job at all."""
+    without a filter and computed columns only selects columns: no Spark job at all; one that
+    compiles to Arrow with Spark's meaning (`exact_projection`, given ``upstream_schema``)
+    needs none either, unless its rows hold a value it refuses (`NotExact`)."""
     if not definition.filter and not definition.computed:
         return selected_rows(definition, before), selected_rows(definition, after)
-    rows = pa.concat_tables([before, after.select(before.column_names).cast(before.schema)])
+    after = after.select(before.column_names).cast(before.schema)
+    exact = exact_projection(spark, definition, upstream_schema) \
+        if upstream_schema is not None else None
+    if exact is not None:
+        try:  # the same values as the Spark job below, without one (arrow_expr)
+            return exact.project(before), exact.project(after)
+        except NotExact:
+            pass
+    rows = pa.concat_tables([before, after])
+    side = np.arange(rows.num_rows) < before.num_rows
     indexed = rows.append_column(RN, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     df = spark.createDataFrame(indexed, schema=spark_schema(indexed.schema))
     out = df.select(*_evaluated(spark, definition)).toArrow()
@@ -84,7 +97,6 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
         mv = mv.append_column(out.schema.field(c.name), out.column(c.name))
     mv = mv.append_column(rows.schema.field(VNODE), rows.column(VNODE))
     kept = out.column(KEEP).to_numpy(zero_copy_only=False)
-    side = np.arange(rows.num_rows) < before.num_rows
     return mv.filter(pa.array(kept & side)), mv.filter(pa.array(kept & ~side))
 
 
@@ -118,6 +130,21 @@ def validate_expressions(spark: SparkSession, definition: MVDefinition,
     if key not in _VALIDATED:
         _VALIDATED[key] = _validate(spark, definition, upstream_schema)
     return _VALIDATED[key]
+
+
+_EXACT: dict[tuple, ArrowProjection | None] = {}
+
+
+def exact_projection(spark: SparkSession, definition: MVDefinition,
+                     upstream_schema: pa.Schema) -> ArrowProjection | None:
+    """The definition compiled to Arrow kernels whose results are Spark's (`arrow_expr`:
+    a proven subset; its result types checked against Spark's own analysis), or None: then
+    only Spark evaluates it. Built once per session, definition and upstream schema."""
+    key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
+    if key not in _EXACT:
+        mv_schema = validate_expressions(spark, definition, upstream_schema)
+        _EXACT[key] = compile_projection(definition, upstream_schema, mv_schema)
+    return _EXACT[key]
 
 
 def _validate(spark: SparkSession, definition: MVDefinition,

@@ -173,6 +173,10 @@ def _merged(reports: list[StepReport | None], version: int, vnodes: tuple[int, .
         out.recovered += [v for v in r.recovered if v not in out.recovered]
         out.progress.update(r.progress)
         out.versions.update(r.versions)
+    bulk = sorted({r.extra["bulk_engine"] for r in reports
+                   if r is not None and "bulk_engine" in r.extra})
+    if bulk:  # how the slices' rows were projected: arrow, or spark and why
+        out.extra["bulk_engine"] = "; ".join(bulk)
     engines = {r.engine for r in reports if r is not None}
     out.engine = engines.pop() if len(engines) == 1 else ("mixed" if engines else out.engine)
     return out

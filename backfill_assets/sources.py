@@ -24,9 +24,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets import mv_store, spark_ops, storage
+from backfill_assets.arrow_expr import NotExact
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import BAD_KEY, OP
 from backfill_assets.core.names import ROW_NUMBER as RN
+from backfill_assets.mv_spark import exact_projection
 from backfill_assets.mv_store import MVTables
 
 VNODE = "vnode"
@@ -208,6 +211,22 @@ class BulkSource:
                                     pa.schema([f for f in schema if f.name != VNODE]),
                                     storage_options=so)
         return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes)), False
+
+    def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition
+                   ) -> storage.BulkRows | None:
+        """The vnodes' whole rows projected by Python tasks alone (no row through the JVM),
+        when the definition compiles to Arrow with Spark's meaning (`mv_spark.
+        exact_projection`) and the upstream is arranged by the MV's vnodes (each task then
+        reads one vnode range); None otherwise (the Spark path)."""
+        so = ctx.tables.storage_options
+        if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            return None
+        projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
+        if projection is None:
+            return None
+        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        return storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
+                                projection.project, tuple(ctx.key_names), NotExact)
 
     def key_stats(self, ctx: SourceContext, positions: Mapping[int, Key | None],
                   key_order: KeyOrder, unique_keys: bool

@@ -219,7 +219,8 @@ class _Step:
             if chunk.scanned is not None:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned
             self._commit_mv(forward if report.forwarded_rows else None, chunk.rows,
-                            clustered=chunk.clustered or chunk.scanned is not None)
+                            clustered=chunk.clustered or chunk.scanned is not None,
+                            bulk=chunk.bulk)
         finally:
             for df in (None if keyed else forward, chunk.rows):
                 if df is not None:
@@ -263,16 +264,29 @@ class _Step:
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
-                   chunk: DataFrame | None, clustered: bool = False) -> None:
+                   chunk: DataFrame | None, clustered: bool = False,
+                   bulk: storage.BulkRows | None = None) -> None:
         """One atomic MV commit: forwarded changes (a Spark frame, or keyed rows found by key
         lookups on the driver) + snapshot chunk + the progress they make (``clustered``: the
         chunk's rows already come in the writer's layout, see storage/chunk_read.py, so no
-        shuffle re-lays them out)."""
+        shuffle re-lays them out). ``bulk``: the same chunk projected in Arrow by the read
+        tasks, written without Spark's rows when the commit has nothing else; if it refuses
+        a value (not proven exact in Arrow), the chunk goes through Spark."""
         if forward is None and chunk is None and not self.req.reset:
             return
         key_order, intent = self.state.key_order, self._mv_intent()
-        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+        if bulk is not None and forward is None and not self.req.reset:
+            try:
+                storage.apply_changes(self.ctx.spark, snap, key_order.names, intent,
+                                      inserts=bulk, rows_hint=self.report.snapshot_rows,
+                                      file_rows=mv_file_rows(self.ctx),
+                                      hook=lambda point: self.hook(f"mv_{point}"))
+                self.report.extra["bulk_engine"] = "arrow"
+                return
+            except storage.TransformRefused as refused:
+                self.report.extra["bulk_engine"] = f"spark: {refused}"
+        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         keyed = forward if isinstance(forward, storage.KeyedRows) else None
         changes = None if keyed is not None else forward
         if self.req.reset:  # a re-snapshot reads only reset vnodes: their old rows go

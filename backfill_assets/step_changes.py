@@ -81,7 +81,8 @@ def forwarded_keyed(ctx: SourceContext, rows: pa.Table, state: BackfillState, pl
     netted = arrow_changes.net_with_prior(visible, ctx.key_names)
     if not netted.keys:
         return None, 0
-    before, after = project_rows(ctx.spark, d, netted.before, netted.after)
+    before, after = project_rows(ctx.spark, d, netted.before, netted.after,
+                                 ctx.upstream_schema)
     return storage.KeyedRows(before, after), netted.keys
 
 

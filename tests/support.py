@@ -230,3 +230,27 @@ def wait_for(what: str, predicate: Callable[[], bool], seconds: float = 120) -> 
     while not predicate():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
+
+
+# storage.BulkRows' test transform (tests/storage/test_bulk_write.py): defined here because
+# Spark's Python workers must import it by module name
+BULK_TARGET = pa.schema([("id", pa.int64()), ("name", pa.string()), ("twice", pa.int64()),
+                         ("vnode", pa.int32())])
+
+
+class Refused(Exception):
+    """What the test transform raises for a name it will not handle."""
+
+
+class Twice:
+    """Rows with qty > 0, plus 2 * qty; refuses the name 'refuse'."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        import pyarrow.compute as pc
+
+        if pc.any(pc.equal(table.column("name"), "refuse")).as_py():
+            raise Refused("the name 'refuse' is not handled here")
+        kept = table.filter(pc.fill_null(pc.greater(table.column("qty"), 0), False))
+        twice = pc.multiply(pc.cast(kept.column("qty"), pa.int64()), 2)
+        return pa.table({"id": kept.column("id"), "name": kept.column("name"), "twice": twice,
+                         "vnode": kept.column("vnode")}, schema=BULK_TARGET)

@@ -8,7 +8,7 @@ import random
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 
 from backfill_assets.barrier import figures, run_barrier
 from backfill_assets.controls import Controls, write_controls
@@ -34,6 +34,7 @@ def test_first_barrier_commits_slices_and_records_history_check(spark, warehouse
     report = run_barrier(spark, d, tables, list(range(VNODES)))
     assert report.finished and report.snapshot_rows == 160
     assert report.extra["snapshot_path"] == "bulk"
+    assert report.extra["bulk_engine"] == "arrow"  # the definition compiles: no JVM rows
     assert report.extra["slices_planned"] == report.extra["slices_done"] >= 3
     assert "| 1 | 0.." in report.extra["slices"]
     assert report.extra["history_safe"] is True and "ok" in report.extra["history_check"]
@@ -50,6 +51,22 @@ def test_first_barrier_commits_slices_and_records_history_check(spark, warehouse
         again.extra
     assert again.engine == "driver"  # a small barrier: no Spark job but the projection
     assert_verified(spark, d, tables)
+
+
+def test_a_value_arrow_cannot_match_sends_the_slice_through_spark(spark, warehouse):
+    """upper('straße') is 'STRASSE' in Spark (Java's case mapping) and 'STRAẞE' in Arrow:
+    the slice holding it is refused by the Arrow projection, nothing of it is written, and
+    Spark writes it; the other slices stay in Arrow. The MV equals the oracle."""
+    live, d, tables = _setup(warehouse, seed=38)
+    odd = {**simple_row(random.Random(1), 100_000), "name": "straße", "qty": 9}
+    insert_rows(live.uri, pa.Table.from_pylist([odd]), spec=live.spec)
+    report = run_barrier(spark, d, tables, list(range(VNODES)))
+    engines = report.extra["bulk_engine"]
+    assert "arrow" in engines.split("; ") and "spark: upper() of non-ASCII" in engines
+    assert_verified(spark, d, tables)
+    mv = QueryBuilder().register("mv", DeltaTable(tables.mv)).execute(
+        "select name_upper from mv where id = 100000").read_all()
+    assert pa.table(mv).column("name_upper").to_pylist() == ["STRASSE"]
 
 
 def test_short_retention_is_reported_at_risk(spark, warehouse):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -79,17 +79,9 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
     schema = snap.arrow_schema
     base = exchange_schema(pa.schema([schema.field(c) for c in columns]))
     out = base.append(pa.field(RN, pa.int64())).append(pa.field(BAD_KEY, pa.bool_()))
-    by_vnode: dict[int, list[DataFile]] = {}
-    for f in files_in_vnodes(snap.files, positions):
-        lo, hi = vnode_span(f)
-        for v in range(lo if lo is not None else min(positions),
-                       (hi if hi is not None else max(positions)) + 1):
-            if v in positions:
-                by_vnode.setdefault(v, []).append(f)
-    picked = ChunkFiles({(v,): files for v, files in by_vnode.items()})
     # key columns only: tasks of ~4M rows (a Python task costs ~50 ms to start)
-    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out,
-                   task_rows=4 * READ_TASK_ROWS, min_tasks=parallelism(spark))
+    tasks = whole_vnode_tasks(snap, positions, columns, out, 4 * READ_TASK_ROWS,
+                              parallelism(spark))
     if not tasks:
         return {}
     physical = {c: snap.physical_names.get(c, c) for c in columns
@@ -102,6 +94,24 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
     for r in rows.toArrow().to_pylist():
         stats[r[VNODE]] = (r[RN], tuple(r[k] for k in key_order.names), r[BAD_KEY])
     return stats
+
+
+def whole_vnode_tasks(snap: Snapshot, vnodes: Iterable[int], columns: Sequence[str],
+                      out: pa.Schema, task_rows: int, min_tasks: int) -> list[str]:
+    """Tasks (JSON) reading every row of ``vnodes``: contiguous vnode ranges of about
+    ``task_rows`` rows, each with the files meeting its vnodes."""
+    wanted = sorted(set(vnodes))
+    chosen = set(wanted)
+    by_vnode: dict[int, list[DataFile]] = {}
+    for f in files_in_vnodes(snap.files, wanted):
+        lo, hi = vnode_span(f)
+        for v in range(lo if lo is not None else wanted[0],
+                       (hi if hi is not None else wanted[-1]) + 1):
+            if v in chosen:
+                by_vnode.setdefault(v, []).append(f)
+    picked = ChunkFiles({(v,): files for v, files in by_vnode.items()})
+    return _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out,
+                  task_rows=task_rows, min_tasks=min_tasks)
 
 
 def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
@@ -165,14 +175,21 @@ class _ChunkReader:
                 yield from chunk.cast(out).to_batches(max_chunksize=65536)
 
     def _read(self, task: dict, base: pa.Schema) -> pa.Table:
-        wanted = pa.array(task["vnodes"], base.field(VNODE).type)
-        tables = []
-        for f in task["files"]:
-            deleted = dv.load(self.table_uri, f["dv"], self.options) if f["dv"] else None
-            rows = file_rows(f["uri"], self.options, self.physical, base, rows=f["rows"],
-                             deleted=deleted, partition=unb64_table(f["parts"]))
-            tables.append(rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted)))
-        return pa.concat_tables(tables) if tables else base.empty_table()
+        return read_task_rows(self.table_uri, self.options, self.physical, base, task)
+
+
+def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+                   base: pa.Schema, task: dict) -> pa.Table:
+    """The rows of a task's vnodes (``base`` columns) in its files: DVs applied, row counts
+    checked, partition values from the log; rows of other vnodes in those files dropped."""
+    wanted = pa.array(task["vnodes"], base.field(VNODE).type)
+    tables = []
+    for f in task["files"]:
+        deleted = dv.load(table_uri, f["dv"], options) if f["dv"] else None
+        rows = file_rows(f["uri"], options, physical, base, rows=f["rows"], deleted=deleted,
+                         partition=unb64_table(f["parts"]))
+        tables.append(rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted)))
+    return pa.concat_tables(tables) if tables else base.empty_table()
 
 
 def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],

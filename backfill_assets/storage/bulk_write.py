@@ -8,7 +8,7 @@ at 1.8-2.2x a clustered refresh. When the caller has a transform that is exact i
 (``arrow_expr``: the MV definition compiled with Spark's semantics), each task here reads a
 contiguous vnode range (DVs applied, partition values from the log, row counts checked:
 ``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them
-as the MV's files with their statistics (``write._FileWriter``): Spark only schedules the
+as the MV's files with their statistics (``write.FileWriter``): Spark only schedules the
 tasks and collects the manifest.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
@@ -33,11 +33,11 @@ from backfill_assets.storage.chunk_read import read_task_rows, whole_vnode_tasks
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.read import READ_TASK_ROWS, one_task_per_partition, parallelism
 from backfill_assets.storage.spark_types import exchange_schema
-from backfill_assets.storage.write import _MANIFEST, NewFile, _FileWriter, check_written
+from backfill_assets.storage.write import MANIFEST, FileWriter, NewFile, check_written
 
 VNODE = "vnode"
 _REFUSAL = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
-                      ("stats", pa.string())])  # write._MANIFEST's row, path null
+                      ("stats", pa.string())])  # a MANIFEST row (path null: the refusal)
 
 
 class TransformRefused(Exception):
@@ -64,13 +64,13 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
     """Write ``rows`` as new files of the table at ``table_uri`` (columns of ``schema``), each
     task's rows one vnode range in (vnode, key) order. Raises TransformRefused (after
     deleting what the job wrote) when the transform refused any rows."""
-    writer = _FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                          "", "part", max_rows_per_file)
     tasks = _tasks(spark, rows)
     if not tasks:
         return []
     manifest = one_task_per_partition(spark, tasks).mapInArrow(
-        _BulkTask(rows, writer), _MANIFEST).collect()
+        _BulkTask(rows, writer), MANIFEST).collect()
     files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest
              if r["path"] is not None]
     refused = [r["stats"] for r in manifest if r["path"] is None]
@@ -94,7 +94,7 @@ class _BulkTask:
     """The task side (picklable): read the task's vnode range, transform, sort, write the
     files (``writer`` yields their manifest rows)."""
 
-    def __init__(self, rows: BulkRows, writer: _FileWriter):
+    def __init__(self, rows: BulkRows, writer: FileWriter):
         snap = rows.snap
         self.table_uri, self.options = snap.uri, dict(snap.storage_options)
         schema = snap.arrow_schema

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import objects
 
-_MANIFEST = "path string, size long, rows long, stats string"
+MANIFEST = "path string, size long, rows long, stats string"
 DEFAULT_FILE_ROWS = 1 << 20
 ROW_GROUP_ROWS = 1 << 17
 STAT_STRING_LIMIT = 32  # longer strings get no min/max (a truncated bound would not be exact)
@@ -50,10 +50,10 @@ def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str
     # positional names: pyspark's mapInArrow resolves each column name as an attribute path,
     # which fails for names with dots ("a.b"); the task renames them back (by position)
     columns = [f"`{f.name.replace('`', '``')}` AS c{i}" for i, f in enumerate(schema)]
-    writer = _FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                          folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS,
                          split_column)
-    manifest = df.selectExpr(*columns).mapInArrow(writer, _MANIFEST).collect()
+    manifest = df.selectExpr(*columns).mapInArrow(writer, MANIFEST).collect()
     files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest]
     check_written(table_uri, storage_options, files)
     return files
@@ -66,7 +66,7 @@ def write_table(table: pa.Table, table_uri: str, storage_options: Mapping[str, s
     statistics and manifest check, written by the driver itself instead of Spark tasks."""
     if not table.num_rows:
         return []
-    writer = _FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                          folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
     batches = table.select(schema.names).to_batches()
     manifest = pa.Table.from_batches(list(writer(iter(batches))))
@@ -88,7 +88,7 @@ def check_written(table_uri: str, storage_options: Mapping[str, str],
                 "BACKFILL_WAREHOUSE at storage every node reaches. Nothing was committed")
 
 
-class _FileWriter:
+class FileWriter:
     """The task side (picklable): rolling parquet files with Delta stats."""
 
     def __init__(self, table_uri: str, options: Mapping[str, str], schema: bytes,
@@ -152,7 +152,7 @@ class _FileWriter:
 
 
 class _OpenFile:
-    def __init__(self, spec: _FileWriter, schema: pa.Schema, pq):
+    def __init__(self, spec: FileWriter, schema: pa.Schema, pq):
         name = f"{spec.prefix}-{uuid.uuid4()}.parquet"
         self.path = f"{spec.folder}/{name}" if spec.folder else name
         uri = objects.join(spec.table_uri, self.path)

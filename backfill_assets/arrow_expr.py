@@ -1,36 +1,51 @@
-"""An MV definition evaluated in Arrow with Spark's results, or not at all.
+"""An MV definition evaluated with Arrow kernels, with exactly Spark's results, or not at all.
 
-`core.expressions` parses a subset of Spark SQL; this module gives each node Spark's result
-type (integer widening, decimal precision and scale, literal types) and evaluates it with
-Arrow kernels whose values are Spark's for every input they accept:
-- integer arithmetic uses the checked kernels: an overflow (an error under Spark's ANSI mode,
-  a wrap-around without it) raises `NotExact` instead of guessing;
-- decimal arithmetic is exact as long as the result precision fits 38 digits (Spark's own
-  rule then involves no rounding); beyond, the expression is not compiled;
-- AND / OR / NOT are three-valued like Spark's (Kleene); comparisons only within one family
-  (integers and decimals, strings by bytes, booleans, dates); a filter's null rejects;
-- `upper` / `lower` only for ASCII text: Java's case mapping, which Spark uses, differs from
-  Arrow's beyond it (Spark: upper('straße') = 'STRASSE', Arrow: 'STRAẞE'), so any non-ASCII
-  value raises `NotExact`.
-Every computed column's type is checked against Spark's own analysis of the definition
-(`mv_schema`), and computed columns are evaluated on every row, kept or not, so a value Spark
-would fail on is never silently produced here. Anything outside: `compile_projection` returns
-None and Spark evaluates the definition.
+Why: hot paths (small barriers on the driver, bulk steps in Python workers) should not pay a
+Spark job or a JVM crossing per row for a filter like ``qty > 0 AND NOT flag``. Only what is
+proven equal to Spark (4.x, ANSI mode as the platform's session runs it) is compiled:
+- types follow Spark's analysis: integer literals are int, or bigint when beyond int; a
+  decimal literal's precision and scale are its digits (``0.05`` is decimal(2,2)); integer
+  arithmetic gives the wider operand type (tinyint + tinyint is a tinyint); integers meeting
+  a decimal become decimal(3/5/10/20, 0), an integer *literal* only its own digits (Spark's
+  pickMinimumPrecision); decimal ``+ -`` and ``*`` get Spark's precision and scale, and a
+  result beyond 38 digits (where Spark would round) is not compiled;
+- integer arithmetic uses Arrow's checked kernels: an overflow (an error in ANSI Spark, a
+  wrap-around without ANSI) raises `NotExact` and never yields a value; decimal arithmetic
+  within 38 digits is exact on both sides;
+- comparisons only within one family: numbers (widened exactly), strings (bytes, Spark's
+  default UTF8_BINARY collation), booleans, dates; AND / OR / NOT are Kleene's logic;
+- ``upper`` / ``lower`` only for ASCII values: Java's case mapping (Spark's) differs from
+  Arrow's beyond it (Spark: upper('straße') = 'STRASSE', Arrow: 'STRAẞE'), so a batch with a
+  non-ASCII value raises `NotExact`.
+Every expression is evaluated on every row of a batch, rejected or not, as Spark's `project`
+does, so a value Spark would fail on is refused here too. Each computed column's type is
+checked against Spark's own analysis (``mv_schema``): any disagreement means "not compiled".
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backfill_assets.core.expressions import Binary, Call, Column, IsNull, Literal, Node, Unary
-from backfill_assets.core.expressions import parse as parse_expression
+from backfill_assets.core.expressions import (
+    COMPARISONS,
+    Binary,
+    Call,
+    Column,
+    IsNull,
+    Literal,
+    Node,
+    Unary,
+    parse,
+)
 from backfill_assets.core.mv_definition import MVDefinition
 
 VNODE = "vnode"
-_INTS = [pa.int8(), pa.int16(), pa.int32(), pa.int64()]
+MAX_PRECISION = 38
+_INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _INT_DIGITS = {pa.int8(): 3, pa.int16(): 5, pa.int32(): 10, pa.int64(): 20}
 _ARITHMETIC = {"+": "add_checked", "-": "subtract_checked", "*": "multiply_checked"}
 _COMPARE = {"=": "equal", "<>": "not_equal", "<": "less", "<=": "less_equal",
@@ -38,11 +53,22 @@ _COMPARE = {"=": "equal", "<>": "not_equal", "<": "less", "<=": "less_equal",
 
 
 class NotExact(Exception):
-    """Rows hold a value whose Arrow result is not proven to be Spark's: evaluate in Spark."""
+    """A batch holds a value whose Arrow result is not proven to be Spark's (an overflow, a
+    non-ASCII case mapping): evaluate that batch with Spark instead."""
 
 
 class _Unsupported(Exception):
-    """Not compiled (internal)."""
+    """Not compiled (internal: `compile_projection` turns it into None)."""
+
+
+@dataclass(frozen=True)
+class _Op:
+    """A typed, resolved expression: what `_evaluate` runs (plain data, so picklable)."""
+
+    kind: str  # col lit cast neg not arith cmp and or isnull notnull upper lower
+    type: pa.DataType
+    args: tuple[_Op, ...] = ()
+    value: object = None  # column name, literal value, or the operator
 
 
 def _family(t: pa.DataType) -> str | None:
@@ -50,7 +76,7 @@ def _family(t: pa.DataType) -> str | None:
         return "int"
     if pa.types.is_decimal128(t):
         return "decimal"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "string"
     if pa.types.is_boolean(t):
         return "bool"
@@ -59,227 +85,233 @@ def _family(t: pa.DataType) -> str | None:
     return None
 
 
-def _as_decimal(t: pa.DataType, literal: Node | None = None) -> pa.DataType:
-    """An integer as Spark's decimal for decimal arithmetic (an integer literal: its own
-    digits, spark.sql.legacy.literal.pickMinimumPrecision)."""
-    if pa.types.is_decimal128(t):
-        return t
-    if isinstance(literal, Literal):
-        return pa.decimal128(max(1, len(str(abs(int(literal.value))))), 0)
-    return pa.decimal128(_INT_DIGITS[t], 0)
+class _Compiler:
+    """Resolves columns against the upstream schema and gives each node Spark's type."""
 
+    def __init__(self, upstream_schema: pa.Schema):
+        self.fields = [f for f in upstream_schema if f.name != VNODE]
 
-class _Typed:
-    """Each node's Spark result type over an upstream schema."""
-
-    def __init__(self, schema: pa.Schema):
-        self.schema = schema
-
-    def column(self, node: Column) -> str:
-        matches = [f.name for f in self.schema if f.name.lower() == node.name.lower()]
-        if len(matches) != 1:
-            raise _Unsupported(f"column {node.name}")
-        return matches[0]
-
-    def type_of(self, node: Node) -> pa.DataType:
+    def compile(self, node: Node) -> _Op:
         if isinstance(node, Column):
-            t = self.schema.field(self.column(node)).type
-            return pa.string() if _family(t) == "string" else t
+            return self._column(node.name)
         if isinstance(node, Literal):
-            return self._literal(node)
+            return _literal(node)
         if isinstance(node, IsNull):
-            if not isinstance(node.operand, Column):
-                self.type_of(node.operand)
-            return pa.bool_()
+            operand = self.compile(node.operand)
+            return _Op("notnull" if node.negated else "isnull", pa.bool_(), (operand,))
         if isinstance(node, Unary):
-            t = self.type_of(node.operand)
-            want = "bool" if node.op == "not" else ("int", "decimal")
-            if _family(t) not in want:
-                raise _Unsupported(node.op)
-            return t
+            operand = self.compile(node.operand)
+            want = ("bool",) if node.op == "not" else ("int", "decimal")
+            _require(_family(operand.type) in want, node.op)
+            return _Op("not" if node.op == "not" else "neg", operand.type, (operand,))
         if isinstance(node, Call):
-            if _family(self.type_of(node.args[0])) != "string":
-                raise _Unsupported(node.name)
-            return pa.string()
-        return self._binary(node)
+            _require(node.name in ("upper", "lower") and len(node.args) == 1, node.name)
+            operand = self.compile(node.args[0])
+            _require(_family(operand.type) == "string", node.name)
+            return _Op(node.name, operand.type, (operand,))
+        if isinstance(node, Binary):
+            return self._binary(node.op, self.compile(node.left), self.compile(node.right))
+        raise _Unsupported(repr(node))
 
-    def _literal(self, node: Literal) -> pa.DataType:
-        if node.kind == "int":
-            v = int(node.value)
-            if -(1 << 31) <= v < (1 << 31):
-                return pa.int32()
-            if -(1 << 63) <= v < (1 << 63):
-                return pa.int64()
-            raise _Unsupported("integer literal")
-        if node.kind == "decimal":
-            whole, frac = str(node.value).split(".")
-            digits = (whole + frac).lstrip("0") or "0"
-            precision = max(len(digits), len(frac))
-            if precision > 38:
-                raise _Unsupported("decimal literal")
-            return pa.decimal128(precision, len(frac))
-        return pa.string() if node.kind == "string" else pa.bool_()
+    def _column(self, name: str) -> _Op:
+        """Spark's default resolution: case-insensitive, an ambiguous name is an error."""
+        matches = [f for f in self.fields if f.name.lower() == name.lower()]
+        _require(len(matches) == 1 and _family(matches[0].type) is not None, name)
+        return _Op("col", matches[0].type, value=matches[0].name)
 
-    def _binary(self, node: Binary) -> pa.DataType:
-        lt, rt = self.type_of(node.left), self.type_of(node.right)
-        lf, rf = _family(lt), _family(rt)
-        if node.op in ("and", "or"):
-            if lf != "bool" or rf != "bool":
-                raise _Unsupported(node.op)
-            return pa.bool_()
+    def _binary(self, op: str, left: _Op, right: _Op) -> _Op:
+        lf, rf = _family(left.type), _family(right.type)
+        if op in ("and", "or"):
+            _require(lf == rf == "bool", op)
+            return _Op(op, pa.bool_(), (left, right))
         numeric = lf in ("int", "decimal") and rf in ("int", "decimal")
-        if node.op in _COMPARE:
-            if not numeric and (lf != rf or lf is None):
-                raise _Unsupported(node.op)
-            if numeric and "decimal" in (lf, rf):
-                self.common_decimal(lt, rt)
-            return pa.bool_()
-        if not numeric:
-            raise _Unsupported(node.op)
+        if op in COMPARISONS:
+            if numeric:
+                common = _wider(left, right)
+                left, right = _cast_op(left, common), _cast_op(right, common)
+            else:
+                _require(lf == rf and lf is not None, op)
+                if lf == "string" and left.type != right.type:
+                    left, right = _cast_op(left, pa.large_string()), \
+                        _cast_op(right, pa.large_string())
+            return _Op("cmp", pa.bool_(), (left, right), op)
+        _require(numeric and op in _ARITHMETIC, op)
         if lf == rf == "int":
-            return max(lt, rt, key=_INTS.index)
-        (p1, s1), (p2, s2) = _ps(_as_decimal(lt, node.left)), _ps(_as_decimal(rt, node.right))
-        if node.op == "*":
+            t = _wider(left, right)
+            return _Op("arith", t, (_cast_op(left, t), _cast_op(right, t)), op)
+        left, right = _cast_op(left, _as_decimal(left)), _cast_op(right, _as_decimal(right))
+        (p1, s1), (p2, s2) = (left.type.precision, left.type.scale), \
+            (right.type.precision, right.type.scale)
+        if op == "*":
             p, s = p1 + p2 + 1, s1 + s2
         else:
             s = max(s1, s2)
             p = max(p1 - s1, p2 - s2) + s + 1
-        if p > 38:
-            raise _Unsupported("decimal precision beyond 38")
-        return pa.decimal128(p, s)
-
-    def common_decimal(self, lt: pa.DataType, rt: pa.DataType) -> pa.DataType:
-        (p1, s1), (p2, s2) = _ps(_as_decimal(lt)), _ps(_as_decimal(rt))
-        s = max(s1, s2)
-        p = max(p1 - s1, p2 - s2) + s
-        if p > 38:
-            raise _Unsupported("comparison beyond 38 digits")
-        return pa.decimal128(p, s)
+        _require(p <= MAX_PRECISION, "decimal precision beyond 38 (Spark would round)")
+        return _Op("arith", pa.decimal128(p, s), (left, right), op)
 
 
-def _ps(t: pa.DataType) -> tuple[int, int]:
-    return t.precision, t.scale
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise _Unsupported(what)
 
 
-class ArrowProjection:
-    """A compiled definition (picklable: Spark's Python workers run it in bulk steps)."""
-
-    def __init__(self, definition: MVDefinition, upstream_schema: pa.Schema,
-                 mv_schema: pa.Schema, filter_node: Node | None,
-                 computed: Mapping[str, Node]):
-        self.columns = list(definition.columns)
-        self.upstream_schema, self.mv_schema = upstream_schema, mv_schema
-        self.filter_node, self.computed_nodes = filter_node, dict(computed)
-
-    def keep(self, table: pa.Table) -> pa.Array:
-        """The filter per row, a null counting as rejected (SQL's WHERE)."""
-        if self.filter_node is None:
-            return pa.array([True] * table.num_rows, pa.bool_())
-        kept = _Evaluator(self.upstream_schema, table).eval(self.filter_node)
-        return _column(pc.fill_null(kept, False), table.num_rows)
-
-    def project(self, table: pa.Table) -> pa.Table:
-        """The MV rows of upstream ``table`` (with ``vnode``): kept rows only, columns and
-        types exactly ``mv_schema``'s. Raises NotExact."""
-        ev, rows = _Evaluator(self.upstream_schema, table), table.num_rows
-        try:
-            computed = {name: _column(ev.eval(node), rows)
-                        for name, node in self.computed_nodes.items()}
-            kept = self.keep(table)
-        except NotExact:
-            raise
-        except Exception as e:  # noqa: BLE001 - an overflow, or a kernel Arrow lacks: Spark
-            raise NotExact(f"Arrow refused a value Spark must judge: {e}") from e
-        data = {c: table.column(c) for c in self.columns}
-        data.update(computed)
-        data[VNODE] = table.column(VNODE)
-        out = pa.table({f.name: _cast(data[f.name], f.type) for f in self.mv_schema},
-                       schema=self.mv_schema)
-        return out.filter(kept)
+def _literal(node: Literal) -> _Op:
+    if node.kind == "int":
+        v = int(node.value)  # type: ignore[call-overload]
+        if -(1 << 31) <= v < (1 << 31):
+            return _Op("lit", pa.int32(), value=v)
+        _require(-(1 << 63) <= v < (1 << 63), "integer literal beyond bigint")
+        return _Op("lit", pa.int64(), value=v)
+    if node.kind == "decimal":
+        text = str(node.value).lstrip("-")
+        whole, frac = text.split(".")
+        digits = (whole + frac).lstrip("0") or "0"
+        precision = max(len(digits), len(frac))  # Java's BigDecimal, as Spark types it
+        _require(precision <= MAX_PRECISION, "decimal literal beyond 38 digits")
+        return _Op("lit", pa.decimal128(precision, len(frac)), value=Decimal(str(node.value)))
+    if node.kind == "string":
+        return _Op("lit", pa.string(), value=str(node.value))
+    _require(node.kind == "bool", node.kind)
+    return _Op("lit", pa.bool_(), value=bool(node.value))
 
 
-class _Evaluator:
-    def __init__(self, schema: pa.Schema, table: pa.Table):
-        self.typed, self.table = _Typed(schema), table
-
-    def eval(self, node: Node):
-        t = self.typed.type_of(node)
-        if isinstance(node, Column):
-            return _cast(self.table.column(self.typed.column(node)), t)
-        if isinstance(node, Literal):
-            value = node.value
-            if node.kind == "decimal":
-                from decimal import Decimal
-
-                value = Decimal(str(value))
-            return pa.scalar(value, t)
-        if isinstance(node, IsNull):
-            operand = self.eval(node.operand)
-            return pc.is_valid(operand) if node.negated else pc.is_null(operand)
-        if isinstance(node, Unary):
-            operand = self.eval(node.operand)
-            return pc.invert(operand) if node.op == "not" else pc.negate_checked(operand)
-        if isinstance(node, Call):
-            text = self.eval(node.args[0])
-            if pc.all(pc.string_is_ascii(text)).as_py() is False:
-                raise NotExact(f"{node.name}() of non-ASCII text: Java's case mapping "
-                               "(Spark's) differs from Arrow's")
-            return pc.utf8_upper(text) if node.name == "upper" else pc.utf8_lower(text)
-        return self._binary(node, t)
-
-    def _binary(self, node: Binary, t: pa.DataType):
-        left, right = self.eval(node.left), self.eval(node.right)
-        if node.op == "and":
-            return pc.and_kleene(left, right)
-        if node.op == "or":
-            return pc.or_kleene(left, right)
-        lt, rt = self.typed.type_of(node.left), self.typed.type_of(node.right)
-        if node.op in _COMPARE:
-            if "decimal" in (_family(lt), _family(rt)):
-                common = self.typed.common_decimal(lt, rt)
-                left, right = _cast(left, common), _cast(right, common)
-            elif _family(lt) == "int":
-                wide = max(lt, rt, key=_INTS.index)
-                left, right = _cast(left, wide), _cast(right, wide)
-            return getattr(pc, _COMPARE[node.op])(left, right)
-        if pa.types.is_decimal128(t):
-            left = _cast(left, _as_decimal(lt, node.left))
-            right = _cast(right, _as_decimal(rt, node.right))
-        else:
-            left, right = _cast(left, t), _cast(right, t)
-        return _cast(getattr(pc, _ARITHMETIC[node.op])(left, right), t)
+def _as_decimal(op: _Op) -> pa.DataType:
+    """An operand as Spark's decimal: an integer literal by its own digits, an integer
+    column by its type's range."""
+    if pa.types.is_decimal128(op.type):
+        return op.type
+    if op.kind == "lit":
+        return pa.decimal128(max(1, len(str(abs(int(op.value))))), 0)  # type: ignore[call-overload]
+    return pa.decimal128(_INT_DIGITS[op.type], 0)
 
 
-def _column(values, rows: int):
-    """An expression's result as a column (a constant expression gives a scalar)."""
-    return pa.repeat(values, rows) if isinstance(values, pa.Scalar) else values
+def _wider(left: _Op, right: _Op) -> pa.DataType:
+    """The type both numeric operands are compared or added in, holding both exactly."""
+    if left.type in _INTS and right.type in _INTS:
+        return max(left.type, right.type, key=_INTS.index)
+    a, b = _as_decimal(left), _as_decimal(right)
+    s = max(a.scale, b.scale)
+    p = max(a.precision - a.scale, b.precision - b.scale) + s
+    _require(p <= MAX_PRECISION, "comparison beyond 38 digits")
+    return pa.decimal128(p, s)
+
+
+def _cast_op(op: _Op, t: pa.DataType) -> _Op:
+    """``op`` widened to ``t``; a literal is retyped instead (Arrow casts an int32 to
+    decimal(1,0) only after checking the int32 range, not the value, and refuses)."""
+    if op.type == t:
+        return op
+    if op.kind == "lit":
+        value = Decimal(op.value) if pa.types.is_decimal128(t) else op.value  # type: ignore[arg-type]
+        return _Op("lit", t, value=value)
+    return _Op("cast", t, (op,))
+
+
+def _evaluate(op: _Op, table: pa.Table):
+    """The op over ``table``: an array, or a scalar for a constant expression."""
+    k = op.kind
+    if k == "col":
+        return table.column(op.value)
+    if k == "lit":
+        return pa.scalar(op.value, op.type)
+    args = [_evaluate(a, table) for a in op.args]
+    if k == "cast":
+        return pc.cast(args[0], op.type)  # widening only: never lossy, checked anyway
+    if k == "arith":
+        return _cast(getattr(pc, _ARITHMETIC[op.value])(*args), op.type)
+    if k == "neg":
+        return pc.negate_checked(args[0])
+    if k == "cmp":
+        return getattr(pc, _COMPARE[op.value])(*args)
+    if k in ("and", "or"):
+        return pc.and_kleene(*args) if k == "and" else pc.or_kleene(*args)
+    if k == "not":
+        return pc.invert(args[0])
+    if k in ("isnull", "notnull"):
+        return pc.is_null(args[0]) if k == "isnull" else pc.is_valid(args[0])
+    if pc.all(pc.string_is_ascii(args[0])).as_py() is False:
+        raise NotExact(f"{k}() of a non-ASCII value: Java's case mapping (Spark's) differs "
+                       "from Arrow's")
+    return pc.utf8_upper(args[0]) if k == "upper" else pc.utf8_lower(args[0])
 
 
 def _cast(values, t: pa.DataType):
-    return values if values.type == t else values.cast(t)
+    return values if values.type == t else pc.cast(values, t)
+
+
+def _full(values, rows: int) -> pa.Array | pa.ChunkedArray:
+    """A constant expression's scalar as a column of ``rows`` values."""
+    return pa.repeat(values, rows) if isinstance(values, pa.Scalar) else values
+
+
+def _run(op: _Op, table: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """Evaluate, an Arrow refusal (overflow: ArrowInvalid) becoming `NotExact`."""
+    try:
+        return _full(_evaluate(op, table), table.num_rows)
+    except pa.ArrowInvalid as e:
+        raise NotExact(f"Arrow refused a value (Spark would fail or wrap): {e}") from e
+
+
+class ArrowProjection:
+    """A compiled definition: plain data (typed trees, schemas), so it pickles to Spark's
+    Python workers. Input tables hold the upstream's columns (+ `vnode`) in its types."""
+
+    def __init__(self, columns: tuple[str, ...], mv_schema: pa.Schema, keep_op: _Op | None,
+                 computed_ops: dict[str, _Op]):
+        self.columns, self.mv_schema = columns, mv_schema
+        self.keep_op, self.computed_ops = keep_op, computed_ops
+
+    def keep(self, table: pa.Table) -> pa.Array:
+        """The filter per row (bool), a null counting as rejected as in SQL's WHERE; all
+        True without a filter. Raises `NotExact`."""
+        if self.keep_op is None:
+            return pa.array([True] * table.num_rows, pa.bool_())
+        kept = pc.fill_null(_run(self.keep_op, table), False)
+        return kept.combine_chunks() if isinstance(kept, pa.ChunkedArray) else kept
+
+    def computed(self, table: pa.Table) -> dict[str, pa.Array | pa.ChunkedArray]:
+        """Each computed column over every row, in ``mv_schema``'s type. Raises `NotExact`."""
+        return {name: _cast(_run(op, table), self.mv_schema.field(name).type)
+                for name, op in self.computed_ops.items()}
+
+    def project(self, table: pa.Table) -> pa.Table:
+        """The MV rows of ``table``: kept rows only, in order, columns and types exactly
+        ``mv_schema``'s (selected, computed, `vnode`). Raises `NotExact`."""
+        computed, kept = self.computed(table), self.keep(table)
+        data = [_cast(table.column(f.name), f.type) if f.name not in computed
+                else computed[f.name] for f in self.mv_schema]
+        return pa.Table.from_arrays(data, schema=self.mv_schema).filter(kept)
 
 
 def compile_projection(definition: MVDefinition, upstream_schema: pa.Schema,
                        mv_schema: pa.Schema) -> ArrowProjection | None:
-    """The definition as Arrow kernels with Spark's results, or None (Spark evaluates it):
-    an expression outside the subset, or a computed type other than Spark's analysis
-    (``mv_schema``, from `mv_spark.validate_expressions`)."""
-    typed = _Typed(upstream_schema)
+    """The definition as Arrow kernels with Spark's results, or None (then Spark evaluates
+    it): an expression outside the subset, an unknown or ambiguous column, types mixed
+    outside the rules, or a computed type other than Spark's own analysis (``mv_schema``,
+    from `mv_spark.validate_expressions`)."""
+    names = [*definition.columns, *(c.name for c in definition.computed), VNODE]
+    if mv_schema.names != names or any(c not in upstream_schema.names
+                                       for c in (*definition.columns, VNODE)):
+        return None
+    compiler = _Compiler(upstream_schema)
     try:
-        filter_node = None
+        keep_op = None
         if definition.filter:
-            filter_node = parse_expression(definition.filter)
-            if filter_node is None or typed.type_of(filter_node) != pa.bool_():
-                return None
+            keep_op = _compiled(compiler, definition.filter)
+            _require(keep_op.type == pa.bool_(), "filter is not a boolean")
         computed = {}
         for c in definition.computed:
-            node = parse_expression(c.expr)
-            if node is None:
-                return None
-            t, want = typed.type_of(node), mv_schema.field(c.name).type
-            if t != want and not (_family(t) == _family(want) == "string"):
-                return None
-            computed[c.name] = node
-    except (_Unsupported, KeyError):
+            op, want = _compiled(compiler, c.expr), mv_schema.field(c.name).type
+            _require(op.type == want or _family(op.type) == _family(want) == "string",
+                     f"{c.name}: {op.type} where Spark has {want}")
+            computed[c.name] = op
+    except _Unsupported:
         return None
-    return ArrowProjection(definition, upstream_schema, mv_schema, filter_node, computed)
+    return ArrowProjection(tuple(definition.columns), mv_schema, keep_op, computed)
+
+
+def _compiled(compiler: _Compiler, text: str) -> _Op:
+    node = parse(text)
+    _require(node is not None, text)
+    return compiler.compile(node)  # type: ignore[arg-type]

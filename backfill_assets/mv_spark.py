@@ -143,7 +143,9 @@ def exact_projection(spark: SparkSession, definition: MVDefinition,
     key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
     if key not in _EXACT:
         mv_schema = validate_expressions(spark, definition, upstream_schema)
-        _EXACT[key] = compile_projection(definition, upstream_schema, mv_schema)
+        rows = upstream_schema if VNODE in upstream_schema.names else \
+            upstream_schema.append(pa.field(VNODE, pa.int32()))  # the rows carry the MV's
+        _EXACT[key] = compile_projection(definition, rows, mv_schema)
     return _EXACT[key]
 
 

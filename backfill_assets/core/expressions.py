@@ -1,12 +1,24 @@
-"""A small, exact subset of Spark SQL expressions, parsed without Spark.
+"""A small subset of Spark SQL expressions, parsed without Spark.
 
-Why: an MV's filter and computed columns are Spark SQL, and Spark evaluating a few thousand
-rows of a small barrier costs a job (~0.06-0.1 s), while a bulk step pays two crossings
-between the JVM and Python per row. The subset here is what can be evaluated elsewhere with
-the same result (``arrow_expr``): columns, integer and decimal literals, plain strings,
-booleans, ``+ - *``, comparisons, ``AND OR NOT``, ``IS [NOT] NULL``, ``upper``/``lower``.
-``parse`` returns None for anything else, never an error: Spark stays the judge of what a
-definition means, and the only evaluator of what this module does not know.
+Why: an MV's filter and computed columns are Spark SQL texts, and having Spark evaluate a few
+thousand rows costs a job, while a bulk step pays a JVM <-> Python crossing per row. The
+subset parsed here is the one `arrow_expr` can evaluate with exactly Spark's results:
+columns, integer and decimal literals, plain string literals, TRUE / FALSE, ``+ - *``,
+unary minus, comparisons, ``AND OR NOT``, ``IS [NOT] NULL``, ``upper`` / ``lower``.
+
+``parse`` returns None for any other text and never raises: Spark stays the validator of
+what a definition means and the evaluator of everything this module does not know. The
+grammar follows Spark's parser where they could differ:
+- precedence OR < AND < NOT < comparison / IS NULL < ``+ -`` < ``*`` < unary minus; a
+  comparison does not chain (``a = b = c`` is refused);
+- ``-`` directly before a number is part of the literal, as in Spark's grammar
+  (``MINUS? INTEGER_VALUE``): ``-2147483648`` is an int and ``amount * -3`` multiplies by a
+  one-digit decimal, while ``-(3)`` is a negation;
+- ``--`` starts a comment and ``${...}`` is variable substitution in Spark's parser, even
+  inside string literals: texts holding either are refused; so are backslashes in strings
+  (Spark's escapes are not Python's) and non-ASCII whitespace;
+- names that Spark reads as functions without parentheses (``current_date``, ``user``...)
+  are refused unless backticked, since a column of that name would not be what Spark reads.
 """
 
 from __future__ import annotations
@@ -17,37 +29,50 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Column:
+    """A column reference (backticks removed; resolution is the adapter's, case-insensitive)."""
+
     name: str
-    quoted: bool  # backticked: matched exactly; plain: case-insensitive, as Spark's default
 
 
 @dataclass(frozen=True)
 class Literal:
-    value: object  # int, decimal text ("12.50"), str, bool
-    kind: str  # "int" | "decimal" | "string" | "bool"
+    """A constant: kind "int" (value an int), "decimal" (value the literal's text, e.g.
+    "-1.50": its digits give Spark's precision and scale), "string" or "bool"."""
+
+    value: object
+    kind: str
 
 
 @dataclass(frozen=True)
 class Unary:
-    op: str  # "-" | "not"
+    """``-`` (negation) or ``not``."""
+
+    op: str
     operand: Node
 
 
 @dataclass(frozen=True)
 class Binary:
-    op: str  # + - * = <> < <= > >= and or
+    """``+ - *``, a comparison (``= <> < <= > >=``, ``==`` and ``!=`` normalized) or
+    ``and`` / ``or``."""
+
+    op: str
     left: Node
     right: Node
 
 
 @dataclass(frozen=True)
 class Call:
-    name: str  # upper | lower
+    """A function call; ``name`` lowercased (``upper`` or ``lower``)."""
+
+    name: str
     args: tuple[Node, ...]
 
 
 @dataclass(frozen=True)
 class IsNull:
+    """``operand IS NULL`` (or ``IS NOT NULL`` when negated)."""
+
     operand: Node
     negated: bool
 
@@ -55,16 +80,21 @@ class IsNull:
 Node = Column | Literal | Unary | Binary | Call | IsNull
 
 FUNCTIONS = frozenset({"upper", "lower"})
-_TOKEN = re.compile(r"""\s*(?:
-    (?P<number>\d+(?:\.\d+)?(?![\w.]))
+COMPARISONS = frozenset({"=", "<>", "<", "<=", ">", ">="})
+_COMPARE = {"=": "=", "==": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">",
+            ">=": ">="}
+_KEYWORDS = frozenset({"and", "or", "not", "is", "null", "true", "false"})
+# read by Spark as functions without parentheses (its `currentLike` rule), never as a column
+_NILADIC = frozenset({"current_date", "current_timestamp", "current_time", "current_user",
+                      "user", "session_user", "current_schema", "current_database",
+                      "current_catalog", "current_role"})
+_TOKEN = re.compile(r"""[ \t\r\n]*(?:
+    (?P<number>[0-9]+(?:\.[0-9]+)?(?![A-Za-z0-9_.]))
   | (?P<string>'[^'\\]*')
   | (?P<quoted>`(?:[^`]|``)+`)
   | (?P<word>[A-Za-z_][A-Za-z0-9_]*)
   | (?P<op><>|!=|<=|>=|==|[-+*=<>(),])
 )""", re.VERBOSE)
-_COMPARE = {"=": "=", "==": "=", "<>": "<>", "!=": "<>", "<": "<", "<=": "<=", ">": ">",
-            ">=": ">="}
-_KEYWORDS = frozenset({"and", "or", "not", "is", "null", "true", "false"})
 
 
 class _Unsupported(Exception):
@@ -72,23 +102,22 @@ class _Unsupported(Exception):
 
 
 def parse(text: str) -> Node | None:
-    """The expression's tree, or None when ``text`` is outside the subset."""
+    """The expression's tree, or None when ``text`` is outside the subset (never raises)."""
+    if not isinstance(text, str) or "${" in text or "--" in text:
+        return None
     try:
-        tokens = _tokenize(text)
-        parser = _Parser(tokens)
+        parser = _Parser(_tokenize(text))
         node = parser.disjunction()
-        if parser.peek() is not None:
-            return None
-        return node
-    except _Unsupported:
+        return node if parser.peek() is None else None
+    except (_Unsupported, RecursionError, ValueError):
         return None
 
 
-def columns_of(node: Node) -> list[Column]:
-    """Every column the expression reads."""
+def columns_of(node: Node) -> list[str]:
+    """The names of every column the expression reads, in order of appearance."""
     if isinstance(node, Column):
-        return [node]
-    if isinstance(node, (Unary, IsNull)):
+        return [node.name]
+    if isinstance(node, Unary | IsNull):
         return columns_of(node.operand)
     if isinstance(node, Binary):
         return columns_of(node.left) + columns_of(node.right)
@@ -98,20 +127,18 @@ def columns_of(node: Node) -> list[Column]:
 
 
 def _tokenize(text: str) -> list[tuple[str, str]]:
-    tokens, pos, end = [], 0, len(text.rstrip())
+    tokens, pos, end = [], 0, len(text.rstrip(" \t\r\n"))
     while pos < end:
         m = _TOKEN.match(text, pos)
-        if m is None or m.end() == pos:
+        if m is None or m.end() == pos or m.lastgroup is None:
             raise _Unsupported(text[pos:])
-        kind = m.lastgroup
-        tokens.append((kind, m.group(kind)))
+        tokens.append((m.lastgroup, m.group(m.lastgroup)))
         pos = m.end()
     return tokens
 
 
 class _Parser:
-    """Recursive descent with Spark's precedence: OR < AND < NOT < comparison / IS NULL <
-    + - < * < unary minus."""
+    """Recursive descent over the tokens, one method per precedence level."""
 
     def __init__(self, tokens: list[tuple[str, str]]):
         self.tokens, self.i = tokens, 0
@@ -179,9 +206,13 @@ class _Parser:
         return node
 
     def unary(self) -> Node:
-        if self._op("-") is not None:
-            return Unary("-", self.unary())
-        return self.atom()
+        if self._op("-") is None:
+            return self.atom()
+        t = self.peek()
+        if t is not None and t[0] == "number":  # Spark's grammar: the sign is the literal's
+            self.i += 1
+            return _number("-" + t[1])
+        return Unary("-", self.unary())
 
     def atom(self) -> Node:
         t = self.peek()
@@ -190,11 +221,11 @@ class _Parser:
         kind, text = t
         self.i += 1
         if kind == "number":
-            return Literal(int(text), "int") if "." not in text else Literal(text, "decimal")
+            return _number(text)
         if kind == "string":
             return Literal(text[1:-1], "string")
         if kind == "quoted":
-            return Column(text[1:-1].replace("``", "`"), True)
+            return Column(text[1:-1].replace("``", "`"))
         if kind == "op" and text == "(":
             node = self.disjunction()
             if self._op(")") is None:
@@ -210,8 +241,13 @@ class _Parser:
                 raise _Unsupported(f"function {text}")
             arg = self.disjunction()
             if self._op(")") is None:
-                raise _Unsupported("one argument")
+                raise _Unsupported("one argument only")
             return Call(low, (arg,))
-        if low in _KEYWORDS:
+        if low in _KEYWORDS or low in _NILADIC:
             raise _Unsupported(text)
-        return Column(text, False)
+        return Column(text)
+
+
+def _number(text: str) -> Literal:
+    """An integer literal's value, or a decimal literal's text (sign included)."""
+    return Literal(text, "decimal") if "." in text else Literal(int(text), "int")

@@ -35,6 +35,7 @@ from backfill_assets import mv_store
 from backfill_assets.core.names import SEEN
 from backfill_assets.errors import BadPrimaryKeyInUpstream
 from backfill_assets.mv_store import MVTables
+from backfill_assets.storage.spark_types import col
 
 _FIX = ("fix those rows in the upstream (or primary_key in the MV definition), then rerun; "
         "nothing was written")
@@ -65,7 +66,7 @@ def check_inserted_keys(changes: DataFrame, upstream: DataFrame, started: Sequen
     inserts into a started vnode without deleting it, and that the upstream then holds twice."""
     if not started:
         return
-    keys = [F.col(f"`{k}`") for k in key_names]
+    keys = [col(k) for k in key_names]
     new = F.col("_change_type").isin("insert", "update_postimage").cast("int")
     inserted = (changes.where(mv_store.vnode_in(started))
                 .groupBy(*keys, "_commit_version")
@@ -117,7 +118,7 @@ def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Seque
 def check_snapshot_keys(rows: DataFrame, key_names: Sequence[str], uri: str,
                         version: int) -> None:
     """Spark rows of the upstream at `version`: no null pk, no key twice."""
-    keys = [F.col(f"`{k}`") for k in key_names]
+    keys = [col(k) for k in key_names]
     null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
     bad = (rows.groupBy(*keys).agg(F.count(F.lit(1)).alias(SEEN))
            .where((F.col(SEEN) > 1) | null).limit(1).collect())
@@ -130,11 +131,11 @@ def refuse_flagged_chunk_key(chunk: DataFrame, flag: str, key_names: Sequence[st
                              version: int) -> None:
     """A chunk whose window flagged a row (`flag`: null pk, or the previous row's pk): name the
     key and how many rows of the chunk hold it."""
-    row = chunk.where(F.col(flag)).select(*[F.col(f"`{k}`") for k in key_names]).first()
+    row = chunk.where(F.col(flag)).select(*[col(k) for k in key_names]).first()
     if row is None:
         return
     key = row.asDict()
-    same = reduce(lambda a, b: a & b, [F.col(f"`{k}`").eqNullSafe(key[k]) for k in key_names])
+    same = reduce(lambda a, b: a & b, [col(k).eqNullSafe(key[k]) for k in key_names])
     _refuse_snapshot_key(key, chunk.where(same).count(), key_names, uri, version)
 
 

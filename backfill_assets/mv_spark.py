@@ -38,6 +38,7 @@ from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.snapshot import last_key_sort_sql
 from backfill_assets.errors import InvalidMVExpression
 from backfill_assets.spark_ops import spark_schema
+from backfill_assets.storage.spark_types import col
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
@@ -53,7 +54,7 @@ def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
 
 def _mv_columns(definition: MVDefinition) -> list:
     """The MV's columns (selected, computed, vnode) as Spark columns over upstream rows."""
-    exprs = [F.col(f"`{c}`") for c in definition.columns]
+    exprs = [col(c) for c in definition.columns]
     exprs += [F.expr(c.expr).alias(c.name) for c in definition.computed]
     return [*exprs, F.col(VNODE)]
 
@@ -262,7 +263,7 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     if not per_vnode:
         pending = pending.orderBy(*order).limit(limit)
     window = Window.partitionBy("vnode").orderBy(*order)
-    keys = [F.col(f"`{name}`") for name in key_order.names]
+    keys = [col(name) for name in key_order.names]
     same = reduce(lambda a, b: a & b, [k == F.lag(k).over(window) for k in keys])
     null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
     ranked = pending.withColumn(RN, F.row_number().over(window))
@@ -276,7 +277,7 @@ def first_rows(rows: DataFrame, key_order: KeyOrder, limit: int) -> DataFrame:
     ``limit``-th key, from a top-k of the keys (Spark keeps ``limit`` keys per partition and
     sorts nothing else); the filter keeps each task's partitioning and (vnode, key) order, so
     the rows still reach the writer clustered."""
-    keys = [F.col(f"`{k}`") for k in key_order.names]
+    keys = [col(k) for k in key_order.names]
     top = rows.select(*keys).orderBy(*order_columns(key_order)).limit(limit)
     sort = F.struct(*[F.expr(e).alias(f"_o{i}")
                       for i, e in enumerate(last_key_sort_sql(key_order))])
@@ -302,7 +303,7 @@ def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> ChunkStats:
     reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
     top = chunk.groupBy("vnode").agg(F.max(RN).alias(TOP),
                                      F.max(F.col(BAD_KEY).cast("int")).alias(BAD))
-    keys = [F.col(f"`{k}`") for k in key_names]
+    keys = [col(k) for k in key_names]
     last = (chunk.join(top, "vnode").where(F.col(RN) == F.col(TOP))
             .select("vnode", RN, BAD, *keys).toArrow())
     rows = last.to_pylist()
@@ -314,9 +315,9 @@ def order_columns(key_order: KeyOrder) -> list:
     """Spark sort columns for the key order (direction and null placement per column)."""
     out = []
     for c in key_order.columns:
-        col = F.col(f"`{c.name}`")
+        ref = col(c.name)
         if c.descending:
-            out.append(col.desc_nulls_first() if c.nulls_first else col.desc_nulls_last())
+            out.append(ref.desc_nulls_first() if c.nulls_first else ref.desc_nulls_last())
         else:
-            out.append(col.asc_nulls_first() if c.nulls_first else col.asc_nulls_last())
+            out.append(ref.asc_nulls_first() if c.nulls_first else ref.asc_nulls_last())
     return out

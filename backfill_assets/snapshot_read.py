@@ -30,6 +30,7 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.snapshot import last_key_sort_sql
 from backfill_assets.key_checks import check_snapshot_keys
 from backfill_assets.mv_spark import rows_after
+from backfill_assets.storage.spark_types import col
 
 
 def read_remainder(rows: DataFrame, keys: DataFrame, positions: Mapping[int, Key | None],
@@ -61,7 +62,7 @@ def read_remainder(rows: DataFrame, keys: DataFrame, positions: Mapping[int, Key
 
 def _vnode_stats(rows: DataFrame, key_order: KeyOrder) -> list[dict]:
     """One aggregate: per vnode the row count, the last key and whether a pk is null."""
-    keys = [F.col("`" + k.replace("`", "``") + "`") for k in key_order.names]
+    keys = [col(k) for k in key_order.names]
     order = F.struct(*[F.expr(e).alias(f"_o{i}")
                        for i, e in enumerate(last_key_sort_sql(key_order))])
     null = F.greatest(*[k.isNull().cast("int") for k in keys]) if len(keys) > 1 else \
@@ -83,7 +84,7 @@ def replacing(spark: SparkSession, mv: storage.Snapshot, rows: DataFrame | None,
                                storage_options=mv.storage_options)
     if rows is None:
         return old.withColumn(names.OP, F.lit("delete"))
-    quoted = [F.col("`" + k.replace("`", "``") + "`") for k in keys]
+    quoted = [col(k) for k in keys]
     gone = old.join(rows.select(*quoted), on=keys, how="left_anti")
     return rows.withColumn(names.OP, F.lit("upsert")).unionByName(
         gone.withColumn(names.OP, F.lit("delete")))

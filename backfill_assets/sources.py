@@ -21,7 +21,6 @@ from typing import Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from backfill_assets import mv_store, spark_ops, storage
 from backfill_assets.arrow_expr import NotExact
@@ -31,6 +30,7 @@ from backfill_assets.core.names import BAD_KEY, OP
 from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.mv_spark import exact_projection
 from backfill_assets.mv_store import MVTables
+from backfill_assets.storage.spark_types import col
 
 VNODE = "vnode"
 
@@ -76,7 +76,7 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     picked = storage.chunk_files(snap.files, key_order, positions, limit, shared)
     rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
                               picked, shared)
-    typed = [F.col(f"`{f.name}`").cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
+    typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
     return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
 
 

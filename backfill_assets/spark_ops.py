@@ -18,7 +18,7 @@ from backfill_assets.arrow_types import type_name
 from backfill_assets.core.names import OP, RANK, ROW_NUMBER
 from backfill_assets.core.vnode import spark_vnode_sql
 from backfill_assets.storage import read_version
-from backfill_assets.storage.spark_types import spark_schema, spark_type
+from backfill_assets.storage.spark_types import col, spark_schema, spark_type
 
 __all__ = ["read_version", "spark_schema", "spark_type", "net_changes", "read_changes",
            "vnode_column", "with_vnode"]
@@ -49,7 +49,7 @@ def net_changes(df: DataFrame, key_names: Sequence[str]) -> DataFrame:
     upsert of the new one. Output: the input columns without ``_change_type`` /
     ``_commit_timestamp``, plus ``OP`` ('upsert' | 'delete'); ``_commit_version`` is kept."""
     rank = F.when(F.col("_change_type").isin(*UPSERT_TYPES), F.lit(0)).otherwise(F.lit(1))
-    order = Window.partitionBy(*[F.col(f"`{k}`") for k in key_names]).orderBy(
+    order = Window.partitionBy(*[col(k) for k in key_names]).orderBy(
         F.col("_commit_version").desc(), F.col(RANK).asc()
     )
     ranked = df.withColumn(RANK, rank).withColumn(ROW_NUMBER, F.row_number().over(order))

@@ -40,7 +40,7 @@ from backfill_assets.storage.merge import Applied, append, apply_changes, apply_
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
 from backfill_assets.storage.read import read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
-from backfill_assets.storage.spark_types import spark_type
+from backfill_assets.storage.spark_types import col, spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "DataFile", "Intent", "KeyedRows",
@@ -69,7 +69,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
         files = files_in_vnodes(files, wanted)
     df = read_snapshot(spark, snap, columns, files, cluster_keys=cluster_keys)
     if schema is not None:
-        df = df.select(*[F.col(f"`{f.name}`").cast(spark_type(f.type)).alias(f.name)
+        df = df.select(*[col(f.name).cast(spark_type(f.type)).alias(f.name)
                          for f in schema])
     if wanted is not None:
         df = df.where(F.col(VNODE).isin(wanted))

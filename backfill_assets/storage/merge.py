@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 from pyroaring import BitMap64
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets.core import names
@@ -37,6 +37,7 @@ from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.prune import VNODE, files_holding
 from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY
+from backfill_assets.storage.spark_types import col
 from backfill_assets.storage.write import write_files
 
 OP = names.OP
@@ -56,10 +57,6 @@ class Applied:
     rows_deleted: int
 
 
-def _q(name: str) -> Column:
-    return F.col(f"`{name}`")
-
-
 def file_rows_for(table_rows: int) -> int:
     """Rows per data file for a table of ``table_rows``: FILE_ROWS, or bigger so the table
     has about TARGET_FILES files. Changes spread over all vnodes give every file a DV, and
@@ -73,12 +70,12 @@ def clustered(df: DataFrame, key_names: Sequence[str], rows: int, vnode_count: i
     """``df`` in (vnode, key) order, each task holding one contiguous vnode range (about
     ``rows / file_rows`` tasks): every written file then covers a narrow vnode range with exact
     bounds. The range of a row is computed from its vnode (no sampling pass over the data)."""
-    order = [_q(VNODE), *[_q(k) for k in key_names]]
+    order = [col(VNODE), *[col(k) for k in key_names]]
     parts = max(1, min(MAX_WRITE_TASKS, math.ceil(rows / file_rows)))
     if parts == 1:
         shaped = df.coalesce(1)
     elif vnode_count:
-        shaped = df.repartition(parts, F.floor(_q(VNODE) * parts / vnode_count))
+        shaped = df.repartition(parts, F.floor(col(VNODE) * parts / vnode_count))
     else:
         shaped = df.repartitionByRange(parts, *order)
     return shaped.sortWithinPartitions(*order)
@@ -150,7 +147,7 @@ def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequenc
     seek_rows = int(snap.configuration.get(SEEK_ROWS_PROPERTY) or 0)
     laid_out: list[tuple[DataFrame, int, str | None]] = []  # (rows, file rows, split column)
     if inserts is not None:
-        rows = inserts.select(*[_q(c) for c in cols])
+        rows = inserts.select(*[col(c) for c in cols])
         if clustered_inserts:
             laid_out.append((rows, file_rows, None))
         elif seek_rows:
@@ -215,14 +212,14 @@ def _match(spark: SparkSession, snap: Snapshot, changes: DataFrame,
            key_names: Sequence[str], cols: Sequence[str]) -> DataFrame:
     """Every change with the row the table holds for its key (``__bf_old``, its file and
     row), and whether the upsert equals it (``__bf_same``)."""
-    new = changes.select(*[_q(k) for k in key_names],
-                         F.struct(*[_q(c) for c in cols]).alias(_NEW), _q(OP))
-    keys = changes.select(_q(VNODE), *[_q(k) for k in key_names]).toArrow()
+    new = changes.select(*[col(k) for k in key_names],
+                         F.struct(*[col(c) for c in cols]).alias(_NEW), col(OP))
+    keys = changes.select(col(VNODE), *[col(k) for k in key_names]).toArrow()
     touched = files_holding(snap.files, keys, key_names)
     if touched:
         old = read_snapshot(spark, snap, cols, touched, row_ids=True).select(
-            *[_q(k) for k in key_names], F.struct(*[_q(c) for c in cols]).alias(_OLD),
-            _q(FILE_COLUMN), _q(ROW_COLUMN))
+            *[col(k) for k in key_names], F.struct(*[col(c) for c in cols]).alias(_OLD),
+            col(FILE_COLUMN), col(ROW_COLUMN))
         both = new.join(old, on=list(key_names), how="left")
     else:
         null_old = F.lit(None).cast(new.schema[_NEW].dataType)

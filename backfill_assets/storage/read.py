@@ -19,14 +19,13 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from backfill_assets.core import names
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import dv, objects
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import vnode_span
-from backfill_assets.storage.spark_types import exchange_schema, spark_schema
+from backfill_assets.storage.spark_types import col, exchange_schema, spark_schema
 
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
 ROW_COLUMN = names.ROW  # its physical row index in that file
@@ -75,7 +74,7 @@ def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | 
     rows = one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
     if cluster_keys is None:
         return rows
-    return rows.sortWithinPartitions(*[F.col("`" + c.replace("`", "``") + "`")
+    return rows.sortWithinPartitions(*[col(c)
                                        for c in (VNODE, *cluster_keys)])
 
 

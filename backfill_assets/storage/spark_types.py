@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import pyarrow as pa
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from pyspark.sql import types as T
+
+
+def col(name: str) -> Column:
+    """The column ``name`` exactly: backquoted, a backquote in it doubled (a plain
+    ``F.col(name)`` reads dots as struct fields, and a bare backquote breaks the name)."""
+    return F.col("`" + name.replace("`", "``") + "`")
 
 
 def spark_type(t: pa.DataType) -> T.DataType:

@@ -97,7 +97,7 @@ bench-bulk-20m: env
 # 100M rows, snapshot mode only (the chunked modes take hours at this size), one repeat of
 # each baseline; its own results file
 bench-bulk-100m: env
-	$(PY) -m benchmarks.bench_bulk --rows 100000000 --pk single --modes snapshot --repeat 1 \
+	$(PY) -m benchmarks.bench_bulk --rows 100000000 --pk single --modes snapshot --repeat 1 --verify \
 		--budget 0 --name bulk_100M $(BENCH_ARGS)
 
 bench-incremental: env

@@ -5,7 +5,9 @@ files that can hold it, storage.seek; sorted in the read tasks and handed on alr
 storage.chunk_read; no_shuffle cuts its shared limit with `first_rows`); snapshot mode
 reads each vnode's remainder whole (`bulk_chunk`). Both come back as a projected DataFrame
 plus per-vnode stats (rows read, last key) for the position strategy; rows never pass through
-the driver.
+the driver. A bulk step of fresh vnodes under a definition that compiles to Arrow skips the
+DataFrame: Python tasks write its MV files and report the stats (`arrow_chunk`, the first
+phase of the step's commit).
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ class Chunk:
     stats: dict
     scanned: int | None = None  # rows of the files a seek read (None: not a seek)
     clustered: bool = False  # each Spark partition one vnode range in (vnode, key) order
-    bulk: storage.BulkRows | None = None  # the same rows projected in Arrow (snapshot mode)
+    written: storage.BulkWritten | None = None  # written in Arrow, not committed (arrow_chunk)
+    engine: str | None = None  # how a bulk chunk was projected: "arrow", or "spark" (and why)
 
 
 def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
@@ -73,16 +76,28 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
 
 
 def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
-                d: MVDefinition) -> Chunk:
-    """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached)."""
+               d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
+    """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached).
+    ``mv``: the MV to write into when the step has nothing but these rows to commit; vnodes
+    read whole are then written by Python tasks alone (`arrow_chunk`) when the definition
+    compiles to Arrow, else projected in Spark."""
     readers = plan.snapshot_vnodes
     if not readers or plan.chunk_limit == 0:
         return Chunk(None, 0, {})
     unique = keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count,
                               ctx.tables.storage_options)
     positions = {v: position(state.current(v)) for v in readers}
-    rows, clustered = source.read(ctx, readers)
     keys, _ = source.read(ctx, readers, key_only=True)
+    engine = None
+    if mv is not None and all(p is None for p in positions.values()):
+        try:
+            chunk = arrow_chunk(ctx, source, state, d, mv, readers, keys)
+        except storage.TransformRefused as refused:
+            engine = f"spark: {refused}"
+        else:
+            if chunk is not None:
+                return chunk
+    rows, clustered = source.read(ctx, readers)
     rows, stats = read_remainder(rows, keys, positions, state.key_order, unique_keys=unique,
                                  uri=ctx.tables.upstream, version=ctx.v_new,
                                  key_stats=source.key_stats(ctx, positions, state.key_order,
@@ -90,10 +105,31 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
     per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
     read = sum(c.rows for c in per_vnode.values())
     if not read:
-        return Chunk(None, 0, per_vnode)
-    whole = all(p is None for p in positions.values())
-    return Chunk(project(rows, d), read, per_vnode, clustered=clustered,
-                 bulk=source.arrow_rows(ctx, readers, d) if whole else None)
+        return Chunk(None, 0, per_vnode, engine=engine)
+    return Chunk(project(rows, d), read, per_vnode, clustered=clustered, engine=engine)
+
+
+def arrow_chunk(ctx: SourceContext, source, state: BackfillState, d: MVDefinition,
+                mv: storage.Snapshot, readers: list[int], keys: DataFrame) -> Chunk | None:
+    """The first phase of a bulk step's commit: the vnodes' rows read, projected in Arrow
+    and written into ``mv`` by Python tasks, which report each vnode's rows and last key
+    (the step commits the files with the progress they make). None when the upstream or
+    the definition does not allow it; TransformRefused (nothing written) when a value is
+    not proven exact in Arrow. A null or repeated pk discards the files and is refused by
+    name, as on the Spark path."""
+    bulk = source.arrow_rows(ctx, readers, d, state.key_order)
+    if bulk is None:
+        return None
+    written = storage.write_bulk(ctx.spark, bulk, mv.uri, mv.storage_options, mv.arrow_schema,
+                                 max_rows_per_file=mv_file_rows(ctx))
+    if written.bad_keys:
+        written.discard()
+        check_snapshot_keys(keys, ctx.key_names, ctx.tables.upstream, ctx.v_new)  # raises
+        raise AssertionError("the bulk tasks flagged a pk the key check did not find")
+    per_vnode = {v: VnodeChunk(*written.vnode_stats.get(v, (0, None, False))[:2])
+                 for v in readers}
+    return Chunk(None, sum(c.rows for c in per_vnode.values()), per_vnode, written=written,
+                 engine="arrow")
 
 
 def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:

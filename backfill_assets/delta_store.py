@@ -66,6 +66,15 @@ def open_table(uri: str, version: int | None = None,
     return _load(uri, None, storage_options)
 
 
+def open_head(uri: str, version: int, storage_options: StorageOptions = None):
+    """The metadata, schema, protocol and history of ``version`` without its file list
+    (``storage.log_head``: a new version of a big table costs its commit files, not a
+    replay of every live file); duck-types the part of DeltaTable those need."""
+    from backfill_assets.storage.log_head import open_head as head
+
+    return head(uri, version, storage_options)
+
+
 def _pinned(uri: str, version: int, storage_options: StorageOptions) -> DeltaTable:
     """A version of a table is immutable, as long as it is the same table: the cache key
     holds the size and modification time of that version's commit file, so a table dropped
@@ -266,7 +275,7 @@ def read_raw_changes(
             f"versions out of range: changes up to version {end} of {uri} were asked for, but "
             f"the table is at version {latest}; ask for a range that ends at or before {latest}"
         )
-    dt = open_table(uri, end, storage_options)  # the version the range ends at: pinned
+    dt = open_head(uri, end, storage_options)  # the version the range ends at (no files)
     wanted = None
     if columns is not None:
         wanted = [*columns, *(c for c in CDF_COLUMNS[:2] if c not in columns)]
@@ -283,7 +292,7 @@ def read_raw_changes(
 
     # the configuration at start + 1 is the one at `end` unless a later version of the range
     # changed the metadata: only then is that version loaded
-    first = (open_table(uri, start_exclusive + 1, storage_options)
+    first = (open_head(uri, start_exclusive + 1, storage_options)
              if metadata_changed(uri, start_exclusive + 2, end, storage_options) else dt)
     if not change_feed_enabled(first.metadata().configuration):
         raise ChangeFeedDisabled(

@@ -212,8 +212,8 @@ class BulkSource:
                                     storage_options=so)
         return _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes)), False
 
-    def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition
-                   ) -> storage.BulkRows | None:
+    def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition,
+                   key_order: KeyOrder) -> storage.BulkRows | None:
         """The vnodes' whole rows projected by Python tasks alone (no row through the JVM),
         when the definition compiles to Arrow with Spark's meaning (`mv_spark.
         exact_projection`) and the upstream is arranged by the MV's vnodes (each task then
@@ -226,7 +226,7 @@ class BulkSource:
             return None
         snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
         return storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
-                                projection.project, tuple(ctx.key_names), NotExact)
+                                projection.project, key_order, NotExact)
 
     def key_stats(self, ctx: SourceContext, positions: Mapping[int, Key | None],
                   key_order: KeyOrder, unique_keys: bool
@@ -258,7 +258,7 @@ def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: i
     the pk unique and non-null (`upstream.apply_dml`)."""
     from backfill_assets import delta_store
 
-    table = delta_store.open_table(uri, version, storage_options)
+    table = delta_store.open_head(uri, version, storage_options)
     config = table.metadata().configuration
     try:
         pk = json.loads(config.get(delta_store.PK_PROPERTY) or "null")
@@ -287,7 +287,7 @@ def keys_kept_unique(uri: str, version: int, key_names: Sequence[str], vnode_cou
 
     if not same_vnodes(uri, version, key_names, vnode_count, storage_options):
         return False
-    table = delta_store.open_table(uri, version, storage_options)
+    table = delta_store.open_head(uri, version, storage_options)
     key = (uri, table.metadata().id)
     checked = _UNIQUE_UP_TO.get(key, -1)  # versions already seen to be the platform's own
     if version <= checked:

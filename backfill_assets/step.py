@@ -204,28 +204,45 @@ class _Step:
         else:
             forward = forwarded(changes, state, plan, d)
         chunk = Chunk(None, 0, {})
+        committed = False
         try:
             if not self.replay:
-                read = bulk_chunk if getattr(self.strategy, "bulk", False) else snapshot_chunk
-                chunk = read(self.ctx, source, state, plan, d)
+                chunk = self._read_chunk(source, fresh)
                 self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
             for vnode in report.vnodes:
                 state.advance_version(vnode, plan.v_new)
             if not keyed:
                 report.forwarded_rows = forward.count() if forward is not None else 0
             report.snapshot_rows = chunk.read
-            if keyed and chunk.rows is None and not fresh:
+            if keyed and chunk.rows is None and chunk.written is None and not fresh:
                 report.engine = "driver"
             if chunk.scanned is not None:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned
+            if chunk.engine is not None:
+                report.extra["bulk_engine"] = chunk.engine
             self._commit_mv(forward if report.forwarded_rows else None, chunk.rows,
                             clustered=chunk.clustered or chunk.scanned is not None,
-                            bulk=chunk.bulk)
+                            written=chunk.written)
+            committed = True
         finally:
             for df in (None if keyed else forward, chunk.rows):
                 if df is not None:
                     df.unpersist()
+            if chunk.written is not None and not committed:
+                chunk.written.discard()  # never named by a commit
         return self._finish()
+
+    def _read_chunk(self, source, fresh: list[int]) -> Chunk:
+        """The step's snapshot rows. A bulk step whose vnodes all start now (nothing to
+        forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
+        phase of its commit (`chunk_reads.arrow_chunk`)."""
+        d, plan, state = self.req.definition, self.plan, self.state
+        if not getattr(self.strategy, "bulk", False):
+            return snapshot_chunk(self.ctx, source, state, plan, d)
+        alone = not self.req.reset and set(fresh) == set(self.report.vnodes)
+        mv = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options,
+                              self.mv) if alone else None
+        return bulk_chunk(self.ctx, source, state, plan, d, mv)
 
     def _check_inserted(self, changes: DataFrame | pa.Table | None, started: list[int]) -> None:
         """Keys the change rows insert into started vnodes: not held twice by the upstream
@@ -265,27 +282,21 @@ class _Step:
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
                    chunk: DataFrame | None, clustered: bool = False,
-                   bulk: storage.BulkRows | None = None) -> None:
+                   written: storage.BulkWritten | None = None) -> None:
         """One atomic MV commit: forwarded changes (a Spark frame, or keyed rows found by key
         lookups on the driver) + snapshot chunk + the progress they make (``clustered``: the
         chunk's rows already come in the writer's layout, see storage/chunk_read.py, so no
-        shuffle re-lays them out). ``bulk``: the same chunk projected in Arrow by the read
-        tasks, written without Spark's rows when the commit has nothing else; if it refuses
-        a value (not proven exact in Arrow), the chunk goes through Spark."""
-        if forward is None and chunk is None and not self.req.reset:
+        shuffle re-lays them out). ``written``: the chunk's files, already written by the
+        bulk tasks (the step's only rows), committed with the progress they make."""
+        if forward is None and chunk is None and written is None and not self.req.reset:
             return
         key_order, intent = self.state.key_order, self._mv_intent()
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
-        if bulk is not None and forward is None and not self.req.reset:
-            try:
-                storage.apply_changes(self.ctx.spark, snap, key_order.names, intent,
-                                      inserts=bulk, rows_hint=self.report.snapshot_rows,
-                                      file_rows=mv_file_rows(self.ctx),
-                                      hook=lambda point: self.hook(f"mv_{point}"))
-                self.report.extra["bulk_engine"] = "arrow"
-                return
-            except storage.TransformRefused as refused:
-                self.report.extra["bulk_engine"] = f"spark: {refused}"
+        if written is not None:
+            storage.apply_changes(self.ctx.spark, snap, key_order.names, intent,
+                                  inserts=written, rows_hint=self.report.snapshot_rows,
+                                  hook=lambda point: self.hook(f"mv_{point}"))
+            return
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         keyed = forward if isinstance(forward, storage.KeyedRows) else None
         changes = None if keyed is not None else forward

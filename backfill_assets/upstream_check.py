@@ -87,7 +87,8 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
 
 
 def _opened(tables: MVTables, d: MVDefinition, version: int | None):
-    """The upstream at `version` (a pinned version is loaded once per process), else latest."""
+    """The upstream at `version` (its head: metadata and schema without the file list,
+    `storage.log_head`), else the latest."""
     missing = UpstreamNotFound(
         f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
         "with upstream_load_job) or fix `upstream` in the MV definition")
@@ -97,7 +98,7 @@ def _opened(tables: MVTables, d: MVDefinition, version: int | None):
             raise missing
         return table
     try:
-        return delta_store.open_table(tables.upstream, version, tables.storage_options)
+        return delta_store.open_head(tables.upstream, version, tables.storage_options)
     except TableNotFound:
         raise missing from None  # HistoryUnavailable (a cleaned-up version) passes through
 

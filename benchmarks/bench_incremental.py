@@ -69,11 +69,19 @@ def worker(args) -> dict:
         print(f"  {args.mode}: backfill of {args.rows:,} rows done in "
               f"{out['backfill_seconds']}s", flush=True)
 
+        profiles = os.environ.get("BENCH_CPROFILE")  # a folder: one cProfile per barrier
+        n_barrier = [0]
+
         def timed_barrier() -> tuple[float, dict, object]:
             prof.reset()
+            cpu = _cprofile_start() if profiles else None
             t = time.perf_counter()
             rep = run_barrier(spark, d, tables, vnodes)
-            return time.perf_counter() - t, prof.reset(), rep
+            secs = time.perf_counter() - t
+            if cpu is not None:
+                n_barrier[0] += 1
+                _cprofile_dump(cpu, os.path.join(profiles, f"barrier_{n_barrier[0]}.prof"))
+            return secs, prof.reset(), rep
 
         cases = [(0.0, 0)] + [(f, max(1, round(args.rows * f))) for f in args.fractions]
         for fraction, changes in cases:
@@ -106,6 +114,19 @@ def worker(args) -> dict:
         feeder.close()
         shutil.rmtree(run_dir, ignore_errors=True)
     return out
+
+
+def _cprofile_start():
+    import cProfile
+    cpu = cProfile.Profile()
+    cpu.enable()
+    return cpu
+
+
+def _cprofile_dump(cpu, path: str) -> None:
+    cpu.disable()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    cpu.dump_stats(path)
 
 
 def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:

@@ -175,3 +175,31 @@ def test_a_selection_only_mv_projects_small_barriers_in_arrow_exactly(spark, war
         report = run_barrier(spark, d, tables, list(range(VNODES)))
         assert report.engine == "driver" and report.forwarded_rows > 0
         assert_verified(spark, d, tables)
+
+
+def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
+    """benchmarks.scale_check (per-vnode fingerprints, for sizes the oracle cannot hold) passes
+    on an MV the oracle passes, and names the vnode of a row the MV should not hold."""
+    from backfill_assets.spark_ops import spark_schema
+    from backfill_assets.storage import Intent, Snapshot, apply_changes
+    from benchmarks.scale_check import scale_check
+
+    live, d, tables = _setup(warehouse, seed=47)
+    run_barrier(spark, d, tables, list(range(VNODES)))
+    live.apply(live.random_batch(40))
+    run_barrier(spark, d, tables, list(range(VNODES)))
+    assert_verified(spark, d, tables)
+    good = scale_check(spark, d, tables)
+    assert good["ok"] and good["vnodes"] == VNODES and good["rows"] > 0, good
+    mv = Snapshot.load(tables.mv)
+    first = pa.table(QueryBuilder().register("t", DeltaTable(tables.mv))
+                     .execute("select * from t limit 1").read_all())
+    first = first.select(mv.arrow_schema.names).cast(mv.arrow_schema)
+    key = d.primary_key[0].name
+    stray = first.set_column(first.schema.get_field_index(key), key,
+                             pa.array([10**9], first.schema.field(key).type))
+    apply_changes(spark, mv, [k.name for k in d.primary_key], Intent({"tamper/0": 1}),
+                  inserts=spark.createDataFrame(stray, schema=spark_schema(stray.schema)),
+                  rows_hint=1)
+    bad = scale_check(spark, d, tables)
+    assert not bad["ok"] and bad["mismatched"] == [stray.column("vnode")[0].as_py()], bad

@@ -8,9 +8,10 @@ Public surface (everything else in the package is its inside):
 - ``ensure_mor_table``: the platform's own merge-on-read tables (MV, replica);
 - ``chunk_files`` + ``read_chunk``: a chunked barrier's snapshot rows by a seek on the files'
   statistics, chunked in the read tasks (seek.py, chunk_read.py);
-- ``BulkRows``: a bulk step's rows read, transformed (an exact Arrow projection) and written
-  by Python tasks alone, committed by ``apply_changes(inserts=...)`` (``TransformRefused``:
-  nothing written, write them through Spark);
+- ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed (an exact Arrow
+  projection) and written by Python tasks alone, which report each vnode's rows and last key;
+  the ``BulkWritten`` files are then committed by ``apply_changes(inserts=...)`` with the
+  progress they make (``TransformRefused``: nothing written, write them through Spark);
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files (files sized by
   ``file_rows_for`` the table's rows);
@@ -31,7 +32,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets.storage.bulk_write import BulkRows, TransformRefused
+from backfill_assets.storage.bulk_write import BulkRows, BulkWritten, TransformRefused, write_bulk
 from backfill_assets.storage.chunk_read import read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
@@ -43,12 +44,12 @@ from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_f
 from backfill_assets.storage.spark_types import col, spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
-__all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "DataFile", "Intent", "KeyedRows",
-           "Snapshot", "TransformRefused",
+__all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "Intent",
+           "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
            "file_rows_for", "key_counts", "open_mor_table", "read_chunk", "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
-           "vnode_stats_from_log"]
+           "vnode_stats_from_log", "write_bulk"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

@@ -11,6 +11,13 @@ contiguous vnode range (DVs applied, partition values from the log, row counts c
 as the MV's files with their statistics (``write.FileWriter``): Spark only schedules the
 tasks and collects the manifest.
 
+The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
+the rows read, the last key in key order and whether a pk is null or repeated (sorting by
+(vnode, key) before the transform makes these a by-product). The step needs exactly that to
+move its positions and write the progress the MV commit carries, so no separate pass over
+the keys runs (round 9: 1.21 s of a 4.62 s composite-pk backfill at 5M rows). The caller
+then commits ``BulkWritten.files`` with that progress, or ``discard``s them.
+
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
 proven equal to Spark's). The task then deletes the files it wrote and reports the refusal in
 its manifest instead of failing the job; the driver deletes every file of the job and raises
@@ -20,24 +27,33 @@ job wrote is named by a commit.
 
 from __future__ import annotations
 
+import base64
 import json
+import pickle
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
+from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage import objects
-from backfill_assets.storage.chunk_read import read_task_rows, whole_vnode_tasks
+from backfill_assets.storage.chunk_read import (
+    BAD_KEY,
+    RN,
+    last_of_each_vnode,
+    read_task_rows,
+    take_chunk,
+    whole_vnode_tasks,
+)
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.read import READ_TASK_ROWS, one_task_per_partition, parallelism
 from backfill_assets.storage.spark_types import exchange_schema
 from backfill_assets.storage.write import MANIFEST, FileWriter, NewFile, check_written
 
 VNODE = "vnode"
-_REFUSAL = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
-                      ("stats", pa.string())])  # a MANIFEST row (path null: the refusal)
+_REPORT = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
+                     ("stats", pa.string())])  # a MANIFEST row without a path: a task's report
 
 
 class TransformRefused(Exception):
@@ -46,40 +62,65 @@ class TransformRefused(Exception):
 
 @dataclass(frozen=True)
 class BulkRows:
-    """Every row of ``vnodes`` in ``snap`` (columns ``columns``, with ``vnode``), through
-    ``transform`` (picklable; Arrow table in, Arrow table out) and sorted by (vnode,
-    *``sort_keys``). ``refusal``: the exception type by which the transform refuses rows."""
+    """Every row of ``vnodes`` in ``snap`` (columns ``columns``, with ``vnode``), sorted by
+    (vnode, key in ``key_order``), through ``transform`` (picklable; Arrow table in, Arrow
+    table out, row order kept). ``refusal``: the exception type by which the transform
+    refuses rows."""
 
     snap: Snapshot
     vnodes: tuple[int, ...]
     columns: tuple[str, ...]
     transform: Callable[[pa.Table], pa.Table]
-    sort_keys: tuple[str, ...]
+    key_order: KeyOrder
     refusal: type[Exception] = TransformRefused
+
+
+@dataclass(frozen=True)
+class BulkWritten:
+    """Files a bulk write left uncommitted, and per vnode read: (rows read, last key in key
+    order, whether a pk was null or repeated). Commit them (``apply_changes(inserts=...)``)
+    or ``discard`` them."""
+
+    table_uri: str
+    storage_options: Mapping[str, str]
+    files: tuple[NewFile, ...]
+    vnode_stats: Mapping[int, tuple[int, Key, bool]] = field(default_factory=dict)
+
+    @property
+    def bad_keys(self) -> bool:
+        return any(bad for _, _, bad in self.vnode_stats.values())
+
+    def discard(self) -> None:
+        for f in self.files:
+            objects.delete(objects.join(self.table_uri, f.path), self.storage_options)
 
 
 def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                storage_options: Mapping[str, str], schema: pa.Schema, *,
-               max_rows_per_file: int) -> list[NewFile]:
-    """Write ``rows`` as new files of the table at ``table_uri`` (columns of ``schema``), each
-    task's rows one vnode range in (vnode, key) order. Raises TransformRefused (after
-    deleting what the job wrote) when the transform refused any rows."""
+               max_rows_per_file: int) -> BulkWritten:
+    """Write ``rows`` as new (uncommitted) files of the table at ``table_uri`` (columns of
+    ``schema``), each task's rows one vnode range in (vnode, key) order. A task whose rows
+    hold a null or repeated pk writes nothing (``bad_keys``: the caller names the key).
+    Raises TransformRefused (after deleting what the job wrote) when the transform refused
+    any rows."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                         "", "part", max_rows_per_file)
+                        "", "part", max_rows_per_file)
     tasks = _tasks(spark, rows)
-    if not tasks:
-        return []
     manifest = one_task_per_partition(spark, tasks).mapInArrow(
-        _BulkTask(rows, writer), MANIFEST).collect()
-    files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest
-             if r["path"] is not None]
-    refused = [r["stats"] for r in manifest if r["path"] is None]
+        _BulkTask(rows, writer), MANIFEST).collect() if tasks else []
+    written = BulkWritten(table_uri, dict(storage_options), tuple(
+        NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest
+        if r["path"] is not None))
+    reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
+    refused = [r["refused"] for r in reports if "refused" in r]
     if refused:
-        for f in files:
-            objects.delete(objects.join(table_uri, f.path), storage_options)
+        written.discard()
         raise TransformRefused(refused[0])
-    check_written(table_uri, storage_options, files)
-    return files
+    stats: dict[int, tuple[int, Key, bool]] = {}
+    for r in reports:
+        stats.update(pickle.loads(base64.b64decode(r["vnodes"])))
+    check_written(table_uri, storage_options, list(written.files))
+    return BulkWritten(table_uri, dict(storage_options), written.files, stats)
 
 
 def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
@@ -91,8 +132,8 @@ def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
 
 
 class _BulkTask:
-    """The task side (picklable): read the task's vnode range, transform, sort, write the
-    files (``writer`` yields their manifest rows)."""
+    """The task side (picklable): read the task's vnode range, sort, report its vnodes'
+    stats, transform, write the files (``writer`` yields their manifest rows)."""
 
     def __init__(self, rows: BulkRows, writer: FileWriter):
         snap = rows.snap
@@ -102,7 +143,7 @@ class _BulkTask:
         self.physical = {c: snap.physical_names.get(c, c) for c in rows.columns
                          if c not in snap.partition_columns}
         self.transform, self.refusal = rows.transform, rows.refusal
-        self.order = [(c, "ascending", "at_start") for c in (VNODE, *rows.sort_keys)]
+        self.key_order = rows.key_order
         self.writer = writer
 
     def __call__(self, batches):
@@ -111,19 +152,28 @@ class _BulkTask:
                 yield from self._task(json.loads(text))
 
     def _task(self, task: dict):
-        written: list[str] = []
-        try:
-            table = self.transform(self._read(task))
-            table = table.take(pc.sort_indices(table, self.order))
-            for entry in self.writer(iter(table.to_batches(max_chunksize=1 << 17))):
-                written.append(entry.column(0)[0].as_py())
-                yield entry
-        except self.refusal as refused:
-            for path in written:
-                objects.delete(objects.join(self.writer.table_uri, path), self.writer.options)
-            yield pa.RecordBatch.from_pylist(
-                [{"path": None, "size": 0, "rows": 0, "stats": str(refused)}], _REFUSAL)
+        table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
+        ranked = take_chunk(table, self.key_order, {}, 1 << 62, False)
+        last = last_of_each_vnode(ranked).to_pylist()
+        names = self.key_order.names
+        stats = {r[VNODE]: (r[RN], tuple(r[k] for k in names), r[BAD_KEY]) for r in last}
+        if not any(bad for _, _, bad in stats.values()):
+            written: list[str] = []
+            try:
+                rows = self.transform(ranked.drop_columns([RN, BAD_KEY]))
+                for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
+                    written.append(entry.column(0)[0].as_py())
+                    yield entry
+            except self.refusal as refused:
+                for path in written:
+                    objects.delete(objects.join(self.writer.table_uri, path),
+                                   self.writer.options)
+                yield _report({"refused": str(refused)})
+                return
+        yield _report({"vnodes": base64.b64encode(pickle.dumps(stats)).decode("ascii")})
 
-    def _read(self, task: dict) -> pa.Table:
-        return read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
 
+def _report(report: dict) -> pa.RecordBatch:
+    """A manifest row without a path: what the task found (its vnodes' stats, a refusal)."""
+    return pa.RecordBatch.from_pylist(
+        [{"path": None, "size": 0, "rows": 0, "stats": json.dumps(report)}], _REPORT)

@@ -171,7 +171,7 @@ class _ChunkReader:
                 chunk = take_chunk(table, self.key_order, self.positions, self.limit,
                                    self.shared)
                 if self.per_vnode:
-                    chunk = _last_of_each_vnode(chunk)
+                    chunk = last_of_each_vnode(chunk)
                 yield from chunk.cast(out).to_batches(max_chunksize=65536)
 
     def _read(self, task: dict, base: pa.Schema) -> pa.Table:
@@ -219,7 +219,7 @@ def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key
     return _ranked(table, key_order)
 
 
-def _last_of_each_vnode(chunk: pa.Table) -> pa.Table:
+def last_of_each_vnode(chunk: pa.Table) -> pa.Table:
     """One row per vnode of a ranked chunk: its last row (RN = the vnode's rows), BAD_KEY set
     when any of its rows was flagged."""
     n = chunk.num_rows

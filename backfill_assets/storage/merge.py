@@ -30,7 +30,7 @@ from pyspark.sql import functions as F
 from backfill_assets.core import names
 from backfill_assets.delta_store import VNODE_COUNT_PROPERTY
 from backfill_assets.storage import keyed as keyed_mod
-from backfill_assets.storage.bulk_write import BulkRows, write_bulk
+from backfill_assets.storage.bulk_write import BulkWritten
 from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.keyed import NEW_FILE_ROWS, KeyedRows
 from backfill_assets.storage.log import Snapshot
@@ -98,13 +98,14 @@ def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: 
 
 def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequence[str],
                   intent: Intent, *, changes: DataFrame | None = None,
-                  keyed: KeyedRows | None = None, inserts: DataFrame | BulkRows | None = None,
+                  keyed: KeyedRows | None = None,
+                  inserts: DataFrame | BulkWritten | None = None,
                   rows_hint: int = 0, file_rows: int | None = None,
                   clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
     """One commit: keyed ``changes`` (table columns + ``OP``) merged on read in Spark, or
     ``keyed`` rows (each changed key's row before and after) found by key lookups on the
     driver, plus ``inserts`` (rows whose keys cannot be in the table: a Spark frame, or
-    ``BulkRows`` read, transformed and written by Python tasks alone). ``rows_hint``: about
+    ``BulkWritten`` files the bulk tasks wrote, `write_bulk`, committed here). ``rows_hint``: about
     how many rows will be written (sizes the files). ``clustered_inserts``: each Spark
     partition of ``inserts`` already holds one vnode range in (vnode, key) order (a seek
     chunk), so they are written as they come, without a shuffle whose only purpose would be
@@ -116,10 +117,11 @@ def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequenc
     anything is written."""
     if changes is not None and keyed is not None:
         raise ValueError("apply_changes takes `changes` (Spark) or `keyed` (driver), not both")
-    bulk = inserts if isinstance(inserts, BulkRows) else None
+    bulk = inserts if isinstance(inserts, BulkWritten) else None
     if bulk is not None:
         if changes is not None or keyed is not None:
-            raise ValueError("BulkRows are written alone: they have no change rows for Spark")
+            raise ValueError("bulk files are committed alone: they have no change rows for a "
+                             "change file")
         inserts = None
     schema = snap.arrow_schema
     cols = schema.names
@@ -164,9 +166,8 @@ def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequenc
             laid_out.append((clustered(data, key_names, rows_hint, vnode_count, file_rows),
                              file_rows, None))
         adds = []
-        if bulk is not None:  # TransformRefused: nothing written, the caller uses Spark
-            adds += write_bulk(spark, bulk, snap.uri, snap.storage_options, schema,
-                               max_rows_per_file=file_rows)
+        if bulk is not None:
+            adds += bulk.files
         for rows, per_file, split in laid_out:
             adds += write_files(rows, snap.uri, snap.storage_options, schema,
                                 max_rows_per_file=per_file, split_column=split)

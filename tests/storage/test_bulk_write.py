@@ -2,8 +2,10 @@
 
 The source is a merge-on-read table whose files carry deletion vectors (so the tasks must drop
 deleted rows), the transform a filter plus a computed column; the written table must hold
-exactly the transform of the live rows, each file in (vnode, key) order with exact bounds.
-A transform that refuses a value must leave nothing behind: no file, no commit.
+exactly the transform of the live rows, each file in (vnode, key) order with exact bounds,
+and the tasks' report must give each vnode's live rows and last key (what the step's progress
+is made of). A transform that refuses a value must leave nothing behind: no file, no commit;
+a repeated pk is reported and nothing is written.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from deltalake import DeltaTable, QueryBuilder
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.storage import (
     BulkRows,
     Intent,
@@ -26,6 +29,7 @@ from backfill_assets.storage import (
     apply_changes,
     apply_keyed,
     ensure_mor_table,
+    write_bulk,
 )
 from tests.support import BULK_TARGET as TARGET
 from tests.support import Refused, Twice
@@ -33,6 +37,7 @@ from tests.support import Refused, Twice
 SOURCE = pa.schema([("id", pa.int64()), ("name", pa.string()), ("qty", pa.int32()),
                     ("vnode", pa.int32())])
 VNODES = 8
+BY_ID = KeyOrder((KeyColumn("id", "bigint"),))
 
 
 def _source(spark, uri: str, rows: list[dict], deleted: list[int]) -> Snapshot:
@@ -77,10 +82,15 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, r
     data = [{"id": i, "name": n, "qty": q, "vnode": i % VNODES} for i, n, q in rows]
     src = _source(spark, str(base / "src"), data, deleted)
     dst = _target(str(base / "dst"))
-    bulk = BulkRows(src, tuple(sorted(vnodes)), tuple(SOURCE.names), Twice(), ("id",), Refused)
-    apply_changes(spark, dst, ["id"], Intent({"t/dst/0": 5}), inserts=bulk,
-                  rows_hint=len(data), file_rows=5)
+    bulk = BulkRows(src, tuple(sorted(vnodes)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=5)
+    apply_changes(spark, dst, ["id"], Intent({"t/dst/0": 5}), inserts=written)
     live = [r for r in data if r["id"] not in set(deleted) and r["vnode"] in vnodes]
+    per_vnode: dict[int, list[int]] = {}
+    for r in live:
+        per_vnode.setdefault(r["vnode"], []).append(r["id"])
+    assert dict(written.vnode_stats) == {v: (len(ids), (max(ids),), False)
+                                         for v, ids in per_vnode.items()}
     expected = sorted((r["id"], r["name"], 2 * r["qty"], r["vnode"]) for r in live
                       if r["qty"] is not None and r["qty"] > 0)
     table = pa.table(QueryBuilder().register("t", DeltaTable(dst.uri)).execute(
@@ -104,18 +114,33 @@ def test_a_refused_transform_leaves_nothing(spark, tmp_path):
     src = _source(spark, str(tmp_path / "src"), data, [])
     dst = _target(str(tmp_path / "dst"))
     before = (_parquet_files(dst.uri), dst.version)
-    bulk = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), ("id",), Refused)
+    bulk = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
     with pytest.raises(TransformRefused, match="'refuse' is not handled"):
-        apply_changes(spark, dst, ["id"], Intent({"t/dst/0": 5}), inserts=bulk,
-                      rows_hint=len(data), file_rows=4)
+        write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
     assert (_parquet_files(dst.uri), Snapshot.load(dst.uri).version) == before
 
 
-def test_bulk_rows_are_written_alone(spark, tmp_path):
+def test_a_repeated_key_is_reported_and_nothing_written(spark, tmp_path):
+    """A foreign writer's duplicate pk: the task flags its vnode and writes no file (the step
+    then names the key, key_checks), the other tasks' vnodes are reported clean."""
+    data = [{"id": i, "name": "a", "qty": 1, "vnode": i % VNODES} for i in range(40)]
+    data.append({"id": 9, "name": "again", "qty": 1, "vnode": 9 % VNODES})
+    src = _source(spark, str(tmp_path / "src"), data, [])
+    dst = _target(str(tmp_path / "dst"))
+    bulk = BulkRows(src, (9 % VNODES,), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
+    assert written.bad_keys and not written.files
+    assert _parquet_files(dst.uri) == set()
+
+
+def test_bulk_files_are_committed_alone(spark, tmp_path):
     src = _source(spark, str(tmp_path / "src"), [{"id": 1, "name": "a", "qty": 1, "vnode": 1}],
                   [])
     dst = _target(str(tmp_path / "dst"))
-    bulk = BulkRows(src, (1,), tuple(SOURCE.names), Twice(), ("id",), Refused)
+    bulk = BulkRows(src, (1,), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
     keyed = KeyedRows(TARGET.empty_table(), TARGET.empty_table())
-    with pytest.raises(ValueError, match="written alone"):
-        apply_changes(spark, dst, ["id"], Intent(), keyed=keyed, inserts=bulk)
+    with pytest.raises(ValueError, match="committed alone"):
+        apply_changes(spark, dst, ["id"], Intent(), keyed=keyed, inserts=written)
+    written.discard()
+    assert _parquet_files(dst.uri) == set()

@@ -12,11 +12,12 @@ as the MV's files with their statistics (``write.FileWriter``): Spark only sched
 tasks and collects the manifest.
 
 The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
-the rows read, the last key in key order and whether a pk is null or repeated (sorting by
-(vnode, key) before the transform makes these a by-product). The step needs exactly that to
-move its positions and write the progress the MV commit carries, so no separate pass over
-the keys runs (round 9: 1.21 s of a 4.62 s composite-pk backfill at 5M rows). The caller
-then commits ``BulkWritten.files`` with that progress, or ``discard``s them.
+the rows read, the last key in key order and whether a pk is null or repeated (from its key
+columns sorted by (vnode, key): the rows it already holds, no second read). The step needs
+exactly that to move its positions and write the progress the MV commit carries, so no
+separate pass over the keys runs (round 9: 1.21 s of a 4.62 s composite-pk backfill at 5M
+rows). The caller then commits ``BulkWritten.files`` with that progress, or ``discard``s
+them.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
 proven equal to Spark's). The task then deletes the files it wrote and reports the refusal in
@@ -34,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets.core.keys import Key, KeyOrder
@@ -62,10 +64,10 @@ class TransformRefused(Exception):
 
 @dataclass(frozen=True)
 class BulkRows:
-    """Every row of ``vnodes`` in ``snap`` (columns ``columns``, with ``vnode``), sorted by
-    (vnode, key in ``key_order``), through ``transform`` (picklable; Arrow table in, Arrow
-    table out, row order kept). ``refusal``: the exception type by which the transform
-    refuses rows."""
+    """Every row of ``vnodes`` in ``snap`` (columns ``columns``, with ``vnode``), through
+    ``transform`` (picklable; Arrow table in, Arrow table out, keeping ``vnode`` and the key
+    columns), sorted by (vnode, key in ``key_order``). ``refusal``: the exception type by
+    which the transform refuses rows."""
 
     snap: Snapshot
     vnodes: tuple[int, ...]
@@ -132,8 +134,8 @@ def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
 
 
 class _BulkTask:
-    """The task side (picklable): read the task's vnode range, sort, report its vnodes'
-    stats, transform, write the files (``writer`` yields their manifest rows)."""
+    """The task side (picklable): read the task's vnode range, report its vnodes' stats,
+    transform, sort, write the files (``writer`` yields their manifest rows)."""
 
     def __init__(self, rows: BulkRows, writer: FileWriter):
         snap = rows.snap
@@ -144,6 +146,9 @@ class _BulkTask:
                          if c not in snap.partition_columns}
         self.transform, self.refusal = rows.transform, rows.refusal
         self.key_order = rows.key_order
+        self.order = [(VNODE, "ascending", "at_end")] + [
+            (c.name, "descending" if c.descending else "ascending", "at_end")
+            for c in rows.key_order.columns]
         self.writer = writer
 
     def __call__(self, batches):
@@ -153,14 +158,17 @@ class _BulkTask:
 
     def _task(self, task: dict):
         table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
-        ranked = take_chunk(table, self.key_order, {}, 1 << 62, False)
-        last = last_of_each_vnode(ranked).to_pylist()
         names = self.key_order.names
+        # the stats from the key columns alone; the rows are sorted after the transform's
+        # filter (half of them in the benchmark's MV), as taking every column costs most
+        ranked = take_chunk(table.select([VNODE, *names]), self.key_order, {}, 1 << 62, False)
+        last = last_of_each_vnode(ranked).to_pylist()
         stats = {r[VNODE]: (r[RN], tuple(r[k] for k in names), r[BAD_KEY]) for r in last}
         if not any(bad for _, _, bad in stats.values()):
             written: list[str] = []
             try:
-                rows = self.transform(ranked.drop_columns([RN, BAD_KEY]))
+                rows = self.transform(table)
+                rows = rows.take(pc.sort_indices(rows, self.order))
                 for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
                     written.append(entry.column(0)[0].as_py())
                     yield entry

@@ -334,7 +334,8 @@ def main(argv=None) -> None:
     p.add_argument("--budget", type=float, default=900,
                    help="seconds of barriers per backfill before it stops and projects the "
                         "rest (0: no bound)")
-    p.add_argument("--verify", action="store_true", help="check each finished MV: the oracle up to 2M rows, benchmarks.scale_check above")
+    p.add_argument("--verify", action="store_true",
+                   help="check each finished MV: the oracle up to 2M rows, scale_check above")
     p.add_argument("--skip-baselines", action="store_true")
     p.add_argument("--fresh", action="store_true",
                    help="measure everything again (default: reuse results of an interrupted "

@@ -232,28 +232,36 @@ class Snapshot:
 
     def _replay_checkpoint(self, live: dict, txns: dict) -> int:
         """Load the newest classic checkpoint at or before this version; its version (-1)."""
-        names = objects.list_names(log_uri(self.uri), self.storage_options)
-        parts: dict[int, list[str]] = {}
-        for n in names:
-            m = _CHECKPOINT.match(n)
-            if m and int(m.group(1)) <= self.version:
-                parts.setdefault(int(m.group(1)), []).append(n)
-        complete = [v for v, ns in parts.items() if _complete(ns)]
-        if not complete:
-            return -1
-        version = max(complete)
-        for name in sorted(parts[version]):
-            fs, path = objects.filesystem(objects.join(log_uri(self.uri), name),
-                                          self.storage_options)
-            with fs.open_input_file(path) as f:
-                pf = pq.ParquetFile(f)
-                wanted = [c for c in ("add", "remove", "txn") if c in pf.schema_arrow.names]
-                rows = pf.read(columns=wanted).to_pylist()
-            for row in rows:
-                _apply(live, _clean(row.get("add")), None)
-                if row.get("txn"):
-                    txns[row["txn"]["appId"]] = int(row["txn"]["version"])
+        version, rows = read_checkpoint(self.uri, self.version, self.storage_options,
+                                        ("add", "remove", "txn"))
+        for row in rows:
+            _apply(live, _clean(row.get("add")), None)
+            if row.get("txn"):
+                txns[row["txn"]["appId"]] = int(row["txn"]["version"])
         return version
+
+
+def read_checkpoint(uri: str, version: int, storage_options: Mapping[str, str],
+                    columns: tuple[str, ...]) -> tuple[int, list[dict]]:
+    """The rows (``columns`` that exist) of the newest complete classic checkpoint at or
+    before ``version`` and its version; (-1, []) when there is none."""
+    parts: dict[int, list[str]] = {}
+    for n in objects.list_names(log_uri(uri), storage_options):
+        m = _CHECKPOINT.match(n)
+        if m and int(m.group(1)) <= version:
+            parts.setdefault(int(m.group(1)), []).append(n)
+    complete = [v for v, ns in parts.items() if _complete(ns)]
+    if not complete:
+        return -1, []
+    at = max(complete)
+    rows: list[dict] = []
+    for name in sorted(parts[at]):
+        fs, path = objects.filesystem(objects.join(log_uri(uri), name), storage_options)
+        with fs.open_input_file(path) as f:
+            pf = pq.ParquetFile(f)
+            wanted = [c for c in columns if c in pf.schema_arrow.names]
+            rows += pf.read(columns=wanted).to_pylist()
+    return at, rows
 
 
 @dataclass

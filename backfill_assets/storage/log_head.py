@@ -23,11 +23,10 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import pyarrow.parquet as pq
 from deltalake import Schema
 
 from backfill_assets.storage import objects
-from backfill_assets.storage.log import _CHECKPOINT, _complete, commit_uri, log_uri
+from backfill_assets.storage.log import commit_uri, read_checkpoint
 
 
 @dataclass(frozen=True)
@@ -155,25 +154,12 @@ def _head(uri: str, version: int, options: dict) -> TableHead:
 def _from_checkpoint(uri: str, version: int, options: dict) -> _Known:
     """metaData and protocol of the newest complete classic checkpoint at or before
     ``version`` (version -1 and nothing when there is none)."""
-    parts: dict[int, list[str]] = {}
-    for name in objects.list_names(log_uri(uri), options):
-        m = _CHECKPOINT.match(name)
-        if m and int(m.group(1)) <= version:
-            parts.setdefault(int(m.group(1)), []).append(name)
-    complete = [v for v, names in parts.items() if _complete(names)]
-    if not complete:
-        return _Known(-1, {}, {}, None)
-    at = max(complete)
+    at, rows = read_checkpoint(uri, version, options, ("metaData", "protocol"))
     meta: dict = {}
     protocol: dict = {}
-    for name in sorted(parts[at]):
-        fs, path = objects.filesystem(objects.join(log_uri(uri), name), options)
-        with fs.open_input_file(path) as f:
-            pf = pq.ParquetFile(f)
-            wanted = [c for c in ("metaData", "protocol") if c in pf.schema_arrow.names]
-            for row in pf.read(columns=wanted).to_pylist():
-                meta = _present(row.get("metaData")) or meta
-                protocol = _present(row.get("protocol")) or protocol
+    for row in rows:
+        meta = _present(row.get("metaData")) or meta
+        protocol = _present(row.get("protocol")) or protocol
     return _Known(at, meta, protocol, None)
 
 

@@ -104,9 +104,9 @@ def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequenc
                   clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
     """One commit: keyed ``changes`` (table columns + ``OP``) merged on read in Spark, or
     ``keyed`` rows (each changed key's row before and after) found by key lookups on the
-    driver, plus ``inserts`` (rows whose keys cannot be in the table: a Spark frame, or
-    ``BulkWritten`` files the bulk tasks wrote, `write_bulk`, committed here). ``rows_hint``: about
-    how many rows will be written (sizes the files). ``clustered_inserts``: each Spark
+    driver, plus ``inserts`` (rows whose keys cannot be in the table: a Spark frame, or the
+    ``BulkWritten`` files of `write_bulk`, committed here). ``rows_hint``: about how many
+    rows will be written (sizes the files). ``clustered_inserts``: each Spark
     partition of ``inserts`` already holds one vnode range in (vnode, key) order (a seek
     chunk), so they are written as they come, without a shuffle whose only purpose would be
     the layout. A table with ``backfill.seekFileRows`` (the replica) gets its inserts in files

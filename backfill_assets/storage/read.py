@@ -74,8 +74,7 @@ def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | 
     rows = one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
     if cluster_keys is None:
         return rows
-    return rows.sortWithinPartitions(*[col(c)
-                                       for c in (VNODE, *cluster_keys)])
+    return rows.sortWithinPartitions(*[col(c) for c in (VNODE, *cluster_keys)])
 
 
 def pack(entries: list[dict], min_tasks: int) -> list[list[dict]]:

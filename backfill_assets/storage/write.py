@@ -51,8 +51,7 @@ def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str
     # which fails for names with dots ("a.b"); the task renames them back (by position)
     columns = [f"`{f.name.replace('`', '``')}` AS c{i}" for i, f in enumerate(schema)]
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS,
-                         split_column)
+                        folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS, split_column)
     manifest = df.selectExpr(*columns).mapInArrow(writer, MANIFEST).collect()
     files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest]
     check_written(table_uri, storage_options, files)
@@ -67,7 +66,7 @@ def write_table(table: pa.Table, table_uri: str, storage_options: Mapping[str, s
     if not table.num_rows:
         return []
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
+                        folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
     batches = table.select(schema.names).to_batches()
     manifest = pa.Table.from_batches(list(writer(iter(batches))))
     files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest.to_pylist()]

@@ -41,15 +41,25 @@ class Chunk:
 
 
 def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
-                   d: MVDefinition) -> Chunk:
+                   d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
     """Chunked modes: the next chunk after each unfinished vnode's position, read from only
     the files that can hold it (the rows never pass through the driver); per-vnode stats (rows
     read, last key) come back to the driver. no_shuffle cuts its shared limit from the read
-    tasks' candidates (`first_rows`)."""
+    tasks' candidates (`first_rows`). ``mv``: write the chunk into it in Arrow when the
+    source can (`arrow_seek_chunk`), else project in Spark."""
     readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
     if not readers or plan.chunk_limit == 0:
         return Chunk(None, 0, {})
     positions = {v: position(state.current(v)) for v in readers}
+    engine = None
+    if mv is not None and hasattr(source, "write_chunk") and not plan.shared_read:
+        try:
+            chunk = arrow_seek_chunk(ctx, source, positions, state, plan, d, mv)
+        except storage.TransformRefused as refused:
+            engine = f"spark: {refused}"
+        else:
+            if chunk is not None:
+                return chunk
     rows, scanned = source.chunk(ctx, positions, state.key_order, plan.chunk_limit,
                                  plan.shared_read)
     candidates = rows.cache() if plan.shared_read else None
@@ -71,8 +81,30 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
     read = sum(n for n, _ in stats.per_vnode.values())
     if not read:
         chunk.unpersist()
-        return Chunk(None, 0, per_vnode, scanned)
-    return Chunk(chunk, read, per_vnode, scanned)
+        return Chunk(None, 0, per_vnode, scanned, engine=engine)
+    return Chunk(chunk, read, per_vnode, scanned, engine=engine)
+
+
+def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: BackfillState,
+                     plan: StepPlan, d: MVDefinition, mv: storage.Snapshot) -> Chunk | None:
+    """The first phase of a chunked step's commit: the chunk read, projected in Arrow and
+    written into ``mv`` by Python tasks that report each vnode's rows and last key. None
+    when the definition does not compile to Arrow, or when a pk is null or repeated (the
+    files are discarded; the Spark path then names the key)."""
+    out = source.write_chunk(ctx, positions, state.key_order, plan.chunk_limit, d, mv)
+    if out is None:
+        return None
+    written, scanned = out
+    if written.bad_keys:
+        written.discard()
+        return None
+    per_vnode = {v: VnodeChunk(*written.vnode_stats.get(v, (0, None, False))[:2])
+                 for v in positions}
+    read = sum(c.rows for c in per_vnode.values())
+    if not read:
+        written.discard()
+        return Chunk(None, 0, per_vnode, scanned, engine="arrow")
+    return Chunk(None, read, per_vnode, scanned, written=written, engine="arrow")
 
 
 def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,

@@ -21,6 +21,7 @@ from typing import Protocol
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from backfill_assets import mv_store, spark_ops, storage
 from backfill_assets.arrow_expr import NotExact
@@ -28,8 +29,10 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import BAD_KEY, OP
 from backfill_assets.core.names import ROW_NUMBER as RN
+from backfill_assets.key_checks import check_snapshot_keys
 from backfill_assets.mv_spark import exact_projection
 from backfill_assets.mv_store import MVTables
+from backfill_assets.storage import replica
 from backfill_assets.storage.spark_types import col
 
 VNODE = "vnode"
@@ -48,6 +51,7 @@ class SourceContext:
     upstream_schema: pa.Schema
     v_new: int
     chunk_limit: int = 0  # the step's chunk limit (sizes the replica's files at creation)
+    key_order: KeyOrder | None = None
 
 
 class SnapshotSource(Protocol):
@@ -56,9 +60,6 @@ class SnapshotSource(Protocol):
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
                 changes: DataFrame | pa.Table | None, hook) -> int:
         """Bring the snapshot side of `replicate_from`'s vnodes to `ctx.v_new`; rows written."""
-
-    def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
-        """All rows of `vnodes` at `ctx.v_new`, with a `vnode` column."""
 
     def chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None], key_order: KeyOrder,
               limit: int, shared: bool) -> tuple[DataFrame, int]:
@@ -70,24 +71,38 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
                shared: bool) -> tuple[DataFrame, int]:
     """A chunk read from the files that can hold it (storage.seek), typed as the replica's
-    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task."""
-    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
+    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
+    replica's change rows are resolved with its base rows in the tasks."""
+    snap, files, changes = _seek_side(ctx, uri, version, positions)
     schema = replica_schema(ctx.upstream_schema)
-    picked = storage.chunk_files(snap.files, key_order, positions, limit, shared)
+    picked = storage.chunk_files(files, key_order, positions, limit, shared,
+                                 None if changes is None else replica.tombstones(changes))
     rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
-                              picked, shared)
+                              picked, shared, changes)
     typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
     return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
 
 
+def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]
+               ) -> tuple[storage.Snapshot, list[storage.DataFile], pa.Table | None]:
+    """The table a chunk seeks in, its files to seek, and (a replica) its change rows."""
+    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
+    if replica.VERSION not in snap.arrow_schema.names:
+        return snap, snap.files, None
+    return snap, replica.base_files(snap), replica.read_changes(snap, vnodes)
+
+
 def replica_schema(upstream_schema: pa.Schema) -> pa.Schema:
-    """The replica keeps every upstream column (minus any upstream vnode) plus our vnode."""
+    """The replica's data: every upstream column (minus any upstream vnode) plus our vnode
+    (its table adds the version columns of storage/replica.py)."""
     fields = [f for f in upstream_schema if f.name != "vnode"]
     return pa.schema([*(f.with_nullable(True) for f in fields), pa.field("vnode", pa.int32())])
 
 
 class ReplicaSource:
-    """Arrangement backfill: snapshot reads come from the backfill's own replica."""
+    """Arrangement backfill: snapshot reads come from the backfill's own replica, a
+    log-structured table (storage/replica.py): base rows copied once per vnode, each
+    barrier's changes appended as change rows, resolved on read."""
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
                 changes: DataFrame | pa.Table | None, hook) -> int:
@@ -95,8 +110,9 @@ class ReplicaSource:
             hook("after_replica_commit")
             return 0
         table = mv_store.ensure_data_table(
-            ctx.tables.replica, replica_schema(ctx.upstream_schema), ctx.tables.storage_options,
-            cdf=False, key_names=ctx.key_names, vnode_count=ctx.vnode_count,
+            ctx.tables.replica, replica.table_schema(replica_schema(ctx.upstream_schema)),
+            ctx.tables.storage_options, cdf=False, key_names=ctx.key_names,
+            vnode_count=ctx.vnode_count,
             layout={storage.SEEK_ROWS_PROPERTY: str(storage.seek_file_rows(ctx.chunk_limit))},
         )
         done = mv_store.txn_versions(table, ctx.mv_name, "replica", replicate_from)
@@ -112,50 +128,98 @@ class ReplicaSource:
         return written
 
     def _initialise(self, ctx: SourceContext, table, vnodes: list[int]) -> int:
-        """Copy the upstream at v_new for vnodes the replica has never seen."""
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
+        """Copy the upstream at v_new for vnodes the replica has never seen: by Python tasks
+        alone when the upstream is arranged by the MV's vnodes (each reads a vnode range,
+        sorts it by key and writes one-vnode files), else through Spark."""
+        so = ctx.tables.storage_options
+        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        intent = mv_store.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
+        target = storage.Snapshot(ctx.tables.replica, so, table)
+        seek_rows = int(target.configuration.get(storage.SEEK_ROWS_PROPERTY)
+                        or storage.seek_file_rows(ctx.chunk_limit))
+        data = replica_schema(ctx.upstream_schema)
+        if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            rows = storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
+                                    _AsReplica(data, ctx.v_new), ctx.key_order)
+            written = storage.write_bulk(ctx.spark, rows, target.uri, so, target.arrow_schema,
+                                         max_rows_per_file=seek_rows, split_column=VNODE)
+            if written.bad_keys:
+                written.discard()
+                check_snapshot_keys(_with_vnode(storage.read_snapshot(
+                    ctx.spark, snap, ctx.upstream_schema.names), ctx).where(
+                    mv_store.vnode_in(vnodes)), ctx.key_names, ctx.tables.upstream, ctx.v_new)
+                raise AssertionError("the replica's tasks flagged a pk the key check did not find")
+            storage.apply_changes(ctx.spark, target, ctx.key_names, intent, inserts=written)
+            return sum(f.rows for f in written.files)
         up = storage.read_snapshot(ctx.spark, snap, ctx.upstream_schema.names)
         up = _with_vnode(up, ctx).where(mv_store.vnode_in(vnodes))
+        up = up.withColumn(replica.VERSION, F.lit(ctx.v_new).cast("long")).withColumn(
+            replica.DELETED, F.lit(False))
         estimate = snap.live_rows * len(vnodes) // ctx.vnode_count
-        intent = mv_store.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
-        return storage.append(ctx.spark, replica, up, ctx.key_names, intent, estimate).rows_written
+        return storage.append(ctx.spark, target, up, ctx.key_names, intent,
+                              estimate).rows_written
 
     def _replicate(self, ctx: SourceContext, table, behind: Mapping[int, int],
                    changes: DataFrame | pa.Table) -> int:
-        """Apply the change chunk (d_k, v_new] of every vnode k to the replica (all keys):
-        few change rows (Arrow, with the MV's vnode) by key lookups on the driver, the
-        replica holding exactly each key's row before the chunk (it is at d_k); else a Spark
-        merge."""
+        """Append the change chunk (d_k, v_new] of every vnode k, netted per key, as change
+        rows as of v_new (few change rows: netted in Arrow on the driver; else in Spark)."""
         intent = mv_store.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
-        replica = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+        target = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+        schema = target.arrow_schema
         if isinstance(changes, pa.Table):
             from backfill_assets.arrow_changes import net_with_prior, newer_than
 
             netted = net_with_prior(newer_than(changes, behind), ctx.key_names)
-            storage.apply_keyed(replica, ctx.key_names, intent,  # commits the txns at least
-                                storage.KeyedRows(netted.before, netted.after))
-            return netted.keys
-        from backfill_assets.mv_spark import with_vnode_versions
+            gone = netted.before.join(netted.after.select(list(ctx.key_names)),
+                                      keys=list(ctx.key_names), join_type="left anti")
+            rows = replica.change_rows(netted.after, gone, ctx.v_new, schema)
+        else:
+            from backfill_assets.mv_spark import with_vnode_versions
 
-        rows = spark_ops.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
-        cols = [f.name for f in replica_schema(ctx.upstream_schema)]
-        rows = rows.select(*[f"`{c}`" for c in cols], OP).cache()
-        try:
-            storage.apply_changes(ctx.spark, replica, ctx.key_names, intent, changes=rows,
-                                  rows_hint=0)
-            return rows.count()
-        finally:
-            rows.unpersist()
-
-    def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
-        schema = replica_schema(ctx.upstream_schema)
-        return spark_ops.read_version(ctx.spark, ctx.tables.replica, None, schema,
-                                      vnodes=vnodes, storage_options=ctx.tables.storage_options)
+            netted = spark_ops.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
+            rows = netted.select(*[col(c) for c in replica.data_columns(schema)],
+                                 F.lit(ctx.v_new).cast("long").alias(replica.VERSION),
+                                 (F.col(OP) == "delete").alias(replica.DELETED))
+        written = replica.append_changes(target, rows, intent)
+        replica.merge_changes(storage.Snapshot.load(target.uri, None, target.storage_options),
+                              ctx.key_order, storage.Intent())
+        return written
 
     def chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None], key_order: KeyOrder,
               limit: int, shared: bool) -> tuple[DataFrame, int]:
         return seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, shared)
+
+    def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot
+                    ) -> tuple[storage.BulkWritten, int] | None:
+        """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the
+        first phase of the MV commit, as a bulk step's), with the rows of the files read;
+        None when the definition does not compile to Arrow. TransformRefused: nothing
+        written."""
+        projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
+        if projection is None:
+            return None
+        snap, files, changes = _seek_side(ctx, ctx.tables.replica, None, positions)
+        picked = storage.chunk_files(files, key_order, positions, limit, False,
+                                     None if changes is None else replica.tombstones(changes))
+        tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
+                                            key_order, positions, limit, picked, False,
+                                            changes)
+        written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
+                                      mv.uri, mv.storage_options, mv.arrow_schema,
+                                      max_rows_per_file=storage.file_rows_for(snap.live_rows))
+        return written, picked.rows_scanned
+
+
+class _AsReplica:
+    """A bulk transform (picklable): upstream rows as the replica's base rows at a version."""
+
+    def __init__(self, data: pa.Schema, version: int):
+        self.data, self.version = data.serialize().to_pybytes(), version
+
+    def __call__(self, rows: pa.Table) -> pa.Table:
+        data = pa.ipc.read_schema(pa.py_buffer(self.data))
+        return replica.tagged(rows.select(data.names).cast(data), self.version)
 
 
 class UpstreamSource:
@@ -166,12 +230,6 @@ class UpstreamSource:
         # the layout was checked before anything was written (upstream_check)
         hook("after_replica_commit")
         return 0
-
-    def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
-        schema = replica_schema(ctx.upstream_schema)  # the upstream's columns + its own vnode
-        return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
-                                      vnodes=vnodes,
-                                      storage_options=ctx.tables.storage_options)
 
     def chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None], key_order: KeyOrder,
               limit: int, shared: bool) -> tuple[DataFrame, int]:
@@ -188,9 +246,6 @@ class BulkSource:
                 changes: DataFrame | None, hook) -> int:
         hook("after_replica_commit")
         return 0
-
-    def rows(self, ctx: SourceContext, vnodes: Sequence[int]) -> DataFrame:
-        return self.read(ctx, vnodes)[0]
 
     def read(self, ctx: SourceContext, vnodes: Sequence[int], *, key_only: bool = False
              ) -> tuple[DataFrame, bool]:

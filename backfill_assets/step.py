@@ -147,6 +147,7 @@ class _Step:
     hook: Hook
     started: float
     replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
+    mv_version: int | None = None  # the MV's version after this step's first commit
 
     @classmethod
     def open(cls, spark: SparkSession, req: StepRequest, hook: Hook) -> _Step:
@@ -177,7 +178,8 @@ class _Step:
         plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
                          req.chunk_size, req.rate_limit)
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
-                            d.vnode_count, upstream.schema, plan.v_new, plan.chunk_limit)
+                            d.vnode_count, upstream.schema, plan.v_new, plan.chunk_limit,
+                            key_order)
         report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
         # a rerun of a barrier killed between its MV and progress commits completes that
         # barrier (progress commit only) instead of stepping twice at the same version
@@ -205,6 +207,7 @@ class _Step:
             forward = forwarded(changes, state, plan, d)
         chunk = Chunk(None, 0, {})
         committed = False
+        before = self._mv_intent()  # the forwarded changes alone: positions as they were
         try:
             if not self.replay:
                 chunk = self._read_chunk(source, fresh)
@@ -220,7 +223,14 @@ class _Step:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned
             if chunk.engine is not None:
                 report.extra["bulk_engine"] = chunk.engine
-            self._commit_mv(forward if report.forwarded_rows else None, chunk.rows,
+            forward = forward if report.forwarded_rows else None
+            if chunk.written is not None and forward is not None:
+                # a commit that deletes needs change files for all its rows: the forwarded
+                # changes commit first (a valid state: old positions at v_new), the chunk's
+                # files then commit alone, with no copy of its rows as change rows
+                self._commit_mv(forward, None, intent=before)
+                forward = None
+            self._commit_mv(forward, chunk.rows,
                             clustered=chunk.clustered or chunk.scanned is not None,
                             written=chunk.written)
             committed = True
@@ -237,11 +247,12 @@ class _Step:
         forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
         phase of its commit (`chunk_reads.arrow_chunk`)."""
         d, plan, state = self.req.definition, self.plan, self.state
+        mv = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
         if not getattr(self.strategy, "bulk", False):
-            return snapshot_chunk(self.ctx, source, state, plan, d)
+            return snapshot_chunk(self.ctx, source, state, plan, d,
+                                  None if self.req.reset else mv)
         alone = not self.req.reset and set(fresh) == set(self.report.vnodes)
-        mv = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options,
-                              self.mv) if alone else None
+        mv = mv if alone else None
         return bulk_chunk(self.ctx, source, state, plan, d, mv)
 
     def _check_inserted(self, changes: DataFrame | pa.Table | None, started: list[int]) -> None:
@@ -267,7 +278,7 @@ class _Step:
                        plan.v_new, force=bool(report.recovered),
                        storage_options=self.req.tables.storage_options)
         self.hook("after_progress_commit")
-        _compact(self.ctx, report.vnodes, self.req.mode or d.mode)
+        _compact(self.ctx, report.vnodes)
         report.progress = {v: state.current(v) for v in report.vnodes}
         report.versions = {v: plan.v_new for v in report.vnodes}
         report.seconds = time.monotonic() - self.started
@@ -275,14 +286,16 @@ class _Step:
 
     def _mv_intent(self) -> storage.Intent:
         """What an MV commit of this step carries: its app transactions and the progress it
-        makes (so a crash before the progress commit loses nothing)."""
+        makes (so a crash before the progress commit loses nothing), from the state as it
+        is now."""
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
         metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
                    chunk: DataFrame | None, clustered: bool = False,
-                   written: storage.BulkWritten | None = None) -> None:
+                   written: storage.BulkWritten | None = None,
+                   intent: storage.Intent | None = None) -> None:
         """One atomic MV commit: forwarded changes (a Spark frame, or keyed rows found by key
         lookups on the driver) + snapshot chunk + the progress they make (``clustered``: the
         chunk's rows already come in the writer's layout, see storage/chunk_read.py, so no
@@ -290,8 +303,10 @@ class _Step:
         bulk tasks (the step's only rows), committed with the progress they make."""
         if forward is None and chunk is None and written is None and not self.req.reset:
             return
-        key_order, intent = self.state.key_order, self._mv_intent()
-        snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+        key_order, intent = self.state.key_order, intent or self._mv_intent()
+        snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv) \
+            if self.mv_version is None else storage.Snapshot.load(
+                self.req.tables.mv, self.mv_version, self.req.tables.storage_options)
         if written is not None:
             storage.apply_changes(self.ctx.spark, snap, key_order.names, intent,
                                   inserts=written, rows_hint=self.report.snapshot_rows,
@@ -306,20 +321,20 @@ class _Step:
         # files sized by the upstream's rows, for what Spark writes (reading the upstream's log
         # for that costs ~0.03 s at 20M rows: a small barrier's keyed rows make one file anyway)
         spark_writes = changes is not None or rows is not None
-        storage.apply_changes(self.ctx.spark, snap, key_order.names, intent, changes=changes,
-                              keyed=keyed, inserts=rows, rows_hint=self.report.snapshot_rows,
-                              file_rows=mv_file_rows(self.ctx) if spark_writes else None,
-                              clustered_inserts=clustered and rows is not None,
-                              hook=lambda point: self.hook(f"mv_{point}"))
+        self.mv_version = storage.apply_changes(
+            self.ctx.spark, snap, key_order.names, intent, changes=changes, keyed=keyed,
+            inserts=rows, rows_hint=self.report.snapshot_rows,
+            file_rows=mv_file_rows(self.ctx) if spark_writes else None,
+            clustered_inserts=clustered and rows is not None,
+            hook=lambda point: self.hook(f"mv_{point}")).version
 
 
-def _compact(ctx: SourceContext, vnodes: Sequence[int], mode: str) -> None:
-    """Compaction inside the barrier, after its commits, when the MV's (or replica's) files
-    in this run's vnode span passed a threshold (storage.maintain.files_to_compact)."""
-    uris = [ctx.tables.mv] + ([ctx.tables.replica] if mode == "arrangement" else [])
-    for uri in uris:
-        snap = storage.Snapshot.load(uri, None, ctx.tables.storage_options)
-        maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)
+def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
+    """Compaction inside the barrier, after its commits, when the MV's files in this run's
+    vnode span passed a threshold (storage.maintain.files_to_compact). The replica is never
+    rewritten by a barrier: its changes are appended (storage/replica.py)."""
+    snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
+    maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)
 
 
 def _unfinished(progress_table, key_order, vnodes: set[int]) -> set[int]:

@@ -16,6 +16,7 @@ from backfill_assets.barrier import run_barrier
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.mv_store import MVTables
 from backfill_assets.sources import replica_schema
+from backfill_assets.storage import replica
 from backfill_assets.upstream_check import checked_upstream
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
 
@@ -28,7 +29,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     live.create(rows=200)
     d = simple_mv(VNODES, mode="arrangement", chunk_size=CHUNK)
     tables = MVTables.under(warehouse, d.name, "orders")
-    schema = replica_schema(checked_upstream(tables, d, None).schema)
+    schema = replica.table_schema(replica_schema(checked_upstream(tables, d, None).schema))
     mv_store.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
                                vnode_count=VNODES,
                                layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
@@ -42,8 +43,8 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
         # barriers' change files (each spans every vnode and every key)
         assert scanned[-1] <= VNODES * (CHUNK + 2 * FILE_ROWS) + 2 * CHANGES * (n + 1), scanned
     assert_verified(spark, d, tables)
-    replica = storage.Snapshot.load(tables.replica, None, {})
-    one_vnode = [f for f in replica.files
+    copied = storage.Snapshot.load(tables.replica, None, {})
+    one_vnode = [f for f in copied.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
 

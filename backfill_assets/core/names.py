@@ -33,6 +33,8 @@ ROW = f"{INTERNAL_PREFIX}row"  # storage: a row's physical index in that file
 OLD = f"{INTERNAL_PREFIX}old"  # storage merge: the row as it was
 NEW = f"{INTERNAL_PREFIX}new"  # storage merge: the row as it becomes
 SAME = f"{INTERNAL_PREFIX}same"  # storage merge: the change leaves the row as it was
+REPLICA_VERSION = f"{INTERNAL_PREFIX}replica_version"  # replica: the version a row is as of
+REPLICA_DELETED = f"{INTERNAL_PREFIX}replica_deleted"  # replica: the key is gone at that version
 
 VNODE = "vnode"
 CHANGE_FEED_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")

@@ -7,7 +7,9 @@ Public surface (everything else in the package is its inside):
   mapping, partition values from the log, row counts checked against the log);
 - ``ensure_mor_table``: the platform's own merge-on-read tables (MV, replica);
 - ``chunk_files`` + ``read_chunk``: a chunked barrier's snapshot rows by a seek on the files'
-  statistics, chunked in the read tasks (seek.py, chunk_read.py);
+  statistics, chunked in the read tasks (seek.py, chunk_read.py); ``chunk_tasks`` +
+  ``write_chunk``: the same chunk projected and written by Python tasks (two-phase, as
+  ``write_bulk``); ``replica``: the arrangement replica's base and change rows (replica.py);
 - ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed (an exact Arrow
   projection) and written by Python tasks alone, which report each vnode's rows and last key;
   the ``BulkWritten`` files are then committed by ``apply_changes(inserts=...)`` with the
@@ -32,8 +34,14 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets.storage.bulk_write import BulkRows, BulkWritten, TransformRefused, write_bulk
-from backfill_assets.storage.chunk_read import read_chunk, vnode_key_stats
+from backfill_assets.storage.bulk_write import (
+    BulkRows,
+    BulkWritten,
+    TransformRefused,
+    write_bulk,
+    write_chunk,
+)
+from backfill_assets.storage.chunk_read import chunk_tasks, read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
@@ -46,10 +54,11 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "Intent",
            "KeyedRows", "Snapshot", "TransformRefused",
-           "append", "apply_changes", "apply_keyed", "chunk_files", "ensure_mor_table",
+           "append", "apply_changes", "apply_keyed", "chunk_files", "chunk_tasks",
+           "ensure_mor_table",
            "file_rows_for", "key_counts", "open_mor_table", "read_chunk", "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
-           "vnode_stats_from_log", "write_bulk"]
+           "vnode_stats_from_log", "write_bulk", "write_chunk"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

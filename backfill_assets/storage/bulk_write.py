@@ -99,17 +99,37 @@ class BulkWritten:
 
 def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                storage_options: Mapping[str, str], schema: pa.Schema, *,
-               max_rows_per_file: int) -> BulkWritten:
+               max_rows_per_file: int, split_column: str | None = None) -> BulkWritten:
     """Write ``rows`` as new (uncommitted) files of the table at ``table_uri`` (columns of
-    ``schema``), each task's rows one vnode range in (vnode, key) order. A task whose rows
-    hold a null or repeated pk writes nothing (``bad_keys``: the caller names the key).
-    Raises TransformRefused (after deleting what the job wrote) when the transform refused
-    any rows."""
+    ``schema``), each task's rows one vnode range in (vnode, key) order (``split_column``:
+    files of one value of it each, as the replica's seek wants). A task whose rows hold a
+    null or repeated pk writes nothing (``bad_keys``: the caller names the key). Raises
+    TransformRefused (after deleting what the job wrote) when the transform refused any
+    rows."""
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+                        "", "part", max_rows_per_file, split_column)
+    return _run(spark, _tasks(spark, rows), _BulkTask(rows, writer), table_uri,
+                storage_options)
+
+
+def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
+                refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
+                schema: pa.Schema, *, max_rows_per_file: int) -> BulkWritten:
+    """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
+    position, the first ``limit`` per vnode) through ``transform`` into new files of the
+    table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
+    the chunk's rows (read, last key, pk flags)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
-    tasks = _tasks(spark, rows)
+    return _run(spark, tasks, _ChunkTask(reader, transform, refusal, writer), table_uri,
+                storage_options)
+
+
+def _run(spark: SparkSession, tasks: list[str], task, table_uri: str,
+         storage_options: Mapping[str, str]) -> BulkWritten:
+    """Run the write tasks; collect their files and reports (see ``write_bulk``)."""
     manifest = one_task_per_partition(spark, tasks).mapInArrow(
-        _BulkTask(rows, writer), MANIFEST).collect() if tasks else []
+        task, MANIFEST).collect() if tasks else []
     written = BulkWritten(table_uri, dict(storage_options), tuple(
         NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest
         if r["path"] is not None))
@@ -157,18 +177,11 @@ class _BulkTask:
                 yield from self._task(json.loads(text))
 
     def _task(self, task: dict):
-        table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
-        names = self.key_order.names
-        # the stats from the key columns alone; the rows are sorted after the transform's
-        # filter (half of them in the benchmark's MV), as taking every column costs most
-        ranked = take_chunk(table.select([VNODE, *names]), self.key_order, {}, 1 << 62, False)
-        last = last_of_each_vnode(ranked).to_pylist()
-        stats = {r[VNODE]: (r[RN], tuple(r[k] for k in names), r[BAD_KEY]) for r in last}
+        rows, stats = self._rows(task)
         if not any(bad for _, _, bad in stats.values()):
             written: list[str] = []
             try:
-                rows = self.transform(table)
-                rows = rows.take(pc.sort_indices(rows, self.order))
+                rows = self._ordered(self.transform(rows))
                 for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
                     written.append(entry.column(0)[0].as_py())
                     yield entry
@@ -179,6 +192,42 @@ class _BulkTask:
                 yield _report({"refused": str(refused)})
                 return
         yield _report({"vnodes": base64.b64encode(pickle.dumps(stats)).decode("ascii")})
+
+    def _rows(self, task: dict) -> tuple[pa.Table, dict]:
+        """The task's rows and its vnodes' stats: from the key columns alone (the rows are
+        sorted after the transform's filter, half of them in the benchmark's MV, as taking
+        every column costs most)."""
+        table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
+        ranked = take_chunk(table.select([VNODE, *self.key_order.names]), self.key_order, {},
+                            1 << 62, False)
+        return table, _stats(ranked, self.key_order)
+
+    def _ordered(self, rows: pa.Table) -> pa.Table:
+        return rows.take(pc.sort_indices(rows, self.order))
+
+
+class _ChunkTask(_BulkTask):
+    """A chunked barrier's task: the chunk read (``chunk_read._ChunkReader.chunk``: sorted,
+    limited, ranked) is already in (vnode, key) order, and the transform keeps it."""
+
+    def __init__(self, reader, transform: Callable, refusal: type[Exception],
+                 writer: FileWriter):
+        self.reader, self.transform, self.refusal, self.writer = reader, transform, refusal, writer
+        self.key_order = reader.key_order
+
+    def _rows(self, task: dict) -> tuple[pa.Table, dict]:
+        chunk = self.reader.chunk(task)
+        return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order)
+
+    def _ordered(self, rows: pa.Table) -> pa.Table:
+        return rows
+
+
+def _stats(ranked: pa.Table, key_order: KeyOrder) -> dict[int, tuple[int, Key, bool]]:
+    """Per vnode of a ranked chunk: (rows, last key, any pk null or repeated)."""
+    names = key_order.names
+    return {r[VNODE]: (r[RN], tuple(r[k] for k in names), r[BAD_KEY])
+            for r in last_of_each_vnode(ranked).to_pylist()}
 
 
 def _report(report: dict) -> pa.RecordBatch:

@@ -28,13 +28,14 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
-from backfill_assets.storage import dv
+from backfill_assets.storage import dv, replica
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import files_in_vnodes, vnode_span
 from backfill_assets.storage.read import (
     READ_TASK_ROWS,
     b64,
     file_rows,
+    ipc_bytes,
     one_task_per_partition,
     parallelism,
     partition_row,
@@ -50,22 +51,36 @@ MAX_TASKS = 64
 
 def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
                positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
-               shared: bool) -> DataFrame:
+               shared: bool, changes: pa.Table | None = None) -> DataFrame:
     """The chunk's candidate rows (``columns`` + RN + BAD_KEY), clustered by vnode range and
-    sorted by (vnode, key) inside each Spark partition."""
+    sorted by (vnode, key) inside each Spark partition. ``changes``: the change rows of a
+    replica (storage/replica.py), resolved with its base rows in the tasks."""
+    tasks, reader = chunk_tasks(snap, columns, key_order, positions, limit, picked, shared,
+                                changes)
+    if not tasks:
+        return spark.createDataFrame([], spark_schema(reader.out_schema))
+    return one_task_per_partition(spark, tasks).mapInArrow(reader,
+                                                           spark_schema(reader.out_schema))
+
+
+def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
+                positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
+                shared: bool, changes: pa.Table | None = None) -> tuple[list[str], _ChunkReader]:
+    """A chunk read's tasks (JSON) and the task side that reads one: see ``read_chunk``."""
     snap.check_readable()
     schema = snap.arrow_schema
     out = exchange_schema(pa.schema([schema.field(c) for c in columns]))
     out = out.append(pa.field(RN, pa.int64())).append(pa.field(BAD_KEY, pa.bool_()))
-    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out)
-    if not tasks:
-        return spark.createDataFrame([], spark_schema(out))
-    physical = {c: snap.physical_names.get(c, c) for c in columns
+    read = [*columns, *((replica.VERSION, replica.DELETED) if changes is not None else ())]
+    base = exchange_schema(pa.schema([schema.field(c) for c in read]))
+    tasks = _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], base,
+                   changes=changes)
+    physical = {c: snap.physical_names.get(c, c) for c in read
                 if c not in snap.partition_columns}
     pos = {v: p for v, p in positions.items() if p is not None}
     reader = _ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order,
-                          pos, limit, shared)
-    return one_task_per_partition(spark, tasks).mapInArrow(reader, spark_schema(out))
+                          pos, limit, shared, overlay=changes is not None)
+    return tasks, reader
 
 
 def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
@@ -115,9 +130,11 @@ def whole_vnode_tasks(snap: Snapshot, vnodes: Iterable[int], columns: Sequence[s
 
 
 def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
-           task_rows: int = TASK_ROWS, min_tasks: int = 1) -> list[str]:
+           task_rows: int = TASK_ROWS, min_tasks: int = 1,
+           changes: pa.Table | None = None) -> list[str]:
     """Contiguous vnode ranges of about ``task_rows`` rows read (at least ``min_tasks`` of
-    them when there are that many vnodes), each with its files (JSON)."""
+    them when there are that many vnodes), each with its files and (a replica's) its
+    vnodes' change rows (JSON): a vnode with change rows and no file is still read."""
     per_vnode: dict[int, list[DataFile]] = {}
     estimate: dict[int, float] = {}
     for group, files in picked.groups.items():
@@ -146,8 +163,15 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
         entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
                     "dv": f.deletion_vector,
                     "parts": b64(partition_row(f, parts, out))} for f in files.values()]
-        if entries:
-            tasks.append(json.dumps({"vnodes": vnodes, "files": entries}))
+        task: dict = {"vnodes": vnodes, "files": entries}
+        if changes is not None:
+            mine = replica.split_by_vnode(changes, [vnodes])[0]
+            task["changes"] = b64(ipc_bytes(mine.select(out.names).cast(out)))
+            if not entries and not mine.num_rows:
+                continue
+        elif not entries:
+            continue
+        tasks.append(json.dumps(task))
     return tasks
 
 
@@ -156,26 +180,43 @@ class _ChunkReader:
 
     def __init__(self, table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
                  out: pa.Schema, key_order: KeyOrder, positions: Mapping[int, Key], limit: int,
-                 shared: bool, per_vnode: bool = False):
+                 shared: bool, per_vnode: bool = False, overlay: bool = False):
         self.table_uri, self.options, self.physical = table_uri, dict(options), dict(physical)
         self.out = out.serialize().to_pybytes()
         self.key_order, self.positions, self.limit = key_order, dict(positions), limit
-        self.shared, self.per_vnode = shared, per_vnode
+        self.shared, self.per_vnode, self.overlay = shared, per_vnode, overlay
+
+    @property
+    def out_schema(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(self.out))
 
     def __call__(self, batches):
-        out = pa.ipc.read_schema(pa.py_buffer(self.out))
-        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
+        out = self.out_schema
         for batch in batches:
             for text in batch.column(0).to_pylist():
-                table = self._read(json.loads(text), base)
-                chunk = take_chunk(table, self.key_order, self.positions, self.limit,
-                                   self.shared)
+                chunk = self.chunk(json.loads(text))
                 if self.per_vnode:
                     chunk = last_of_each_vnode(chunk)
                 yield from chunk.cast(out).to_batches(max_chunksize=65536)
 
-    def _read(self, task: dict, base: pa.Schema) -> pa.Table:
-        return read_task_rows(self.table_uri, self.options, self.physical, base, task)
+    def chunk(self, task: dict) -> pa.Table:
+        """One task's chunk: its rows after each position, the first ``limit``, ranked."""
+        table = self._read(task)
+        return take_chunk(table, self.key_order, self.positions, self.limit, self.shared)
+
+    def _read(self, task: dict) -> pa.Table:
+        """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
+        out = self.out_schema
+        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
+        if not self.overlay:
+            return read_task_rows(self.table_uri, self.options, self.physical, base, task)
+        lsm = base.append(pa.field(replica.VERSION, pa.int64())).append(
+            pa.field(replica.DELETED, pa.bool_()))
+        rows = read_task_rows(self.table_uri, self.options, self.physical, lsm, task)
+        changes = unb64_table(task.get("changes"))
+        if changes is not None and changes.num_rows:
+            rows = pa.concat_tables([rows, changes.cast(lsm)])
+        return replica.resolve(rows, self.key_order).select(base.names)
 
 
 def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],

@@ -139,11 +139,15 @@ def partition_row(f: DataFile, parts: Sequence[str], out: pa.Schema) -> bytes | 
     """A file's partition values as a one-row Arrow IPC table of the exact column types."""
     if not parts:
         return None
-    row = pa.table({c: pa.array([f.partition_values.get(c)]).cast(out.field(c).type)
-                    for c in parts})
+    return ipc_bytes(pa.table({c: pa.array([f.partition_values.get(c)]).cast(out.field(c).type)
+                               for c in parts}))
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    """``table`` as an Arrow IPC stream (read back by ``unb64_table`` after ``b64``)."""
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, row.schema) as w:
-        w.write_table(row)
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
     return sink.getvalue().to_pybytes()
 
 

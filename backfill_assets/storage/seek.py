@@ -69,9 +69,11 @@ class ChunkFiles:
 
 
 def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
-                positions: Mapping[int, Key | None], limit: int, shared: bool) -> ChunkFiles:
+                positions: Mapping[int, Key | None], limit: int, shared: bool,
+                extra: Mapping[int, int] | None = None) -> ChunkFiles:
     """The files holding the next ``limit`` rows after each position: per vnode, or (shared)
-    across all of ``positions``' vnodes, which then share one position."""
+    across all of ``positions``' vnodes, which then share one position. ``extra``: rows per
+    vnode the files must hold beyond ``limit`` (a replica's tombstones, storage/replica.py)."""
     if shared:
         groups = [tuple(sorted(positions))] if positions else []
     else:
@@ -79,7 +81,9 @@ def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
     out = {}
     for group in groups:
         pos = positions[group[0]]
-        out[group] = _pick(files_in_vnodes(files, group), set(group), pos, key_order, limit)
+        more = sum((extra or {}).get(v, 0) for v in group)
+        out[group] = _pick(files_in_vnodes(files, group), set(group), pos, key_order,
+                           limit + more)
     return ChunkFiles(out)
 
 

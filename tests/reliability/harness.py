@@ -217,7 +217,7 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     at = txn_versions(replica, d.name, "replica", vnodes)
     live = [v for v in vnodes if at[v] is not None
             and not isinstance(progress.get(v, (None,))[0], Completed)]
-    rows = read_rows(replica, live).to_pylist() if live else []
+    rows = _resolved(read_rows(replica, live), upstream.key_order).to_pylist() if live else []
     got = defaultdict(Counter)
     for row in rows:
         got[row["vnode"]][_frozen({k: row[k] for k in names})] += 1
@@ -235,6 +235,13 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
                 check.failures.append(("replica", vnode, sum((want[vnode] - got[vnode]).values()),
                                        sum((got[vnode] - want[vnode]).values())))
     return check
+
+
+def _resolved(rows, key_order):
+    """The replica's rows as a reader sees them: newest version per key (storage/replica.py)."""
+    from backfill_assets.storage import replica
+
+    return replica.resolve(rows, key_order).drop_columns([replica.VERSION, replica.DELETED])
 
 
 def assert_recovered_invariant(spark, d, tables, what: str) -> int:

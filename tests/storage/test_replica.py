@@ -1,0 +1,151 @@
+"""The arrangement replica as base rows plus appended change rows (storage/replica.py).
+
+Generated replicas (composite keys with a descending column, vnodes with no base file,
+several files per vnode) take generated change batches (updates, deletes, inserts anywhere in
+the key range, a key deleted then inserted again), appended as change files at increasing
+versions. An independent model (a dict per vnode, the batches applied in order) is the oracle:
+
+- every chunk read (the seek, over-picked by tombstones, then the read tasks, run here in
+  the test process as Spark would run them) equals the model's first ``limit`` keys after
+  each position, row for row;
+- folding the change files into one (``merge_changes``) changes no read;
+- nothing of the base is ever rewritten (no remove, no DV).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backfill_assets.core.keys import KeyColumn, KeyOrder
+from backfill_assets.storage import Intent, Snapshot, chunk_files, chunk_tasks, ensure_mor_table
+from backfill_assets.storage import replica as R
+from backfill_assets.storage.commit import Change, commit
+from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY
+from backfill_assets.storage.write import write_table
+
+DATA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("val", pa.int32()),
+                  ("vnode", pa.int32())])
+KEYS = KeyOrder((KeyColumn("a", "bigint"), KeyColumn("b", "string", descending=True)))
+VNODES = 4
+FILE_ROWS = 3
+
+
+def _row(vnode: int, key: tuple, val: int) -> dict:
+    return {"a": key[0], "b": key[1], "val": val, "vnode": vnode}
+
+
+keys = st.tuples(st.integers(0, 30), st.sampled_from(["x", "y", "z"]))
+
+
+@st.composite
+def histories(draw):
+    base = {v: {k: draw(st.integers(0, 99)) for k in draw(st.sets(keys, max_size=14))}
+            for v in range(VNODES)}
+    batches = []
+    for _ in range(draw(st.integers(0, 20))):
+        batch = {}
+        for _ in range(draw(st.integers(0, 8))):
+            vnode = draw(st.integers(0, VNODES - 1))
+            held = sorted(base[vnode], key=KEYS.sort_key)
+            # mostly the base's own keys, its first ones most (what a chunk reads first)
+            key = draw(st.sampled_from(held[:4]) | st.sampled_from(held) | keys) if held \
+                else draw(keys)
+            batch[(vnode, key)] = draw(st.none() | st.none() | st.integers(0, 99))  # None: delete
+        batches.append(batch)
+    positions = {v: draw(st.none() | keys) for v in range(VNODES)}
+    return base, batches, positions, draw(st.integers(1, 12))
+
+
+def _build(uri: str, base: dict) -> None:
+    ensure_mor_table(uri, R.table_schema(DATA), {}, cdf=False,
+                     configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+    adds = []
+    for vnode, rows in base.items():
+        ordered = sorted(rows, key=KEYS.sort_key)
+        table = pa.Table.from_pylist([_row(vnode, k, rows[k]) for k in ordered], DATA)
+        adds += write_table(R.tagged(table, 1), uri, {}, R.table_schema(DATA),
+                            max_rows_per_file=FILE_ROWS)
+    commit(Snapshot.load(uri, None, {}), Change(adds=adds), Intent())
+
+
+def _append(uri: str, batch: dict, version: int) -> None:
+    snap = Snapshot.load(uri, None, {})
+    after = [_row(v, k, val) for (v, k), val in batch.items() if val is not None]
+    gone = [_row(v, k, 0) for (v, k), val in batch.items() if val is None]
+    R.append_changes(snap, R.change_rows(pa.Table.from_pylist(after, DATA),
+                                         pa.Table.from_pylist(gone, DATA), version,
+                                         snap.arrow_schema), Intent())
+
+
+def _read(uri: str, positions: dict, limit: int) -> dict[int, list[dict]]:
+    """One chunk read, its tasks run here (what Spark's tasks run)."""
+    snap = Snapshot.load(uri, None, {})
+    changes = R.read_changes(snap, positions)
+    picked = chunk_files(R.base_files(snap), KEYS, positions, limit, False,
+                         R.tombstones(changes))
+    tasks, reader = chunk_tasks(snap, DATA.names, KEYS, positions, limit, picked, False,
+                                changes)
+    out: dict[int, list[dict]] = {}
+    for task in tasks:
+        for row in reader.chunk(json.loads(task)).select(DATA.names).to_pylist():
+            out.setdefault(row["vnode"], []).append(row)
+    return out
+
+
+def _model(base: dict, batches: list, positions: dict, limit: int) -> dict[int, list[dict]]:
+    state = {v: dict(rows) for v, rows in base.items()}
+    for batch in batches:
+        for (vnode, key), val in batch.items():
+            if val is None:
+                state[vnode].pop(key, None)
+            else:
+                state[vnode][key] = val
+    out = {}
+    for vnode, rows in state.items():
+        pos = positions[vnode]
+        after = sorted((k for k in rows if pos is None or KEYS.compare(k, pos) > 0),
+                       key=KEYS.sort_key)[:limit]
+        if after:
+            out[vnode] = [_row(vnode, k, rows[k]) for k in after]
+    return out
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(histories())
+def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history):
+    base, batches, positions, limit = history
+    uri = str(tmp_path_factory.mktemp("replica") / "t")
+    _build(uri, base)
+    for version, batch in enumerate(batches, start=2):
+        _append(uri, batch, version)
+    want = _model(base, batches, positions, limit)
+    assert _read(uri, positions, limit) == want
+    snap = Snapshot.load(uri, None, {})
+    assert not any(f.deletion_vector for f in snap.files)  # the base is never rewritten
+    if R.merge_changes(snap, KEYS, Intent()):
+        folded = Snapshot.load(uri, None, {})
+        assert len(R.change_files(folded)) == 1
+        assert _read(uri, positions, limit) == want
+
+
+def test_change_files_are_folded_past_the_limit(tmp_path):
+    uri = str(tmp_path / "t")
+    _build(uri, {v: {(1, "x"): 1} for v in range(VNODES)})
+    for version in range(2, R.MAX_CHANGE_FILES + 3):
+        _append(uri, {(0, (version, "y")): version, (1, (1, "x")): None}, version)
+    snap = Snapshot.load(uri, None, {})
+    assert len(R.change_files(snap)) == R.MAX_CHANGE_FILES + 1
+    assert R.merge_changes(snap, KEYS, Intent())
+    after = Snapshot.load(uri, None, {})
+    changes = R.read_changes(after)
+    assert len(R.change_files(after)) == 1
+    assert changes.num_rows == R.MAX_CHANGE_FILES + 2  # one row per key: the newest
+    assert R.tombstones(changes) == {1: 1}
+    read = _read(uri, dict.fromkeys(range(VNODES)), 100)
+    assert 1 not in read  # its one key deleted (again and again)
+    assert [r["a"] for r in read[0]] == [1, *range(2, R.MAX_CHANGE_FILES + 3)]

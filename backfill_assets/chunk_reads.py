@@ -24,7 +24,8 @@ from backfill_assets.core.progress import BackfillState, InProgress
 from backfill_assets.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
 from backfill_assets.mv_spark import BAD_KEY, chunk_stats, first_rows, project
 from backfill_assets.snapshot_read import read_remainder
-from backfill_assets.sources import SourceContext, keys_kept_unique
+from backfill_assets.sources import SourceContext
+from backfill_assets.upstream_layout import keys_kept_unique
 
 
 @dataclass

@@ -91,9 +91,9 @@ def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Seque
     """`check_inserted_keys` for a small barrier (change rows on the driver, finished vnodes):
     the inserted keys are counted in the upstream at `version` by reading only the key columns
     of the files whose statistics admit them. Skipped when every row of the upstream came from
-    the platform's writer, which enforces the pk (`sources.keys_kept_unique`)."""
+    the platform's writer, which enforces the pk (`upstream_layout.keys_kept_unique`)."""
     from backfill_assets import arrow_changes, storage
-    from backfill_assets.sources import keys_kept_unique
+    from backfill_assets.upstream_layout import keys_kept_unique
 
     so = tables.storage_options
     if not rows.num_rows or keys_kept_unique(tables.upstream, version, key_names, vnode_count,

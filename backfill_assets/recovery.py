@@ -10,6 +10,7 @@ is then taken from that MV commit, so nothing is lost or repeated.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ from backfill_assets.core import codec
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.delta_store import arrow_schema
-from backfill_assets.errors import CorruptProgressRow
+from backfill_assets.errors import ConcurrentBackfillRun, CorruptProgressRow
 
 
 def progress_schema(key_order: KeyOrder) -> pa.Schema:
@@ -171,3 +172,26 @@ def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
     for row in arrow.cast(arrow_schema(table)).to_pylist():  # as a read returns them
         now[row[codec.VNODE]].append(row)
     _PROGRESS_ROWS[key] = (before + 1, now)
+
+
+def unfinished_vnodes(progress_table, key_order, vnodes: set[int]) -> set[int]:
+    """Of ``vnodes``, those the progress table does not record as Completed."""
+    done = read_progress(progress_table, key_order, sorted(vnodes))
+    return {v for v in vnodes if not isinstance(done.get(v, (None,))[0], Completed)}
+
+
+def refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where: str) -> None:
+    """A step planned at ``v_new`` for vnodes another run already moved past it."""
+    ahead = [v for v in vnodes if (state.version(v) or -1) > v_new]
+    if ahead:
+        raise ConcurrentBackfillRun(
+            f"vnodes {ahead[:8]} of {where} are already at a version newer than {v_new}: "
+            "another run got there first; rerun this barrier against the latest upstream version"
+        )
+
+
+def step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order) -> str:
+    """The progress this MV commit makes, so a crash before the progress commit loses nothing."""
+    rows = {str(v): codec.to_json(codec.encode(v, state.current(v), v_new, key_order), key_order)
+            for v in vnodes}
+    return json.dumps({"version": v_new, "progress": rows})

@@ -42,9 +42,9 @@ from backfill_assets.core.snapshot import (
     slice_summary,
 )
 from backfill_assets.recovery import recover_state
-from backfill_assets.sources import same_vnodes
 from backfill_assets.step import Hook, StepReport, StepRequest, run_step
 from backfill_assets.upstream_check import checked_upstream
+from backfill_assets.upstream_layout import same_vnodes
 
 MAX_CATCH_UP_ROUNDS = 8
 CHUNKED_PATH = "arrangement"

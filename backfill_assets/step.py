@@ -21,7 +21,6 @@ Spark job: it costs what changed.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,16 +38,21 @@ from backfill_assets.chunk_reads import (
     snapshot_chunk,
     upstream_at,
 )
-from backfill_assets.core import codec
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
-from backfill_assets.errors import ConcurrentBackfillRun
 from backfill_assets.key_checks import check_inserted_keys, check_inserted_keys_local
 from backfill_assets.layout import check_run_layout
 from backfill_assets.mv_spark import BAD_KEY, KEEP, RN, validate_expressions
 from backfill_assets.mv_store import STEP_METADATA_KEY, MVTables
-from backfill_assets.recovery import progress_schema, read_progress, recover_state, write_progress
+from backfill_assets.recovery import (
+    progress_schema,
+    recover_state,
+    refuse_stale,
+    step_json,
+    unfinished_vnodes,
+    write_progress,
+)
 from backfill_assets.snapshot_read import replacing
 from backfill_assets.sources import SOURCES, SourceContext
 from backfill_assets.step_changes import (
@@ -165,14 +169,14 @@ class _Step:
         strategy = strategy_for(req.mode) if req.mode else upstream.strategy
         if (req.mode or d.mode) == "no_shuffle":
             check_run_layout(req.tables.root, vnodes,
-                             lambda group: _unfinished(progress_table, key_order, group))
+                             lambda group: unfinished_vnodes(progress_table, key_order, group))
         state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv, so)
         if req.reset:  # re-snapshot: start these vnodes again (their MV rows get replaced)
             state, recovered = BackfillState(key_order, vnodes, {
                 v: (state.committed(v), state.version(v)) for v in vnodes
                 if v not in req.reset and not isinstance(state.committed(v), NotStarted)}), []
         strategy.recover(state)
-        _refuse_stale(state, vnodes, upstream.version, req.tables.mv)
+        refuse_stale(state, vnodes, upstream.version, req.tables.mv)
         replica = mv_store.open_table(req.tables.replica, so)
         replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes, so)
         plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
@@ -289,7 +293,7 @@ class _Step:
         makes (so a crash before the progress commit loses nothing), from the state as it
         is now."""
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
-        metadata = {STEP_METADATA_KEY: _step_json(self.state, vnodes, v_new, key_order)}
+        metadata = {STEP_METADATA_KEY: step_json(self.state, vnodes, v_new, key_order)}
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
@@ -335,27 +339,6 @@ def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
     rewritten by a barrier: its changes are appended (storage/replica.py)."""
     snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
     maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)
-
-
-def _unfinished(progress_table, key_order, vnodes: set[int]) -> set[int]:
-    done = read_progress(progress_table, key_order, sorted(vnodes))
-    return {v for v in vnodes if not isinstance(done.get(v, (None,))[0], Completed)}
-
-
-def _refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where: str) -> None:
-    ahead = [v for v in vnodes if (state.version(v) or -1) > v_new]
-    if ahead:
-        raise ConcurrentBackfillRun(
-            f"vnodes {ahead[:8]} of {where} are already at a version newer than {v_new}: "
-            "another run got there first; rerun this barrier against the latest upstream version"
-        )
-
-
-def _step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order) -> str:
-    """The progress this MV commit makes, so a crash before the progress commit loses nothing."""
-    rows = {str(v): codec.to_json(codec.encode(v, state.current(v), v_new, key_order), key_order)
-            for v in vnodes}
-    return json.dumps({"version": v_new, "progress": rows})
 
 
 def _throttle(rate_limit: int | None, rows: int, started: float) -> None:

@@ -100,11 +100,11 @@ def worker(args) -> dict:
     def init_as_is(t) -> int:
         tables = MVTables(upstream=uri, replica=t.table_uri, progress="", mv="")
         ctx = SourceContext(spark, "p", tables, key_names, key_types, args.vnodes, carried,
-                            version)
+                            version, 0, key_order)
         return ReplicaSource()._initialise(ctx, t, vnodes)
 
     time_it("D replica init as is", "sources.ReplicaSource._initialise (the step's code)",
-            init_as_is, setup=lambda: new_table(rschema))
+            init_as_is, setup=lambda: new_table(storage.replica.table_schema(rschema)))
     time_it("E replica init, no vnode recompute", "append_dataframe(read_version())",
             lambda t: append_dataframe(read(), t), setup=lambda: new_table(rschema))
     time_it("F replica init, pk-clustered", "sortWithinPartitions(vnode, pk) + append",

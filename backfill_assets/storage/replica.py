@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 
 from backfill_assets.core import names
@@ -48,6 +49,20 @@ MAX_CHANGE_FILES = 16  # change files a barrier reads before they are merged int
 def table_schema(data: pa.Schema) -> pa.Schema:
     """The replica's table schema: its data columns and the two version columns."""
     return data.append(pa.field(VERSION, pa.int64())).append(pa.field(DELETED, pa.bool_()))
+
+
+def with_version_columns(table: DeltaTable) -> DeltaTable:
+    """A replica made before the version columns, given them (its rows read as version -1,
+    the oldest: it was kept exact by DVs at its transactions' versions, so every change row
+    appended since is newer). Returns the table as it now is."""
+    if VERSION in [f.name for f in table.schema().fields]:
+        return table
+    from deltalake.schema import Field, PrimitiveType
+
+    table.alter.add_columns([Field(VERSION, PrimitiveType("long")),
+                             Field(DELETED, PrimitiveType("boolean"))])
+    table.update_incremental()
+    return table
 
 
 def tagged(rows: pa.Table, version: int, deleted: bool = False) -> pa.Table:
@@ -126,6 +141,9 @@ def resolve(rows: pa.Table, key_order: KeyOrder, *, keep_tombstones: bool = Fals
     n = rows.num_rows
     if not n:
         return rows
+    if rows.column(VERSION).null_count:  # rows of a replica from before the version columns
+        rows = rows.set_column(rows.schema.get_field_index(VERSION), VERSION,
+                               pc.fill_null(rows.column(VERSION), -1))
     order = [(VNODE, "ascending", "at_end"),
              *[(c.name, "descending" if c.descending else "ascending", "at_end")
                for c in key_order.columns], (VERSION, "descending", "at_end")]

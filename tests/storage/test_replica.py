@@ -149,3 +149,18 @@ def test_change_files_are_folded_past_the_limit(tmp_path):
     read = _read(uri, dict.fromkeys(range(VNODES)), 100)
     assert 1 not in read  # its one key deleted (again and again)
     assert [r["a"] for r in read[0]] == [1, *range(2, R.MAX_CHANGE_FILES + 3)]
+
+
+def test_a_replica_from_before_the_version_columns_is_given_them(tmp_path):
+    """A replica written by an earlier release (no version columns, kept exact by DVs) is
+    migrated in place: its rows read as the oldest version, change rows appended since win."""
+    uri = str(tmp_path / "t")
+    table = ensure_mor_table(uri, DATA, {}, cdf=False,
+                             configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+    old = pa.Table.from_pylist([_row(0, (k, "x"), k) for k in range(5)], DATA)
+    commit(Snapshot.load(uri, None, {}), Change(adds=write_table(old, uri, {}, DATA)), Intent())
+    table.update_incremental()
+    R.with_version_columns(table)
+    _append(uri, {(0, (1, "x")): None, (0, (2, "x")): 20, (0, (9, "x")): 9}, 7)
+    got = _read(uri, dict.fromkeys(range(VNODES)), 10)
+    assert [(r["a"], r["val"]) for r in got[0]] == [(0, 0), (2, 20), (3, 3), (4, 4), (9, 9)]

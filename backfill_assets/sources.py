@@ -205,7 +205,7 @@ class ReplicaSource:
                                      None if changes is None else replica.tombstones(changes))
         tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
                                             key_order, positions, limit, picked, False,
-                                            changes)
+                                            changes, storage.parallelism(ctx.spark))
         written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
                                       mv.uri, mv.storage_options, mv.arrow_schema,
                                       max_rows_per_file=storage.file_rows_for(snap.live_rows))

@@ -47,7 +47,7 @@ from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes, apply_keyed, file_rows_for
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
-from backfill_assets.storage.read import read_snapshot
+from backfill_assets.storage.read import parallelism, read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
 from backfill_assets.storage.spark_types import col, spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
@@ -56,7 +56,8 @@ __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile
            "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "apply_keyed", "chunk_files", "chunk_tasks",
            "ensure_mor_table",
-           "file_rows_for", "key_counts", "open_mor_table", "read_chunk", "read_snapshot",
+           "file_rows_for", "key_counts", "open_mor_table", "parallelism", "read_chunk",
+           "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
            "vnode_stats_from_log", "write_bulk", "write_chunk"]
 

@@ -164,6 +164,25 @@ def resolve(rows: pa.Table, key_order: KeyOrder, *, keep_tombstones: bool = Fals
     return rows.filter(pa.array(keep))
 
 
+def overlay(base: pa.Table, changes: pa.Table, key_order: KeyOrder) -> pa.Table:
+    """``base`` rows (of one version per vnode, keys unique unless the upstream repeated one)
+    with ``changes`` applied: only the base rows whose (vnode, key) a change row names are
+    resolved with them, the rest pass as they are (no sort of everything read)."""
+    if not changes.num_rows:
+        return base
+    keys = [VNODE, *key_order.names]
+    named = changes.select(keys).group_by(keys, use_threads=False).aggregate([])
+    marker = "__bf_replica_named"
+    hit = base.select(keys).append_column(marker, pa.array(range(base.num_rows), pa.int64()))
+    hit = hit.join(named, keys=keys, join_type="inner").column(marker)
+    mask = np.zeros(base.num_rows, bool)
+    mask[hit.to_numpy(zero_copy_only=False)] = True
+    touched = base.filter(pa.array(mask))
+    kept = base.filter(pa.array(~mask))
+    return pa.concat_tables([kept, resolve(pa.concat_tables([touched, changes.cast(base.schema)]),
+                                           key_order)])
+
+
 def merge_changes(snap: Snapshot, key_order: KeyOrder, intent: Intent) -> bool:
     """Fold the change files into one when there are more than MAX_CHANGE_FILES (resolved,
     tombstones kept): what a read sees is unchanged. Returns whether it committed."""

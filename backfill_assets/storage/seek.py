@@ -30,12 +30,12 @@ from __future__ import annotations
 import functools
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backfill_assets.core.errors import InvalidKeyValue
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage.log import DataFile
-from backfill_assets.storage.prune import VNODE, _bound, files_in_vnodes
+from backfill_assets.storage.prune import VNODE, _bound, files_in_vnodes, vnode_span
 
 SEEK_ROWS_PROPERTY = "backfill.seekFileRows"
 MIN_SEEK_ROWS = 4096  # smaller files cost more in per-file overhead than they save in rows
@@ -53,6 +53,7 @@ class ChunkFiles:
     """The files of one chunk read: per group (a vnode, or the run's vnodes in no_shuffle)."""
 
     groups: dict[tuple[int, ...], list[DataFile]]
+    lowers: dict[str, Key | None] = field(default_factory=dict)  # path -> lower key bound
 
     @property
     def distinct(self) -> list[DataFile]:
@@ -79,12 +80,32 @@ def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
     else:
         groups = [(v,) for v in sorted(positions)]
     out = {}
+    lowers: dict[str, Key | None] = {}
+    meeting = _by_vnode(files) if not shared else None
     for group in groups:
         pos = positions[group[0]]
         more = sum((extra or {}).get(v, 0) for v in group)
-        out[group] = _pick(files_in_vnodes(files, group), set(group), pos, key_order,
-                           limit + more)
-    return ChunkFiles(out)
+        candidates = files_in_vnodes(files, group) if meeting is None else meeting(group[0])
+        out[group] = _pick(candidates, set(group), pos, key_order, limit + more, lowers)
+    return ChunkFiles(out, lowers)
+
+
+def _by_vnode(files: Sequence[DataFile]):
+    """Files meeting one vnode, from one pass over the files (a pass per vnode costs files x
+    vnodes: about a second per barrier for a 20M-row replica of 5,120 files)."""
+    one: dict[int, list[DataFile]] = {}
+    wide: list[DataFile] = []
+    for f in files:
+        lo, hi = vnode_span(f)
+        if lo is not None and lo == hi:
+            one.setdefault(lo, []).append(f)
+        else:
+            wide.append(f)
+
+    def meeting(vnode: int) -> list[DataFile]:
+        return one.get(vnode, []) + files_in_vnodes(wide, [vnode])
+
+    return meeting
 
 
 class _Bounds:
@@ -118,7 +139,9 @@ def _key_bound(f: DataFile, key_order: KeyOrder, upper: bool) -> Key | None:
 
 
 def _pick(files: Sequence[DataFile], group: set[int], pos: Key | None, key_order: KeyOrder,
-          limit: int) -> list[DataFile]:
+          limit: int, lowers: dict[str, Key | None]) -> list[DataFile]:
+    """The prefix of the group's files (by lower key bound) that holds the next ``limit``
+    rows; each taken file's lower bound recorded in ``lowers``."""
     cmp = key_order.compare
     if pos is not None and key_order.is_placeholder(pos):
         return []
@@ -137,6 +160,7 @@ def _pick(files: Sequence[DataFile], group: set[int], pos: Key | None, key_order
     upper_key = key_order.sort_key
     for i, b in enumerate(bounds):
         taken.append(b.file)
+        lowers[b.file.path] = b.lower
         inside = b.span is not None and all(v in group for v in range(b.span[0], b.span[1] + 1))
         if inside and b.lower is not None and b.upper is not None and (
                 pos is None or cmp(b.lower, pos) > 0):

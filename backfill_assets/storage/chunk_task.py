@@ -1,0 +1,227 @@
+"""The task side of a chunk read (picklable, pure Arrow): read a task's files, resolve a
+replica's change rows, keep each vnode's first ``limit`` rows after its position, ranked.
+
+A per-vnode task reads its vnode's files one at a time, in the order of their lower key bound,
+and stops as soon as the rows read hold ``limit`` rows after the position that sort before
+the next file's lower bound: every row of the vnode before that bound is then in the files
+read (their lower bounds are the smallest), so the chunk is exact. The driver's seek
+(``seek.chunk_files``) can only count files it knows to lie wholly inside the range, so it
+takes one or two more; the task skips them (about 2.5 chunks read per chunk before, 1.5 now,
+with files about a chunk long).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import pickle
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backfill_assets.core import names
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.storage import dv, replica
+from backfill_assets.storage.read import file_rows, unb64_table
+
+RN, BAD_KEY, VNODE = names.ROW_NUMBER, names.BAD_KEY, "vnode"
+
+
+class ChunkReader:
+    """The task side (picklable): read the task's files, keep its chunk, sorted."""
+
+    def __init__(self, table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+                 out: pa.Schema, key_order: KeyOrder, positions: Mapping[int, Key], limit: int,
+                 shared: bool, per_vnode: bool = False, overlay: bool = False):
+        self.table_uri, self.options, self.physical = table_uri, dict(options), dict(physical)
+        self.out = out.serialize().to_pybytes()
+        self.key_order, self.positions, self.limit = key_order, dict(positions), limit
+        self.shared, self.per_vnode, self.overlay = shared, per_vnode, overlay
+
+    @property
+    def out_schema(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(self.out))
+
+    def __call__(self, batches):
+        out = self.out_schema
+        for batch in batches:
+            for text in batch.column(0).to_pylist():
+                chunk = self.chunk(json.loads(text))
+                if self.per_vnode:
+                    chunk = last_of_each_vnode(chunk)
+                yield from chunk.cast(out).to_batches(max_chunksize=65536)
+
+    def chunk(self, task: dict) -> pa.Table:
+        """One task's chunk: its rows after each position, the first ``limit``, ranked."""
+        table = self._read_in_order(task) if "order" in task else self._read(task)
+        return take_chunk(table, self.key_order, self.positions, self.limit, self.shared)
+
+    def _read_in_order(self, task: dict) -> pa.Table:
+        """Per vnode, its files one at a time until they hold its chunk (module docstring)."""
+        out = self.out_schema
+        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
+        read = base.append(pa.field(replica.VERSION, pa.int64())).append(
+            pa.field(replica.DELETED, pa.bool_())) if self.overlay else base
+        order = pickle.loads(base64.b64decode(task["order"]))
+        entries = {f["path"]: f for f in task["files"]}
+        changes = unb64_table(task.get("changes")) if self.overlay else None
+        cache: dict[str, pa.Table] = {}
+        pieces = []
+        for vnode in task["vnodes"]:
+            mine = None
+            if changes is not None:
+                mine = changes.filter(pc.equal(changes.column(VNODE), vnode)).cast(read)
+            seq = order.get(vnode, [])
+            got: list[pa.Table] = []
+            for i, (path, _) in enumerate(seq):
+                if path not in cache:
+                    cache[path] = file_table(self.table_uri, self.options, self.physical,
+                                             read, entries[path])
+                rows = cache[path]
+                got.append(rows.filter(pc.equal(rows.column(VNODE), vnode)))
+                cut = seq[i + 1][1] if i + 1 < len(seq) else None
+                if cut is not None and self._holds(got, mine, vnode, cut):
+                    break
+            rows = pa.concat_tables(got) if got else read.empty_table()
+            if mine is not None and mine.num_rows:
+                rows = replica.overlay(rows, mine, self.key_order)
+            pieces.append(rows.select(base.names))
+        return pa.concat_tables(pieces) if pieces else base.empty_table()
+
+    def _holds(self, got: list[pa.Table], changes: pa.Table | None, vnode: int,
+               cut: Key) -> bool:
+        """Whether the rows read hold ``limit`` rows after the vnode's position and before
+        ``cut`` (the next file's lower bound)."""
+        rows = pa.concat_tables(got)
+        if changes is not None and changes.num_rows:
+            rows = replica.overlay(rows, changes, self.key_order)
+        mask = pc.invert(pc.or_kleene(after(rows, self.key_order, cut),
+                                      _equal(rows, self.key_order, cut)))
+        pos = self.positions.get(vnode)
+        if pos is not None:
+            mask = pc.and_kleene(mask, after(rows, self.key_order, pos))
+        held = pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
+        return held >= self.limit
+
+    def _read(self, task: dict) -> pa.Table:
+        """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
+        out = self.out_schema
+        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
+        if not self.overlay:
+            return read_task_rows(self.table_uri, self.options, self.physical, base, task)
+        lsm = base.append(pa.field(replica.VERSION, pa.int64())).append(
+            pa.field(replica.DELETED, pa.bool_()))
+        rows = read_task_rows(self.table_uri, self.options, self.physical, lsm, task)
+        changes = unb64_table(task.get("changes"))
+        if changes is not None and changes.num_rows:
+            rows = replica.overlay(rows, changes.cast(lsm), self.key_order)
+        return rows.select(base.names)
+
+
+def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+                   base: pa.Schema, task: dict) -> pa.Table:
+    """The rows of a task's vnodes (``base`` columns) in its files: DVs applied, row counts
+    checked, partition values from the log; rows of other vnodes in those files dropped."""
+    wanted = pa.array(task["vnodes"], base.field(VNODE).type)
+    tables = []
+    for f in task["files"]:
+        rows = file_table(table_uri, options, physical, base, f)
+        tables.append(rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted)))
+    return pa.concat_tables(tables) if tables else base.empty_table()
+
+
+def file_table(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+               base: pa.Schema, f: dict) -> pa.Table:
+    """One task file entry's live rows (``base`` columns)."""
+    deleted = dv.load(table_uri, f["dv"], options) if f["dv"] else None
+    return file_rows(f["uri"], options, physical, base, rows=f["rows"], deleted=deleted,
+                     partition=unb64_table(f["parts"]))
+
+
+def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:
+    """Mask: the row's key equals ``key``."""
+    expr = None
+    for col, value in zip(key_order.columns, key, strict=True):
+        column = table.column(col.name)
+        eq = pc.equal(column, pa.scalar(value, column.type))
+        expr = eq if expr is None else pc.and_kleene(expr, eq)
+    return expr
+
+
+def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],
+               limit: int, shared: bool) -> pa.Table:
+    """The rows after each vnode's position (no position: all), the first ``limit`` per vnode
+    (``shared``: of the whole table) in key order; sorted by (vnode, key), with RN and
+    BAD_KEY."""
+    keys = [(c.name, "descending" if c.descending else "ascending", "at_end")
+            for c in key_order.columns]
+    if shared:
+        pos = next(iter(positions.values()), None)
+        if pos is not None:
+            table = table.filter(after(table, key_order, pos))
+        table = table.take(pc.sort_indices(table, keys)[:limit])
+    table = table.take(pc.sort_indices(table, [(VNODE, "ascending", "at_end"), *keys]))
+    vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
+    starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]]) if len(vnodes) else []
+    pieces = []
+    for i, start in enumerate(starts):
+        stop = starts[i + 1] if i + 1 < len(starts) else len(vnodes)
+        piece = table.slice(start, stop - start)
+        pos = None if shared else positions.get(int(vnodes[start]))
+        if pos is not None:
+            piece = piece.filter(after(piece, key_order, pos))
+        pieces.append(piece if shared else piece.slice(0, limit))
+    table = pa.concat_tables(pieces) if pieces else table
+    return _ranked(table, key_order)
+
+
+def last_of_each_vnode(chunk: pa.Table) -> pa.Table:
+    """One row per vnode of a ranked chunk: its last row (RN = the vnode's rows), BAD_KEY set
+    when any of its rows was flagged."""
+    n = chunk.num_rows
+    if not n:
+        return chunk
+    vnodes = chunk.column(VNODE).to_numpy(zero_copy_only=False)
+    last = np.flatnonzero(np.r_[vnodes[1:] != vnodes[:-1], True])
+    bad = chunk.column(BAD_KEY).to_numpy(zero_copy_only=False).astype(np.int64)
+    bad_before = np.r_[0, np.cumsum(bad)]  # flagged rows before each index
+    first = np.r_[0, last[:-1] + 1]
+    any_bad = (bad_before[last + 1] - bad_before[first]) > 0
+    out = chunk.take(pa.array(last))
+    return out.set_column(out.schema.get_field_index(BAD_KEY), BAD_KEY, pa.array(any_bad))
+
+
+def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
+    """Mask: the row's key sorts strictly after ``pos`` (null keys: null, i.e. dropped, as in
+    the SQL of ``KeyOrder.sql_after``)."""
+    expr = None
+    for col, value in reversed(list(zip(key_order.columns, pos, strict=True))):
+        column = table.column(col.name)
+        scalar = pa.scalar(value, column.type)
+        beyond = (pc.less if col.descending else pc.greater)(column, scalar)
+        expr = beyond if expr is None else pc.or_kleene(
+            beyond, pc.and_kleene(pc.equal(column, scalar), expr))
+    return expr
+
+
+def _ranked(table: pa.Table, key_order: KeyOrder) -> pa.Table:
+    """Add RN (rank inside the vnode) and BAD_KEY to rows sorted by (vnode, key)."""
+    n = table.num_rows
+    vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
+    new_run = np.r_[True, vnodes[1:] != vnodes[:-1]] if n else np.zeros(0, bool)
+    index = np.arange(n)
+    run_start = np.maximum.accumulate(np.where(new_run, index, 0)) if n else index
+    rank = index - run_start + 1
+    bad = np.zeros(n, bool)
+    same = ~new_run.copy()
+    for name in key_order.names:
+        column = table.column(name)
+        bad |= column.is_null().to_numpy(zero_copy_only=False)
+        if n > 1:
+            eq = pc.fill_null(pc.equal(column.slice(1), column.slice(0, n - 1)), False)
+            same[1:] &= eq.to_numpy(zero_copy_only=False)
+    bad |= same
+    return table.append_column(RN, pa.array(rank, pa.int64())).append_column(
+        BAD_KEY, pa.array(bad))

@@ -172,7 +172,7 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
         files = {f.path: f for f in files_in_vnodes(
             list({f.path: f for v in vnodes for f in per_vnode[v]}.values()), vnodes)}
         entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
-                    "dv": f.deletion_vector,
+                    "dv": f.deletion_vector, "one": _one_vnode(f),
                     "parts": b64(partition_row(f, parts, out))} for f in files.values()]
         task: dict = {"vnodes": vnodes, "files": entries}
         if picked.lowers and all(len(g) == 1 for g in picked.groups):
@@ -188,3 +188,8 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
             continue
         tasks.append(json.dumps(task))
     return tasks
+
+
+def _one_vnode(f: DataFile) -> bool:
+    lo, hi = vnode_span(f)
+    return lo is not None and lo == hi

@@ -59,7 +59,8 @@ class ChunkReader:
         return take_chunk(table, self.key_order, self.positions, self.limit, self.shared)
 
     def _read_in_order(self, task: dict) -> pa.Table:
-        """Per vnode, its files one at a time until they hold its chunk (module docstring)."""
+        """Per vnode, its files one at a time until they hold its chunk (module docstring);
+        then a replica's change rows resolved with everything read, once."""
         out = self.out_schema
         base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         read = base.append(pa.field(replica.VERSION, pa.int64())).append(
@@ -67,43 +68,39 @@ class ChunkReader:
         order = pickle.loads(base64.b64decode(task["order"]))
         entries = {f["path"]: f for f in task["files"]}
         changes = unb64_table(task.get("changes")) if self.overlay else None
+        dead = replica.tombstones(changes) if changes is not None else {}
         cache: dict[str, pa.Table] = {}
-        pieces = []
+        got: list[pa.Table] = []
         for vnode in task["vnodes"]:
-            mine = None
-            if changes is not None:
-                mine = changes.filter(pc.equal(changes.column(VNODE), vnode)).cast(read)
+            mine: list[pa.Table] = []
             seq = order.get(vnode, [])
-            got: list[pa.Table] = []
             for i, (path, _) in enumerate(seq):
                 if path not in cache:
                     cache[path] = file_table(self.table_uri, self.options, self.physical,
                                              read, entries[path])
                 rows = cache[path]
-                got.append(rows.filter(pc.equal(rows.column(VNODE), vnode)))
+                if not entries[path].get("one"):  # a file of several vnodes: keep this one's
+                    rows = rows.filter(pc.equal(rows.column(VNODE), vnode))
+                mine.append(rows)
                 cut = seq[i + 1][1] if i + 1 < len(seq) else None
-                if cut is not None and self._holds(got, mine, vnode, cut):
+                # a tombstone may delete any row counted: count them all as deleted
+                if cut is not None and self._count(pa.concat_tables(mine), vnode, cut) \
+                        - dead.get(vnode, 0) >= self.limit:
                     break
-            rows = pa.concat_tables(got) if got else read.empty_table()
-            if mine is not None and mine.num_rows:
-                rows = replica.overlay(rows, mine, self.key_order)
-            pieces.append(rows.select(base.names))
-        return pa.concat_tables(pieces) if pieces else base.empty_table()
-
-    def _holds(self, got: list[pa.Table], changes: pa.Table | None, vnode: int,
-               cut: Key) -> bool:
-        """Whether the rows read hold ``limit`` rows after the vnode's position and before
-        ``cut`` (the next file's lower bound)."""
-        rows = pa.concat_tables(got)
+            got += mine
+        rows = pa.concat_tables(got) if got else read.empty_table()
         if changes is not None and changes.num_rows:
-            rows = replica.overlay(rows, changes, self.key_order)
+            rows = replica.overlay(rows, changes.cast(read), self.key_order)
+        return rows.select(base.names)
+
+    def _count(self, rows: pa.Table, vnode: int, cut: Key) -> int:
+        """Rows after the vnode's position that sort before ``cut``."""
         mask = pc.invert(pc.or_kleene(after(rows, self.key_order, cut),
                                       _equal(rows, self.key_order, cut)))
         pos = self.positions.get(vnode)
         if pos is not None:
             mask = pc.and_kleene(mask, after(rows, self.key_order, pos))
-        held = pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
-        return held >= self.limit
+        return pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
 
     def _read(self, task: dict) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""

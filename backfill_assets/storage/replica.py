@@ -170,15 +170,20 @@ def overlay(base: pa.Table, changes: pa.Table, key_order: KeyOrder) -> pa.Table:
     resolved with them, the rest pass as they are (no sort of everything read)."""
     if not changes.num_rows:
         return base
-    keys = [VNODE, *key_order.names]
-    named = changes.select(keys).group_by(keys, use_threads=False).aggregate([])
-    marker = "__bf_replica_named"
-    hit = base.select(keys).append_column(marker, pa.array(range(base.num_rows), pa.int64()))
-    hit = hit.join(named, keys=keys, join_type="inner").column(marker)
-    mask = np.zeros(base.num_rows, bool)
-    mask[hit.to_numpy(zero_copy_only=False)] = True
-    touched = base.filter(pa.array(mask))
-    kept = base.filter(pa.array(~mask))
+    keys = list(key_order.names)  # a pk names one row of the table, whatever its vnode
+    if len(keys) == 1:
+        mask = pc.fill_null(pc.is_in(base.column(keys[0]), value_set=changes.column(keys[0])),
+                            False)
+    else:
+        named = changes.select(keys).group_by(keys, use_threads=False).aggregate([])
+        marker = "__bf_replica_named"
+        hit = base.select(keys).append_column(marker, pa.array(range(base.num_rows), pa.int64()))
+        hit = hit.join(named, keys=keys, join_type="inner").column(marker)
+        flags = np.zeros(base.num_rows, bool)
+        flags[hit.to_numpy(zero_copy_only=False)] = True
+        mask = pa.array(flags)
+    touched = base.filter(mask)
+    kept = base.filter(pc.invert(mask))
     return pa.concat_tables([kept, resolve(pa.concat_tables([touched, changes.cast(base.schema)]),
                                            key_order)])
 

@@ -82,7 +82,7 @@ def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
     """The NDJSON of the commit against ``base`` (DVs rebased onto its files)."""
     now = int(time.time() * 1000)
     actions: list[dict] = []
-    live = base.by_path()
+    live = base.by_path() if change.deletes else {}  # an append needs no file list
     bitmaps, targets = [], []
     for path, rows in sorted(change.deletes.items()):
         if not rows:

@@ -149,23 +149,33 @@ class Snapshot:
 
     @cached_property
     def files(self) -> list[DataFile]:
-        """The live data files, typed partition values and stats from delta-rs, DVs replayed."""
-        actions = pa.table(self.table.get_add_actions(flatten=True)).to_pylist()
+        """The live data files, typed partition values and stats from delta-rs, DVs replayed.
+        A file's size, counts, partition values and stats never change: they are converted
+        once per process (``_STATIC``), so a table of thousands of files that gains a few per
+        version costs what it gained, not a conversion of every file to Python."""
+        actions = pa.table(self.table.get_add_actions(flatten=True))
         replayed = self.add_actions if self.has_deletion_vectors else {}
         logical = {v: k for k, v in self.physical_names.items()}
-        out = []
-        for a in actions:
-            path = a["path"]
+        table_id = (self.uri, self.table.metadata().id, tuple(sorted(logical.items())))
+        paths = actions.column("path").to_pylist()
+        static = {path: _STATIC.get((table_id, path)) for path in paths}
+        missing = [i for i, path in enumerate(paths) if static[path] is None]
+        for a in actions.take(missing).to_pylist() if missing else []:
             parts = {k[len("partition."):]: v for k, v in a.items() if k.startswith("partition.")}
             stats = {}
             for k, v in a.items():
                 side, _, col = k.partition(".")
                 if side in ("min", "max") and col:
                     stats[(side, logical.get(col, col))] = v
-            out.append(DataFile(path, int(a["size_bytes"]), a.get("num_records"),
-                                {logical.get(k, k): v for k, v in parts.items()}, stats,
-                                (replayed.get(unquote(path)) or {}).get("deletionVector"),
-                                replayed.get(unquote(path))))
+            static[a["path"]] = (int(a["size_bytes"]), a.get("num_records"),
+                                 {logical.get(k, k): v for k, v in parts.items()}, stats)
+            _remember((table_id, a["path"]), static[a["path"]])
+        out = []
+        for path in paths:
+            size, records, parts, stats = static[path]
+            raw = replayed.get(unquote(path))
+            out.append(DataFile(path, size, records, parts, stats,
+                                (raw or {}).get("deletionVector"), raw))
         return out
 
     def file_uri(self, path: str) -> str:
@@ -308,3 +318,19 @@ def _clean(add: dict | None) -> dict | None:
     for nested in ("stats_parsed", "partitionValues_parsed", "tags"):
         out.pop(nested, None)
     return out
+
+
+# (uri, table id, column mapping), path -> (size, records, partition values, stats) of a data
+# file: what never changes once it is written, converted from delta-rs' actions once
+_STATIC: OrderedDict[tuple, tuple] = OrderedDict()
+_STATIC_KEPT = 500_000
+
+
+_STATIC_LOCK = threading.Lock()
+
+
+def _remember(key: tuple, static: tuple) -> None:
+    with _STATIC_LOCK:
+        _STATIC[key] = static
+        while len(_STATIC) > _STATIC_KEPT:
+            _STATIC.popitem(last=False)

@@ -43,9 +43,11 @@ MAX_SEEK_ROWS = 131072
 
 
 def seek_file_rows(chunk_limit: int) -> int:
-    """Rows per file of a table read by chunks of ``chunk_limit`` rows per vnode: about one
-    chunk, so a chunk reads two or three files whatever the table's size."""
-    return max(MIN_SEEK_ROWS, min(MAX_SEEK_ROWS, int(chunk_limit)))
+    """Rows per file of a table read by chunks of ``chunk_limit`` rows per vnode: a little
+    more than one chunk (a vnode's rows are spread evenly over its files, so a file may
+    hold down to half this), so the seek takes the file holding the position and one or
+    two more, and the read task (``chunk_task``) often stops after the second."""
+    return max(MIN_SEEK_ROWS, min(MAX_SEEK_ROWS, int(chunk_limit) * 5 // 4))
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,7 @@ class ChunkReader:
         for vnode in task["vnodes"]:
             mine: list[pa.Table] = []
             seq = order.get(vnode, [])
+            pos = self.positions.get(vnode)
             for i, (path, _) in enumerate(seq):
                 if path not in cache:
                     cache[path] = file_table(self.table_uri, self.options, self.physical,
@@ -81,10 +82,12 @@ class ChunkReader:
                 rows = cache[path]
                 if not entries[path].get("one"):  # a file of several vnodes: keep this one's
                     rows = rows.filter(pc.equal(rows.column(VNODE), vnode))
+                if pos is not None:  # rows at or before the position are never kept
+                    rows = _after(rows, self.key_order, pos)
                 mine.append(rows)
                 cut = seq[i + 1][1] if i + 1 < len(seq) else None
                 # a tombstone may delete any row counted: count them all as deleted
-                if cut is not None and self._count(pa.concat_tables(mine), vnode, cut) \
+                if cut is not None and _before(pa.concat_tables(mine), self.key_order, cut) \
                         - dead.get(vnode, 0) >= self.limit:
                     break
             got += mine
@@ -92,15 +95,6 @@ class ChunkReader:
         if changes is not None and changes.num_rows:
             rows = replica.overlay(rows, changes.cast(read), self.key_order)
         return rows.select(base.names)
-
-    def _count(self, rows: pa.Table, vnode: int, cut: Key) -> int:
-        """Rows after the vnode's position that sort before ``cut``."""
-        mask = pc.invert(pc.or_kleene(after(rows, self.key_order, cut),
-                                      _equal(rows, self.key_order, cut)))
-        pos = self.positions.get(vnode)
-        if pos is not None:
-            mask = pc.and_kleene(mask, after(rows, self.key_order, pos))
-        return pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
 
     def _read(self, task: dict) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
@@ -135,6 +129,43 @@ def file_table(table_uri: str, options: Mapping[str, str], physical: Mapping[str
     deleted = dv.load(table_uri, f["dv"], options) if f["dv"] else None
     return file_rows(f["uri"], options, physical, base, rows=f["rows"], deleted=deleted,
                      partition=unb64_table(f["parts"]))
+
+
+def _after(rows: pa.Table, key_order: KeyOrder, pos: Key) -> pa.Table:
+    """The rows whose key sorts strictly after ``pos``: a slice when ``rows`` are in key
+    order under a single integer key (a replica file; checked), else a filter."""
+    keys = _ordered_keys(rows, key_order)
+    if keys is not None:
+        return rows.slice(int(np.searchsorted(keys, _signed(key_order, pos), "right")))
+    return rows.filter(after(rows, key_order, pos))
+
+
+def _before(rows: pa.Table, key_order: KeyOrder, cut: Key) -> int:
+    """How many of ``rows`` sort strictly before ``cut``."""
+    keys = _ordered_keys(rows, key_order)
+    if keys is not None:
+        return int(np.searchsorted(keys, _signed(key_order, cut), "left"))
+    mask = pc.invert(pc.or_kleene(after(rows, key_order, cut), _equal(rows, key_order, cut)))
+    return pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
+
+
+def _ordered_keys(rows: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
+    """A single integer key as numpy, ascending in key order (negated when descending),
+    when every row has one and they are strictly increasing; else None (use masks)."""
+    if len(key_order.columns) != 1 or not rows.num_rows:
+        return None
+    column = rows.column(key_order.columns[0].name)
+    if not (pa.types.is_signed_integer(column.type) or column.type in (
+            pa.uint8(), pa.uint16(), pa.uint32())) or column.null_count:
+        return None
+    keys = column.to_numpy().astype(np.int64, copy=False)
+    if key_order.columns[0].descending:
+        keys = -keys
+    return keys if bool(np.all(keys[1:] > keys[:-1])) else None
+
+
+def _signed(key_order: KeyOrder, key: Key) -> int:
+    return -int(key[0]) if key_order.columns[0].descending else int(key[0])
 
 
 def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:

@@ -19,8 +19,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
-from urllib.parse import unquote
+from functools import cached_property, lru_cache
+from urllib.parse import unquote as _unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,6 +29,9 @@ from deltalake import DeltaTable
 from backfill_assets.core.errors import UnsupportedTableFeature
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import dv, objects
+
+# a log path decoded once per process (thousands of files, several snapshots per barrier)
+unquote = lru_cache(maxsize=1 << 20)(_unquote)
 
 # reader features whose meaning this layer implements (anything else is refused by name)
 SUPPORTED_READER_FEATURES = frozenset({"deletionVectors", "columnMapping", "timestampNtz",

@@ -30,19 +30,20 @@ from backfill_assets.storage.write import write_table
 DATA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("val", pa.int32()),
                   ("vnode", pa.int32())])
 KEYS = KeyOrder((KeyColumn("a", "bigint"), KeyColumn("b", "string", descending=True)))
+SINGLE = KeyOrder((KeyColumn("a", "bigint"),))
+SINGLE_DESC = KeyOrder((KeyColumn("a", "bigint", descending=True),))
 VNODES = 4
 FILE_ROWS = 3
 
 
 def _row(vnode: int, key: tuple, val: int) -> dict:
-    return {"a": key[0], "b": key[1], "val": val, "vnode": vnode}
-
-
-keys = st.tuples(st.integers(0, 30), st.sampled_from(["x", "y", "z"]))
+    return {"a": key[0], "b": key[1] if len(key) > 1 else "x", "val": val, "vnode": vnode}
 
 
 @st.composite
-def histories(draw):
+def histories(draw, key_order: KeyOrder = KEYS):
+    keys = st.tuples(st.integers(0, 30), st.sampled_from(["x", "y", "z"])) \
+        if len(key_order.columns) > 1 else st.tuples(st.integers(0, 60))
     base = {v: {k: draw(st.integers(0, 99)) for k in draw(st.sets(keys, max_size=14))}
             for v in range(VNODES)}
     batches = []
@@ -50,22 +51,22 @@ def histories(draw):
         batch = {}
         for _ in range(draw(st.integers(0, 8))):
             vnode = draw(st.integers(0, VNODES - 1))
-            held = sorted(base[vnode], key=KEYS.sort_key)
+            held = sorted(base[vnode], key=key_order.sort_key)
             # mostly the base's own keys, its first ones most (what a chunk reads first)
             key = draw(st.sampled_from(held[:4]) | st.sampled_from(held) | keys) if held \
                 else draw(keys)
             batch[(vnode, key)] = draw(st.none() | st.none() | st.integers(0, 99))  # None: delete
         batches.append(batch)
     positions = {v: draw(st.none() | keys) for v in range(VNODES)}
-    return base, batches, positions, draw(st.integers(1, 12))
+    return base, batches, positions, draw(st.integers(1, 12)), key_order
 
 
-def _build(uri: str, base: dict) -> None:
+def _build(uri: str, base: dict, key_order: KeyOrder = KEYS) -> None:
     ensure_mor_table(uri, R.table_schema(DATA), {}, cdf=False,
                      configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
     adds = []
     for vnode, rows in base.items():
-        ordered = sorted(rows, key=KEYS.sort_key)
+        ordered = sorted(rows, key=key_order.sort_key)
         table = pa.Table.from_pylist([_row(vnode, k, rows[k]) for k in ordered], DATA)
         adds += write_table(R.tagged(table, 1), uri, {}, R.table_schema(DATA),
                             max_rows_per_file=FILE_ROWS)
@@ -81,13 +82,14 @@ def _append(uri: str, batch: dict, version: int) -> None:
                                          snap.arrow_schema), Intent())
 
 
-def _read(uri: str, positions: dict, limit: int) -> dict[int, list[dict]]:
+def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS
+          ) -> dict[int, list[dict]]:
     """One chunk read, its tasks run here (what Spark's tasks run)."""
     snap = Snapshot.load(uri, None, {})
     changes = R.read_changes(snap, positions)
-    picked = chunk_files(R.base_files(snap), KEYS, positions, limit, False,
+    picked = chunk_files(R.base_files(snap), key_order, positions, limit, False,
                          R.tombstones(changes))
-    tasks, reader = chunk_tasks(snap, DATA.names, KEYS, positions, limit, picked, False,
+    tasks, reader = chunk_tasks(snap, DATA.names, key_order, positions, limit, picked, False,
                                 changes)
     out: dict[int, list[dict]] = {}
     for task in tasks:
@@ -96,7 +98,8 @@ def _read(uri: str, positions: dict, limit: int) -> dict[int, list[dict]]:
     return out
 
 
-def _model(base: dict, batches: list, positions: dict, limit: int) -> dict[int, list[dict]]:
+def _model(base: dict, batches: list, positions: dict, limit: int,
+           key_order: KeyOrder = KEYS) -> dict[int, list[dict]]:
     state = {v: dict(rows) for v, rows in base.items()}
     for batch in batches:
         for (vnode, key), val in batch.items():
@@ -107,30 +110,32 @@ def _model(base: dict, batches: list, positions: dict, limit: int) -> dict[int, 
     out = {}
     for vnode, rows in state.items():
         pos = positions[vnode]
-        after = sorted((k for k in rows if pos is None or KEYS.compare(k, pos) > 0),
-                       key=KEYS.sort_key)[:limit]
+        after = sorted((k for k in rows if pos is None or key_order.compare(k, pos) > 0),
+                       key=key_order.sort_key)[:limit]
         if after:
             out[vnode] = [_row(vnode, k, rows[k]) for k in after]
     return out
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=90, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(histories())
+@given(st.sampled_from([KEYS, SINGLE, SINGLE_DESC]).flatmap(histories))
 def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history):
-    base, batches, positions, limit = history
+    """Composite keys go through Arrow masks; a single integer key through the task's
+    binary searches over key-ordered files (ascending and descending)."""
+    base, batches, positions, limit, key_order = history
     uri = str(tmp_path_factory.mktemp("replica") / "t")
-    _build(uri, base)
+    _build(uri, base, key_order)
     for version, batch in enumerate(batches, start=2):
         _append(uri, batch, version)
-    want = _model(base, batches, positions, limit)
-    assert _read(uri, positions, limit) == want
+    want = _model(base, batches, positions, limit, key_order)
+    assert _read(uri, positions, limit, key_order) == want
     snap = Snapshot.load(uri, None, {})
     assert not any(f.deletion_vector for f in snap.files)  # the base is never rewritten
-    if R.merge_changes(snap, KEYS, Intent()):
+    if R.merge_changes(snap, key_order, Intent()):
         folded = Snapshot.load(uri, None, {})
         assert len(R.change_files(folded)) == 1
-        assert _read(uri, positions, limit) == want
+        assert _read(uri, positions, limit, key_order) == want
 
 
 def test_change_files_are_folded_past_the_limit(tmp_path):

@@ -115,15 +115,25 @@ class _Bounds:
 
     def __init__(self, f: DataFile, key_order: KeyOrder):
         self.file = f
-        self.lower = _key_bound(f, key_order, upper=False)
-        self.upper = _key_bound(f, key_order, upper=True)
-        part = f.partition_values.get(VNODE)
-        if part is not None:
-            self.span = (int(part), int(part))
-        else:
-            lo, hi = _bound(f, "min", VNODE), _bound(f, "max", VNODE)
-            self.span = (int(lo), int(hi)) if isinstance(lo, int) and isinstance(hi, int) \
-                else None
+        key = (f.path, f.size, key_order)  # a file's stats never change: computed once
+        known = _BOUNDS.get(key)
+        if known is None:
+            known = _BOUNDS[key] = (_key_bound(f, key_order, upper=False),
+                                    _key_bound(f, key_order, upper=True), _span(f))
+            if len(_BOUNDS) > 1_000_000:
+                _BOUNDS.pop(next(iter(_BOUNDS)))
+        self.lower, self.upper, self.span = known
+
+
+_BOUNDS: dict[tuple, tuple] = {}  # (path, size, key order) -> (lower, upper, vnode span)
+
+
+def _span(f: DataFile) -> tuple[int, int] | None:
+    part = f.partition_values.get(VNODE)
+    if part is not None:
+        return int(part), int(part)
+    lo, hi = _bound(f, "min", VNODE), _bound(f, "max", VNODE)
+    return (int(lo), int(hi)) if isinstance(lo, int) and isinstance(hi, int) else None
 
 
 def _key_bound(f: DataFile, key_order: KeyOrder, upper: bool) -> Key | None:

@@ -143,7 +143,8 @@ class ReplicaSource:
             rows = storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
                                     _AsReplica(data, ctx.v_new), ctx.key_order)
             written = storage.write_bulk(ctx.spark, rows, target.uri, so, target.arrow_schema,
-                                         max_rows_per_file=seek_rows, split_column=VNODE)
+                                         max_rows_per_file=seek_rows, split_column=VNODE,
+                                         key_bounds=True)
             if written.bad_keys:
                 written.discard()
                 check_snapshot_keys(_with_vnode(storage.read_snapshot(

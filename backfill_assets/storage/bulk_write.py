@@ -99,15 +99,18 @@ class BulkWritten:
 
 def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                storage_options: Mapping[str, str], schema: pa.Schema, *,
-               max_rows_per_file: int, split_column: str | None = None) -> BulkWritten:
+               max_rows_per_file: int, split_column: str | None = None,
+               key_bounds: bool = False) -> BulkWritten:
     """Write ``rows`` as new (uncommitted) files of the table at ``table_uri`` (columns of
     ``schema``), each task's rows one vnode range in (vnode, key) order (``split_column``:
     files of one value of it each, as the replica's seek wants). A task whose rows hold a
     null or repeated pk writes nothing (``bad_keys``: the caller names the key). Raises
     TransformRefused (after deleting what the job wrote) when the transform refused any
     rows."""
+    key_sort = [(c.name, "descending" if c.descending else "ascending")
+                for c in rows.key_order.columns] if key_bounds else None
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                        "", "part", max_rows_per_file, split_column)
+                        "", "part", max_rows_per_file, split_column, key_sort)
     return _run(spark, _tasks(spark, rows), _BulkTask(rows, writer), table_uri,
                 storage_options)
 
@@ -131,8 +134,7 @@ def _run(spark: SparkSession, tasks: list[str], task, table_uri: str,
     manifest = one_task_per_partition(spark, tasks).mapInArrow(
         task, MANIFEST).collect() if tasks else []
     written = BulkWritten(table_uri, dict(storage_options), tuple(
-        NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest
-        if r["path"] is not None))
+        NewFile.of(r) for r in manifest if r["path"] is not None))
     reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
     refused = [r["refused"] for r in reports if "refused" in r]
     if refused:

@@ -102,9 +102,11 @@ def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
     for f in change.removes:
         actions.append({"remove": _remove(f, now, change.data_change)})
     for f in change.adds:
-        actions.append({"add": {"path": f.path, "partitionValues": {}, "size": f.size,
-                                "modificationTime": now, "dataChange": change.data_change,
-                                "stats": f.stats}})
+        add = {"path": f.path, "partitionValues": {}, "size": f.size,
+               "modificationTime": now, "dataChange": change.data_change, "stats": f.stats}
+        if f.tags:
+            add["tags"] = f.tags
+        actions.append({"add": add})
     for f in change.cdc:
         actions.append({"cdc": {"path": f.path, "partitionValues": {}, "size": f.size,
                                 "dataChange": False}})

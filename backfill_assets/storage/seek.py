@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -36,6 +37,7 @@ from backfill_assets.core.errors import InvalidKeyValue
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage.log import DataFile
 from backfill_assets.storage.prune import VNODE, _bound, files_in_vnodes, vnode_span
+from backfill_assets.storage.write import KEY_BOUNDS
 
 SEEK_ROWS_PROPERTY = "backfill.seekFileRows"
 MIN_SEEK_ROWS = 4096  # smaller files cost more in per-file overhead than they save in rows
@@ -137,6 +139,14 @@ def _span(f: DataFile) -> tuple[int, int] | None:
 
 
 def _key_bound(f: DataFile, key_order: KeyOrder, upper: bool) -> Key | None:
+    """The file's exact first (last) key when its writer recorded it (``KEY_BOUNDS``), else
+    per-column bounds: exact for one column, loose for a composite key."""
+    exact = ((f.add_action or {}).get("tags") or {}).get(KEY_BOUNDS)
+    if exact is not None:
+        try:
+            return key_order.normalize(tuple(json.loads(exact)[1 if upper else 0]))
+        except (InvalidKeyValue, ValueError, TypeError, IndexError):
+            pass  # not for this key order: the stats decide
     values = []
     for c in key_order.columns:
         side = "max" if upper != c.descending else "min"

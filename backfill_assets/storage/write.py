@@ -28,14 +28,30 @@ ROW_GROUP_ROWS = 1 << 17
 STAT_STRING_LIMIT = 32  # longer strings get no min/max (a truncated bound would not be exact)
 
 
+KEY_BOUNDS = "backfill.keyBounds"  # add-action tag: [first key, last key] in key order, exact
+
+
 @dataclass(frozen=True)
 class NewFile:
-    """A data file a task wrote: path relative to the table root, as the log will name it."""
+    """A data file a task wrote: path relative to the table root, as the log will name it.
+    ``tags``: its add action's tags (``KEY_BOUNDS``: the exact first and last key of a file
+    written with a key order, what a seek of a composite key needs)."""
 
     path: str
     size: int
     rows: int
     stats: str
+    tags: dict | None = None
+
+    @classmethod
+    def of(cls, row: dict) -> NewFile:
+        """A manifest row: the task passes the key bounds inside its stats text."""
+        stats, tags = row["stats"], None
+        if KEY_BOUNDS in stats:
+            parsed = json.loads(stats)
+            tags = {KEY_BOUNDS: parsed.pop(KEY_BOUNDS)}
+            stats = json.dumps(parsed)
+        return cls(row["path"], row["size"], row["rows"], stats, tags)
 
 
 def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str],
@@ -53,23 +69,25 @@ def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS, split_column)
     manifest = df.selectExpr(*columns).mapInArrow(writer, MANIFEST).collect()
-    files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest]
+    files = [NewFile.of(r) for r in manifest]
     check_written(table_uri, storage_options, files)
     return files
 
 
 def write_table(table: pa.Table, table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, folder: str = "", prefix: str = "part",
-                max_rows_per_file: int = DEFAULT_FILE_ROWS) -> list[NewFile]:
+                max_rows_per_file: int = DEFAULT_FILE_ROWS,
+                key_sort: list[tuple[str, str]] | None = None) -> list[NewFile]:
     """``write_files`` for rows already on the driver (a small barrier): the same files,
     statistics and manifest check, written by the driver itself instead of Spark tasks."""
     if not table.num_rows:
         return []
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                        folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS)
+                        folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS,
+                        key_sort=key_sort)
     batches = table.select(schema.names).to_batches()
     manifest = pa.Table.from_batches(list(writer(iter(batches))))
-    files = [NewFile(r["path"], r["size"], r["rows"], r["stats"]) for r in manifest.to_pylist()]
+    files = [NewFile.of(r) for r in manifest.to_pylist()]
     check_written(table_uri, storage_options, files)
     return files
 
@@ -91,10 +109,11 @@ class FileWriter:
     """The task side (picklable): rolling parquet files with Delta stats."""
 
     def __init__(self, table_uri: str, options: Mapping[str, str], schema: bytes,
-                 folder: str, prefix: str, max_rows: int, split_column: str | None = None):
+                 folder: str, prefix: str, max_rows: int, split_column: str | None = None,
+                 key_sort: list[tuple[str, str]] | None = None):
         self.table_uri, self.options, self.schema = table_uri, options, schema
         self.folder, self.prefix, self.max_rows = folder.strip("/"), prefix, max_rows
-        self.split_column = split_column
+        self.split_column, self.key_sort = split_column, key_sort
 
     def __call__(self, batches):
         import pyarrow.parquet as pq
@@ -167,6 +186,8 @@ class _OpenFile:
         self.stats = _Stats(schema)
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+        self.key_sort = spec.key_sort
+        self.keys: list[pa.Table] = []
 
     def write(self, table: pa.Table) -> None:
         """Buffered into row groups of ROW_GROUP_ROWS: Spark hands a task's rows over in
@@ -175,6 +196,8 @@ class _OpenFile:
         self.pending_rows += table.num_rows
         self.stats.add(table)
         self.rows += table.num_rows
+        if self.key_sort:
+            self.keys.append(table.select([name for name, _ in self.key_sort]))
         if self.pending_rows >= ROW_GROUP_ROWS:
             self._flush()
 
@@ -188,8 +211,24 @@ class _OpenFile:
         self.writer.close()
         self.stream.close()
         size = self.fs.get_file_info(self.fs_path).size
+        stats = self.stats.json(self.rows, _key_bounds(self.keys, self.key_sort or []))
         return pa.RecordBatch.from_pylist([{"path": self.path, "size": size, "rows": self.rows,
-                                            "stats": self.stats.json(self.rows)}])
+                                            "stats": stats}])
+
+
+def _key_bounds(keys: list[pa.Table], key_sort: list[tuple[str, str]]) -> list | None:
+    """The file's first and last key in ``key_sort`` order, when every key is present and
+    JSON says it exactly (ints, strings, bools); else None (the seek then uses the stats)."""
+    if not keys or not key_sort:
+        return None
+    table = pa.concat_tables(keys)
+    if not table.num_rows or any(c.null_count for c in table.columns) or not all(
+            pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_boolean(t)
+            for t in table.schema.types):
+        return None
+    order = pc.sort_indices(table, sort_keys=[(n, d, "at_end") for n, d in key_sort])
+    ends = table.take(pa.array([order[0].as_py(), order[-1].as_py()])).to_pylist()
+    return [[row[n] for n, _ in key_sort] for row in ends]
 
 
 class _Stats:
@@ -214,7 +253,7 @@ class _Stats:
             self.mins[f.name] = lo if f.name not in self.mins else min(self.mins[f.name], lo)
             self.maxs[f.name] = hi if f.name not in self.maxs else max(self.maxs[f.name], hi)
 
-    def json(self, rows: int) -> str:
+    def json(self, rows: int, key_bounds: list | None = None) -> str:
         mins, maxs = {}, {}
         for name in self.mins:
             lo, hi = self.mins[name], self.maxs[name]
@@ -223,8 +262,10 @@ class _Stats:
             if isinstance(lo, float) and not (math.isfinite(lo) and math.isfinite(hi)):
                 continue  # NaN / inf bounds are not JSON: the log would be unreadable
             mins[name], maxs[name] = _jsonable(lo), _jsonable(hi)
-        return json.dumps({"numRecords": rows, "minValues": mins, "maxValues": maxs,
-                           "nullCount": self.nulls})
+        out = {"numRecords": rows, "minValues": mins, "maxValues": maxs, "nullCount": self.nulls}
+        if key_bounds is not None:
+            out[KEY_BOUNDS] = json.dumps(key_bounds)  # moved to the add's tags (NewFile.of)
+        return json.dumps(out)
 
 
 def _has_exact_stats(t: pa.DataType) -> bool:

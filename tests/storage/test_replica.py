@@ -61,7 +61,7 @@ def histories(draw, key_order: KeyOrder = KEYS):
     return base, batches, positions, draw(st.integers(1, 12)), key_order
 
 
-def _build(uri: str, base: dict, key_order: KeyOrder = KEYS) -> None:
+def _build(uri: str, base: dict, key_order: KeyOrder = KEYS, exact: bool = False) -> None:
     ensure_mor_table(uri, R.table_schema(DATA), {}, cdf=False,
                      configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
     adds = []
@@ -69,7 +69,9 @@ def _build(uri: str, base: dict, key_order: KeyOrder = KEYS) -> None:
         ordered = sorted(rows, key=key_order.sort_key)
         table = pa.Table.from_pylist([_row(vnode, k, rows[k]) for k in ordered], DATA)
         adds += write_table(R.tagged(table, 1), uri, {}, R.table_schema(DATA),
-                            max_rows_per_file=FILE_ROWS)
+                            max_rows_per_file=FILE_ROWS, key_sort=[
+                                (c.name, "descending" if c.descending else "ascending")
+                                for c in key_order.columns] if exact else None)
     commit(Snapshot.load(uri, None, {}), Change(adds=adds), Intent())
 
 
@@ -119,13 +121,15 @@ def _model(base: dict, batches: list, positions: dict, limit: int,
 
 @settings(max_examples=90, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from([KEYS, SINGLE, SINGLE_DESC]).flatmap(histories))
-def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history):
+@given(st.sampled_from([KEYS, SINGLE, SINGLE_DESC]).flatmap(histories), st.booleans())
+def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history, exact):
     """Composite keys go through Arrow masks; a single integer key through the task's
-    binary searches over key-ordered files (ascending and descending)."""
+    binary searches over key-ordered files (ascending and descending); ``exact``: the base
+    files carry their exact first and last key (what the replica's copy records), else the
+    seek works from per-column stats."""
     base, batches, positions, limit, key_order = history
     uri = str(tmp_path_factory.mktemp("replica") / "t")
-    _build(uri, base, key_order)
+    _build(uri, base, key_order, exact)
     for version, batch in enumerate(batches, start=2):
         _append(uri, batch, version)
     want = _model(base, batches, positions, limit, key_order)
@@ -169,3 +173,21 @@ def test_a_replica_from_before_the_version_columns_is_given_them(tmp_path):
     _append(uri, {(0, (1, "x")): None, (0, (2, "x")): 20, (0, (9, "x")): 9}, 7)
     got = _read(uri, dict.fromkeys(range(VNODES)), 10)
     assert [(r["a"], r["val"]) for r in got[0]] == [(0, 0), (2, 20), (3, 3), (4, 4), (9, 9)]
+
+
+def test_exact_key_bounds_reach_the_log_and_narrow_a_composite_seek(tmp_path):
+    """Files of one vnode whose per-column stats overlap (each spans two values of the first
+    key column) but whose exact bounds do not: with the bounds, the seek takes only the file
+    holding the position and the next one."""
+    uri = str(tmp_path / "t")
+    rows = {(a, b): a for a in range(12) for b in ("x", "y")}
+    _build(uri, {0: rows, 1: {}, 2: {}, 3: {}}, KEYS, exact=True)
+    snap = Snapshot.load(uri, None, {})
+    tags = [json.loads(f.add_action["tags"]["backfill.keyBounds"]) for f in snap.files]
+    assert sorted(tags) == sorted([list(map(list, [k[0], k[-1]])) for k in (
+        sorted(rows, key=KEYS.sort_key)[i:i + FILE_ROWS]
+        for i in range(0, len(rows), FILE_ROWS))])
+    positions = {0: (4, "x"), 1: None, 2: None, 3: None}
+    picked = chunk_files(R.base_files(snap), KEYS, positions, 2, False)
+    assert len(picked.groups[(0,)]) <= 2
+    assert _read(uri, positions, 2)[0] == [_row(0, k, k[0]) for k in [(5, "y"), (5, "x")]]

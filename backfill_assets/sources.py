@@ -216,6 +216,8 @@ class ReplicaSource:
 class _AsReplica:
     """A bulk transform (picklable): upstream rows as the replica's base rows at a version."""
 
+    keeps_every_row = True  # in the order it gets them: the bulk task sorts them once
+
     def __init__(self, data: pa.Schema, version: int):
         self.data, self.version = data.serialize().to_pybytes(), version
 

@@ -48,6 +48,7 @@ from backfill_assets.storage.chunk_read import (
     take_chunk,
     whole_vnode_tasks,
 )
+from backfill_assets.storage.chunk_task import ranked
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.read import READ_TASK_ROWS, one_task_per_partition, parallelism
 from backfill_assets.storage.spark_types import exchange_schema
@@ -179,11 +180,12 @@ class _BulkTask:
                 yield from self._task(json.loads(text))
 
     def _task(self, task: dict):
-        rows, stats = self._rows(task)
+        rows, stats, ordered = self._rows(task)
         if not any(bad for _, _, bad in stats.values()):
             written: list[str] = []
             try:
-                rows = self._ordered(self.transform(rows))
+                rows = self.transform(rows)
+                rows = rows if ordered else rows.take(pc.sort_indices(rows, self.order))
                 for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
                     written.append(entry.column(0)[0].as_py())
                     yield entry
@@ -195,17 +197,20 @@ class _BulkTask:
                 return
         yield _report({"vnodes": base64.b64encode(pickle.dumps(stats)).decode("ascii")})
 
-    def _rows(self, task: dict) -> tuple[pa.Table, dict]:
-        """The task's rows and its vnodes' stats: from the key columns alone (the rows are
-        sorted after the transform's filter, half of them in the benchmark's MV, as taking
-        every column costs most)."""
+    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool]:
+        """The task's rows, its vnodes' stats (from the key columns alone) and whether the
+        rows are already in (vnode, key) order. A transform that keeps every row in order
+        (``keeps_every_row``: the replica's copy) gets them sorted once, by one sort of the
+        key columns; otherwise the rows are sorted after the transform's filter (half of them
+        in the benchmark's MV), as taking every column costs most."""
         table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
-        ranked = take_chunk(table.select([VNODE, *self.key_order.names]), self.key_order, {},
-                            1 << 62, False)
-        return table, _stats(ranked, self.key_order)
-
-    def _ordered(self, rows: pa.Table) -> pa.Table:
-        return rows.take(pc.sort_indices(rows, self.order))
+        keys = table.select([VNODE, *self.key_order.names])
+        if getattr(self.transform, "keeps_every_row", False):
+            order = pc.sort_indices(keys, self.order)
+            return table.take(order), _stats(ranked(keys.take(order), self.key_order),
+                                             self.key_order), True
+        chunk = take_chunk(keys, self.key_order, {}, 1 << 62, False)
+        return table, _stats(chunk, self.key_order), False
 
 
 class _ChunkTask(_BulkTask):
@@ -217,12 +222,9 @@ class _ChunkTask(_BulkTask):
         self.reader, self.transform, self.refusal, self.writer = reader, transform, refusal, writer
         self.key_order = reader.key_order
 
-    def _rows(self, task: dict) -> tuple[pa.Table, dict]:
+    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool]:
         chunk = self.reader.chunk(task)
-        return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order)
-
-    def _ordered(self, rows: pa.Table) -> pa.Table:
-        return rows
+        return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order), True
 
 
 def _stats(ranked: pa.Table, key_order: KeyOrder) -> dict[int, tuple[int, Key, bool]]:

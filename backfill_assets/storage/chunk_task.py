@@ -202,7 +202,7 @@ def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key
             piece = piece.filter(after(piece, key_order, pos))
         pieces.append(piece if shared else piece.slice(0, limit))
     table = pa.concat_tables(pieces) if pieces else table
-    return _ranked(table, key_order)
+    return ranked(table, key_order)
 
 
 def last_of_each_vnode(chunk: pa.Table) -> pa.Table:
@@ -234,7 +234,7 @@ def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
     return expr
 
 
-def _ranked(table: pa.Table, key_order: KeyOrder) -> pa.Table:
+def ranked(table: pa.Table, key_order: KeyOrder) -> pa.Table:
     """Add RN (rank inside the vnode) and BAD_KEY to rows sorted by (vnode, key)."""
     n = table.num_rows
     vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)

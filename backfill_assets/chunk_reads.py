@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pyspark.sql import DataFrame
 
 from backfill_assets import mv_store, spark_ops, storage
+from backfill_assets.arrow_expr import NotExact
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, InProgress
 from backfill_assets.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
-from backfill_assets.mv_spark import BAD_KEY, chunk_stats, first_rows, project
+from backfill_assets.mv_spark import BAD_KEY, chunk_stats, exact_projection, first_rows, project
 from backfill_assets.snapshot_read import read_remainder
 from backfill_assets.sources import SourceContext
 from backfill_assets.upstream_layout import keys_kept_unique
@@ -53,6 +54,15 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
         return Chunk(None, 0, {})
     positions = {v: position(state.current(v)) for v in readers}
     engine = None
+    first, ctx.first_written = ctx.first_written, None
+    if first is not None:  # the replica's copy wrote the chunk of vnodes it just copied
+        copied, written = first
+        if mv is not None and set(readers) <= copied \
+                and all(p is None for p in positions.values()):
+            chunk = _written_chunk(written, readers, 0)  # no file read for it: 0 scanned
+            chunk.engine = "arrow: written by the replica's copy"
+            return chunk
+        written.discard()
     if mv is not None and hasattr(source, "write_chunk") and not plan.shared_read:
         try:
             chunk = arrow_seek_chunk(ctx, source, positions, state, plan, d, mv)
@@ -99,13 +109,34 @@ def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: Backfil
     if written.bad_keys:
         written.discard()
         return None
+    return _written_chunk(written, list(positions), scanned)
+
+
+def _written_chunk(written: storage.BulkWritten, readers: list[int],
+                   scanned: int | None) -> Chunk:
+    """A chunk whose files Python tasks wrote (not committed yet), with its stats."""
     per_vnode = {v: VnodeChunk(*written.vnode_stats.get(v, (0, None, False))[:2])
-                 for v in positions}
+                 for v in readers}
     read = sum(c.rows for c in per_vnode.values())
     if not read:
         written.discard()
         return Chunk(None, 0, per_vnode, scanned, engine="arrow")
     return Chunk(None, read, per_vnode, scanned, written=written, engine="arrow")
+
+
+def first_chunk(ctx: SourceContext, source, d: MVDefinition, plan: StepPlan,
+                mv: storage.Snapshot | None, fresh: list[int]) -> storage.FirstChunk | None:
+    """What a replica's copy may write of this step's chunk: every reading vnode starts now
+    (its chunk is the first rows of the copy) and the definition compiles to Arrow."""
+    readers = plan.snapshot_vnodes
+    if mv is None or not hasattr(source, "write_chunk") or plan.shared_read \
+            or not readers or plan.chunk_limit == 0 or not set(readers) <= set(fresh):
+        return None
+    projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
+    if projection is None:
+        return None
+    return storage.FirstChunk(plan.chunk_limit, projection.project, NotExact, mv.uri,
+                              mv.storage_options, mv.arrow_schema, mv_file_rows(ctx))
 
 
 def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,

@@ -52,6 +52,8 @@ class SourceContext:
     v_new: int
     chunk_limit: int = 0  # the step's chunk limit (sizes the replica's files at creation)
     key_order: KeyOrder | None = None
+    first_chunk: storage.FirstChunk | None = None  # the step's first chunk, for the copy
+    first_written: tuple[frozenset[int], storage.BulkWritten] | None = None  # copy wrote it
 
 
 class SnapshotSource(Protocol):
@@ -142,9 +144,16 @@ class ReplicaSource:
         if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
             rows = storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
                                     _AsReplica(data, ctx.v_new), ctx.key_order)
-            written = storage.write_bulk(ctx.spark, rows, target.uri, so, target.arrow_schema,
-                                         max_rows_per_file=seek_rows, split_column=VNODE,
-                                         key_bounds=True)
+            if ctx.first_chunk is not None:  # the first chunk from the same sorted rows
+                written, first = storage.write_copy(
+                    ctx.spark, rows, target.uri, so, target.arrow_schema,
+                    max_rows_per_file=seek_rows, first=ctx.first_chunk)
+                if first is not None:
+                    ctx.first_written = (frozenset(vnodes), first)
+            else:
+                written = storage.write_bulk(ctx.spark, rows, target.uri, so,
+                                             target.arrow_schema, max_rows_per_file=seek_rows,
+                                             split_column=VNODE, key_bounds=True)
             if written.bad_keys:
                 written.discard()
                 check_snapshot_keys(_with_vnode(storage.read_snapshot(

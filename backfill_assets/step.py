@@ -34,6 +34,7 @@ from backfill_assets.chunk_reads import (
     Chunk,
     bulk_chunk,
     check_fresh_keys,
+    first_chunk,
     mv_file_rows,
     snapshot_chunk,
     upstream_at,
@@ -203,6 +204,9 @@ class _Step:
         if not getattr(source, "checks_keys", False):
             check_fresh_keys(self.ctx, fresh)
         self._check_inserted(changes, [v for v in report.vnodes if v not in fresh])
+        if not self.replay and not self.req.reset:
+            self.ctx.first_chunk = first_chunk(self.ctx, source, d, plan, self._mv_snapshot(),
+                                               fresh)
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         keyed = isinstance(changes, pa.Table)
         if keyed:
@@ -244,6 +248,8 @@ class _Step:
                     df.unpersist()
             if chunk.written is not None and not committed:
                 chunk.written.discard()  # never named by a commit
+            if self.ctx.first_written is not None:  # a copy's chunk no read took
+                self.ctx.first_written[1].discard()
         return self._finish()
 
     def _read_chunk(self, source, fresh: list[int]) -> Chunk:
@@ -251,13 +257,16 @@ class _Step:
         forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
         phase of its commit (`chunk_reads.arrow_chunk`)."""
         d, plan, state = self.req.definition, self.plan, self.state
-        mv = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+        mv = self._mv_snapshot()
         if not getattr(self.strategy, "bulk", False):
             return snapshot_chunk(self.ctx, source, state, plan, d,
                                   None if self.req.reset else mv)
         alone = not self.req.reset and set(fresh) == set(self.report.vnodes)
         mv = mv if alone else None
         return bulk_chunk(self.ctx, source, state, plan, d, mv)
+
+    def _mv_snapshot(self) -> storage.Snapshot:
+        return storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
 
     def _check_inserted(self, changes: DataFrame | pa.Table | None, started: list[int]) -> None:
         """Keys the change rows insert into started vnodes: not held twice by the upstream

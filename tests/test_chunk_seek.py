@@ -39,6 +39,10 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
         report = run_barrier(spark, d, tables, list(range(VNODES)))
         assert 0 < report.snapshot_rows <= VNODES * CHUNK
         scanned.append(report.extra["snapshot_rows_scanned"])
+        # the first chunk comes from the replica's copy itself (no file read back), the
+        # others from a seek, projected and written by the read tasks
+        assert report.extra["bulk_engine"] == (
+            "arrow: written by the replica's copy" if n == 0 else "arrow"), report.extra
         # per vnode: the chunk, the file it starts in and the one it ends in; plus the
         # barriers' change files (each spans every vnode and every key)
         assert scanned[-1] <= VNODES * (CHUNK + 2 * FILE_ROWS) + 2 * CHANGES * (n + 1), scanned

@@ -37,9 +37,11 @@ from pyspark.sql import functions as F
 from backfill_assets.storage.bulk_write import (
     BulkRows,
     BulkWritten,
+    FirstChunk,
     TransformRefused,
     write_bulk,
     write_chunk,
+    write_copy,
 )
 from backfill_assets.storage.chunk_read import chunk_tasks, read_chunk, vnode_key_stats
 from backfill_assets.storage.commit import Intent
@@ -52,14 +54,15 @@ from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_f
 from backfill_assets.storage.spark_types import col, spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
-__all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "Intent",
+__all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "FirstChunk",
+           "Intent",
            "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "apply_keyed", "chunk_files", "chunk_tasks",
            "ensure_mor_table",
            "file_rows_for", "key_counts", "open_mor_table", "parallelism", "read_chunk",
            "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "spark_type", "vnode_key_stats",
-           "vnode_stats_from_log", "write_bulk", "write_chunk"]
+           "vnode_stats_from_log", "write_bulk", "write_chunk", "write_copy"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

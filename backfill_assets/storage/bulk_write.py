@@ -48,7 +48,7 @@ from backfill_assets.storage.chunk_read import (
     take_chunk,
     whole_vnode_tasks,
 )
-from backfill_assets.storage.chunk_task import ranked
+from backfill_assets.storage.chunk_task import first_of_each_vnode, ranked
 from backfill_assets.storage.log import Snapshot
 from backfill_assets.storage.read import READ_TASK_ROWS, one_task_per_partition, parallelism
 from backfill_assets.storage.spark_types import exchange_schema
@@ -116,6 +116,51 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                 storage_options)
 
 
+@dataclass(frozen=True)
+class FirstChunk:
+    """What a replica's copy also writes: each vnode's first ``limit`` rows, through
+    ``transform``, as new files of the table at ``table_uri`` (a chunked barrier's first
+    chunk, taken from the rows the copy already holds sorted: one pass over them, not a
+    copy and then a read back of the chunk)."""
+
+    limit: int
+    transform: Callable[[pa.Table], pa.Table]
+    refusal: type[Exception]
+    table_uri: str
+    storage_options: Mapping[str, str]
+    schema: pa.Schema
+    max_rows_per_file: int
+
+
+def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
+               storage_options: Mapping[str, str], schema: pa.Schema, *,
+               max_rows_per_file: int, first: FirstChunk
+               ) -> tuple[BulkWritten, BulkWritten | None]:
+    """``write_bulk`` of a replica's copy (one-vnode files with exact key bounds) that also
+    writes ``first``; its files and per-vnode stats of the chunk (rows, last key, pk
+    flags), or None when its transform refused a value (nothing of it left)."""
+    key_sort = [(c.name, "descending" if c.descending else "ascending")
+                for c in rows.key_order.columns]
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+                        "", "part", max_rows_per_file, VNODE, key_sort)
+    to = FileWriter(first.table_uri, dict(first.storage_options),
+                    first.schema.serialize().to_pybytes(), "", "part", first.max_rows_per_file)
+    manifest = _manifest(spark, _tasks(spark, rows), _CopyTask(rows, writer, first, to))
+    copied = _collected(manifest, table_uri, storage_options)
+    reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
+    chunk = BulkWritten(first.table_uri, dict(first.storage_options), tuple(
+        NewFile.of(r["first_file"]) for r in reports if "first_file" in r))
+    if any("first_refused" in r for r in reports) or copied.bad_keys:
+        chunk.discard()
+        return copied, None
+    stats: dict[int, tuple[int, Key, bool]] = {}
+    for r in reports:
+        if "first" in r:
+            stats.update(pickle.loads(base64.b64decode(r["first"])))
+    check_written(first.table_uri, first.storage_options, list(chunk.files))
+    return copied, BulkWritten(chunk.table_uri, chunk.storage_options, chunk.files, stats)
+
+
 def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, max_rows_per_file: int) -> BulkWritten:
@@ -129,11 +174,21 @@ def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callab
                 storage_options)
 
 
+def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
+    return one_task_per_partition(spark, tasks).mapInArrow(
+        task, MANIFEST).collect() if tasks else []
+
+
 def _run(spark: SparkSession, tasks: list[str], task, table_uri: str,
          storage_options: Mapping[str, str]) -> BulkWritten:
     """Run the write tasks; collect their files and reports (see ``write_bulk``)."""
-    manifest = one_task_per_partition(spark, tasks).mapInArrow(
-        task, MANIFEST).collect() if tasks else []
+    return _collected(_manifest(spark, tasks, task), table_uri, storage_options)
+
+
+def _collected(manifest: list, table_uri: str,
+               storage_options: Mapping[str, str]) -> BulkWritten:
+    """The files and per-vnode stats the tasks reported; TransformRefused (after deleting
+    the files) when a task refused."""
     written = BulkWritten(table_uri, dict(storage_options), tuple(
         NewFile.of(r) for r in manifest if r["path"] is not None))
     reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
@@ -143,7 +198,8 @@ def _run(spark: SparkSession, tasks: list[str], task, table_uri: str,
         raise TransformRefused(refused[0])
     stats: dict[int, tuple[int, Key, bool]] = {}
     for r in reports:
-        stats.update(pickle.loads(base64.b64decode(r["vnodes"])))
+        if "vnodes" in r:
+            stats.update(pickle.loads(base64.b64decode(r["vnodes"])))
     check_written(table_uri, storage_options, list(written.files))
     return BulkWritten(table_uri, dict(storage_options), written.files, stats)
 
@@ -195,7 +251,7 @@ class _BulkTask:
                                    self.writer.options)
                 yield _report({"refused": str(refused)})
                 return
-        yield _report({"vnodes": base64.b64encode(pickle.dumps(stats)).decode("ascii")})
+        yield _report({"vnodes": _pickled(stats)})
 
     def _rows(self, task: dict) -> tuple[pa.Table, dict, bool]:
         """The task's rows, its vnodes' stats (from the key columns alone) and whether the
@@ -225,6 +281,41 @@ class _ChunkTask(_BulkTask):
     def _rows(self, task: dict) -> tuple[pa.Table, dict, bool]:
         chunk = self.reader.chunk(task)
         return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order), True
+
+
+class _CopyTask(_BulkTask):
+    """A replica copy's task: the rows sorted once, written as the replica's files, then
+    each vnode's first rows (the first chunk) through the MV's transform into its files."""
+
+    def __init__(self, rows: BulkRows, writer: FileWriter, first: FirstChunk,
+                 to: FileWriter):
+        super().__init__(rows, writer)
+        self.first, self.to = first, to
+
+    def _task(self, task: dict):
+        rows, stats, _ = self._rows(task)
+        if any(bad for _, _, bad in stats.values()):
+            yield _report({"vnodes": _pickled(stats)})
+            return
+        yield from self.writer(iter(self.transform(rows).to_batches(max_chunksize=1 << 17)))
+        chunk = ranked(first_of_each_vnode(rows, self.first.limit), self.key_order)
+        written: list[str] = []
+        try:
+            out = self.first.transform(chunk.drop_columns([RN, BAD_KEY]))
+            for entry in self.to(iter(out.to_batches(max_chunksize=1 << 17))):
+                row = entry.to_pylist()[0]
+                written.append(row["path"])
+                yield _report({"first_file": row})
+        except self.first.refusal as refused:
+            for path in written:
+                objects.delete(objects.join(self.to.table_uri, path), self.to.options)
+            yield _report({"first_refused": str(refused)})
+        yield _report({"vnodes": _pickled(stats),
+                       "first": _pickled(_stats(chunk, self.key_order))})
+
+
+def _pickled(stats: dict) -> str:
+    return base64.b64encode(pickle.dumps(stats)).decode("ascii")
 
 
 def _stats(ranked: pa.Table, key_order: KeyOrder) -> dict[int, tuple[int, Key, bool]]:

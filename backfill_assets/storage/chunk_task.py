@@ -234,6 +234,17 @@ def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
     return expr
 
 
+def first_of_each_vnode(table: pa.Table, limit: int) -> pa.Table:
+    """The first ``limit`` rows of each vnode of rows already in (vnode, key) order."""
+    vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
+    if not len(vnodes):
+        return table
+    starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]])
+    stops = np.minimum(np.r_[starts[1:], len(vnodes)], starts + limit)
+    return table.take(pa.array(np.concatenate([np.arange(a, b) for a, b in
+                                               zip(starts, stops, strict=True)])))
+
+
 def ranked(table: pa.Table, key_order: KeyOrder) -> pa.Table:
     """Add RN (rank inside the vnode) and BAD_KEY to rows sorted by (vnode, key)."""
     n = table.num_rows

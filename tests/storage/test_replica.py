@@ -191,3 +191,19 @@ def test_exact_key_bounds_reach_the_log_and_narrow_a_composite_seek(tmp_path):
     picked = chunk_files(R.base_files(snap), KEYS, positions, 2, False)
     assert len(picked.groups[(0,)]) <= 2
     assert _read(uri, positions, 2)[0] == [_row(0, k, k[0]) for k in [(5, "y"), (5, "x")]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from(["x", "y"])), min_size=1,
+                max_size=30), st.booleans())
+def test_key_bounds_are_the_first_and_last_key_whatever_the_row_order(keys, presort):
+    """In key order (the copy's files) they are the first and last rows; else a sort."""
+    from backfill_assets.storage.write import _key_bounds
+
+    order = [("a", "ascending"), ("b", "descending")]
+    if presort:
+        keys = sorted(keys, key=KEYS.sort_key)
+    table = pa.table({"a": pa.array([k[0] for k in keys], pa.int64()),
+                      "b": pa.array([k[1] for k in keys])})
+    ordered = sorted(keys, key=KEYS.sort_key)
+    assert _key_bounds([table], order) == [list(ordered[0]), list(ordered[-1])]

@@ -8,6 +8,7 @@ without restarting anything. Run config of a single run overrides it.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
@@ -115,3 +116,9 @@ def _whole(value: int | str, name: str) -> int:
         words = "'unset' or 'unlimited'" if name == "rate_limit" else "'unset'"
         raise InvalidControl(
             f"{name} {value!r} is not a whole number: give e.g. 5000, or {words}") from None
+
+
+def throttle(rate_limit: int | None, rows: int, started: float) -> None:
+    """Sleep so the snapshot side never exceeds `rate_limit` rows per second."""
+    if rate_limit and rows:
+        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))

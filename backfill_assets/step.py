@@ -39,6 +39,7 @@ from backfill_assets.chunk_reads import (
     snapshot_chunk,
     upstream_at,
 )
+from backfill_assets.controls import throttle
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
@@ -285,7 +286,7 @@ class _Step:
         """After the MV commit: the progress commit, compaction, the report."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         self.hook("after_mv_commit")
-        _throttle(self.req.rate_limit, report.snapshot_rows, self.started)
+        throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered),
@@ -348,9 +349,3 @@ def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
     rewritten by a barrier: its changes are appended (storage/replica.py)."""
     snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
     maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)
-
-
-def _throttle(rate_limit: int | None, rows: int, started: float) -> None:
-    """Sleep so the snapshot side never exceeds `rate_limit` rows per second."""
-    if rate_limit and rows:
-        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))

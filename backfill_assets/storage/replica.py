@@ -35,7 +35,8 @@ from pyspark.sql import DataFrame
 
 from backfill_assets.core import names
 from backfill_assets.core.keys import KeyOrder
-from backfill_assets.storage import dv
+from backfill_assets.errors import ConcurrentBackfillRun
+from backfill_assets.storage import dv, objects
 from backfill_assets.storage.commit import Change, Intent, commit
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.read import file_rows
@@ -190,15 +191,21 @@ def overlay(base: pa.Table, changes: pa.Table, key_order: KeyOrder) -> pa.Table:
 
 def merge_changes(snap: Snapshot, key_order: KeyOrder, intent: Intent) -> bool:
     """Fold the change files into one when there are more than MAX_CHANGE_FILES (resolved,
-    tombstones kept): what a read sees is unchanged. Returns whether it committed."""
+    tombstones kept): what a read sees is unchanged. Returns whether it committed (not when
+    a concurrent run over other vnodes folded the same files first: its fold holds them)."""
     files = change_files(snap)
     if len(files) <= MAX_CHANGE_FILES:
         return False
     rows = resolve(read_changes(snap), key_order, keep_tombstones=True)
     adds = write_table(rows, snap.uri, snap.storage_options, snap.arrow_schema,
                        prefix=CHANGE_PREFIX, max_rows_per_file=1 << 30)
-    commit(snap, Change(adds=[a for a in adds if a.rows], removes=files, data_change=False),
-           intent)
+    try:
+        commit(snap, Change(adds=[a for a in adds if a.rows], removes=files,
+                            data_change=False), intent)
+    except ConcurrentBackfillRun:  # a run over other vnodes folded them first: nothing lost
+        for a in adds:
+            objects.delete(objects.join(snap.uri, a.path), snap.storage_options)
+        return False
     return True
 
 

@@ -207,3 +207,22 @@ def test_key_bounds_are_the_first_and_last_key_whatever_the_row_order(keys, pres
                       "b": pa.array([k[1] for k in keys])})
     ordered = sorted(keys, key=KEYS.sort_key)
     assert _key_bounds([table], order) == [list(ordered[0]), list(ordered[-1])]
+
+
+def test_a_fold_that_loses_the_race_leaves_nothing(tmp_path):
+    """Two runs over different vnodes may fold the same change files at once: the loser's
+    commit is refused, its file deleted, and the winner's fold reads the same."""
+    uri = str(tmp_path / "t")
+    _build(uri, {v: {(1, "x"): 1} for v in range(VNODES)})
+    for version in range(2, R.MAX_CHANGE_FILES + 3):
+        _append(uri, {(version % VNODES, (version, "y")): version}, version)
+    stale = Snapshot.load(uri, None, {})
+    want = _read(uri, dict.fromkeys(range(VNODES)), 100)
+    assert R.merge_changes(Snapshot.load(uri, None, {}), KEYS, Intent())
+    assert not R.merge_changes(stale, KEYS, Intent())
+    after = Snapshot.load(uri, None, {})
+    assert len(R.change_files(after)) == 1
+    on_disk = {p.name for p in (tmp_path / "t").glob("change-*.parquet")}
+    live = {f.path for f in after.files}
+    assert on_disk - live <= {f.path for f in R.change_files(stale)}  # only the folded ones
+    assert _read(uri, dict.fromkeys(range(VNODES)), 100) == want

@@ -1,9 +1,10 @@
 """Where a step's snapshot comes from: the two backfill modes differ only here.
 
 - `ReplicaSource` (arrangement): the backfill keeps its own arrangement of the upstream,
-  `replicated_state`, partitioned by vnode; a vnode's replica is copied from the upstream at
-  the first barrier that touches it and then kept current by replicating every barrier's change
-  chunk. Any Delta upstream with a change feed works, whatever its layout.
+  `replicated_state`, in key-sorted files of one vnode each; a vnode's replica is copied from
+  the upstream at the first barrier that touches it (with that barrier's first chunk) and
+  then kept current by appending every barrier's netted change chunk as change rows
+  (storage/replica.py). Any Delta upstream with a change feed works, whatever its layout.
 - `UpstreamSource` (no_shuffle): the upstream is already arranged by the same vnodes, so the
   snapshot is a time-travel read of the upstream version itself; nothing is replicated.
 - `BulkSource` (snapshot): a time-travel read of the upstream version, read whole per vnode

@@ -123,6 +123,11 @@ def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures, mo
         writer.join()
         settings = load_settings(env)
         tables = mv_tables(load_mv_definition(settings), settings)
+        # the sensor restarts the last killed follower; only then is the stop request sent
+        # (a follower killed after it had caught up leaves the MV caught up with none alive)
+        _wait("the restarted follower", lambda: next(
+            (r for r in _followers(instance) if r.status == dg.DagsterRunStatus.STARTED
+             and r.run_id not in killed), None), proc, log)
         _wait("the restarted follower to catch up", lambda: _caught_up(tables, upstream),
               proc, log, seconds=300)
         stop = subprocess.run(

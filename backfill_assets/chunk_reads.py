@@ -64,13 +64,10 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
             return chunk
         written.discard()
     if mv is not None and hasattr(source, "write_chunk") and not plan.shared_read:
-        try:
-            chunk = arrow_seek_chunk(ctx, source, positions, state, plan, d, mv)
-        except storage.TransformRefused as refused:
-            engine = f"spark: {refused}"
-        else:
-            if chunk is not None:
-                return chunk
+        chunk, engine = _in_arrow(
+            lambda: arrow_seek_chunk(ctx, source, positions, state, plan, d, mv))
+        if chunk is not None:
+            return chunk
     rows, scanned = source.chunk(ctx, positions, state.key_order, plan.chunk_limit,
                                  plan.shared_read)
     candidates = rows.cache() if plan.shared_read else None
@@ -110,6 +107,15 @@ def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: Backfil
         written.discard()
         return None
     return _written_chunk(written, list(positions), scanned)
+
+
+def _in_arrow(write) -> tuple[Chunk | None, str | None]:
+    """The chunk written by Python tasks (None: not possible here), or why Spark writes it
+    instead (a value the Arrow transform refused: nothing was left written)."""
+    try:
+        return write(), None
+    except storage.TransformRefused as refused:
+        return None, f"spark: {refused}"
 
 
 def _written_chunk(written: storage.BulkWritten, readers: list[int],
@@ -154,13 +160,9 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
     keys, _ = source.read(ctx, readers, key_only=True)
     engine = None
     if mv is not None and all(p is None for p in positions.values()):
-        try:
-            chunk = arrow_chunk(ctx, source, state, d, mv, readers, keys)
-        except storage.TransformRefused as refused:
-            engine = f"spark: {refused}"
-        else:
-            if chunk is not None:
-                return chunk
+        chunk, engine = _in_arrow(lambda: arrow_chunk(ctx, source, state, d, mv, readers, keys))
+        if chunk is not None:
+            return chunk
     rows, clustered = source.read(ctx, readers)
     rows, stats = read_remainder(rows, keys, positions, state.key_order, unique_keys=unique,
                                  uri=ctx.tables.upstream, version=ctx.v_new,

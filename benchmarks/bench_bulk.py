@@ -16,8 +16,9 @@ each in a FRESH process under `flock $BENCH_LOCK`:
     as many batches as the chunked modes' barriers would have seen meanwhile
     (rows / --barrier-rows), then the catch-up barrier that coalesces them; both count.
 Backfill time = the sum of the barriers' wall times (replica initialisation included; the
-writer's DML time and the Spark session start are not). Peak RSS: VmHWM of the driver and of
-its Spark JVM at the end of the run.
+writer's DML time and the Spark session start are not). Peak RSS: VmHWM of the driver (from
+the end of the warm-up on, before the check of the result) and of its Spark JVM, and the phase
+the driver's peak fell in (``memory_trace``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import time
 
 from benchmarks import baselines as B
 from benchmarks import common as C
+from benchmarks.memory_trace import RssTrace, reset_peak
 
 MODES = ("snapshot", "arrangement", "no_shuffle")
 
@@ -106,11 +108,13 @@ def worker_backfill(args) -> dict:
     changes = max(10, round(args.rows * args.dml_fraction))
     feeder = C.DmlFeeder(uri, args.pk, args.vnodes, next_id=args.rows)
     prof = C.PhaseProfiler().install()
+    trace = RssTrace(prof).start()
     spark, spark_start = C.start_spark()
     mem.attach()
     prof.jvm = mem.jvm
     C.warm_read(spark, uri)
     mem.snapshot("spark started")
+    reset_peak()  # the driver's peak is the backfill's (what it holds after the warm-up counts)
     audit = C.CpuAudit()
     vnodes = list(range(args.vnodes))
     barriers: list[dict] = []
@@ -164,6 +168,11 @@ def worker_backfill(args) -> dict:
                 break
         else:
             raise RuntimeError(f"not finished after {args.max_barriers} barriers")
+        peaks = mem.peaks()  # before the check below, which holds every row in Python at 1M
+        memory = trace.stop()
+        print(f"  driver peak {memory['peak_mib']} MiB in {memory['peak_at'].get('phases')}; "
+              f"by phase: {list(memory['by_phase_mib'].items())[:6]}; at: "
+              f"{memory['peak_at'].get('stack', [])[-4:]}", flush=True)
         verified = None
         if not partial and (args.verify or (args.verify is None and args.rows <= 200_000)):
             if args.rows <= 2_000_000:
@@ -179,7 +188,6 @@ def worker_backfill(args) -> dict:
             verified = not bad
             if bad:
                 raise AssertionError(f"MV differs from the recompute: {bad[:5]}")
-        peaks = mem.peaks()
         from backfill_assets.upstream import row_count
 
         result = {
@@ -197,6 +205,7 @@ def worker_backfill(args) -> dict:
             "driver_peak_mib": C.mib(peaks["driver_peak"]),
             "jvm_peak_mib": C.mib(peaks["jvm_peak"]),
             "spark_python_workers": peaks["spark_python_workers"],
+            "driver_memory_by_phase": memory,
             "memory_samples": [{k: (C.mib(v) if k != "label" else v) for k, v in s.items()}
                                for s in mem.samples],
         }

@@ -99,7 +99,8 @@ def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: Backfil
     written into ``mv`` by Python tasks that report each vnode's rows and last key. None
     when the definition does not compile to Arrow, or when a pk is null or repeated (the
     files are discarded; the Spark path then names the key)."""
-    out = source.write_chunk(ctx, positions, state.key_order, plan.chunk_limit, d, mv)
+    out = source.write_chunk(ctx, positions, state.key_order, plan.chunk_limit, d, mv,
+                             plan.chunk_tail)
     if out is None:
         return None
     written, scanned = out
@@ -142,7 +143,8 @@ def first_chunk(ctx: SourceContext, source, d: MVDefinition, plan: StepPlan,
     if projection is None:
         return None
     return storage.FirstChunk(plan.chunk_limit, projection.project, NotExact, mv.uri,
-                              mv.storage_options, mv.arrow_schema, mv_file_rows(ctx))
+                              mv.storage_options, mv.arrow_schema, mv_file_rows(ctx),
+                              plan.chunk_tail)
 
 
 def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,

@@ -29,6 +29,7 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import BAD_KEY, OP
 from backfill_assets.core.names import ROW_NUMBER as RN
+from backfill_assets.core.positions import rows_to_see
 from backfill_assets.key_checks import check_snapshot_keys
 from backfill_assets.mv_spark import exact_projection
 from backfill_assets.mv_store import MVTables
@@ -202,24 +203,26 @@ class ReplicaSource:
         return seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, shared)
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot
-                    ) -> tuple[storage.BulkWritten, int] | None:
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    tail: int = 0) -> tuple[storage.BulkWritten, int] | None:
         """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the
         first phase of the MV commit, as a bulk step's), with the rows of the files read;
         None when the definition does not compile to Arrow. TransformRefused: nothing
-        written."""
+        written. ``tail``: a vnode whose whole rest fits in ``limit + tail`` keeps it."""
         projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
         if projection is None:
             return None
         snap, files, changes = _seek_side(ctx, ctx.tables.replica, None, positions)
-        picked = storage.chunk_files(files, key_order, positions, limit, False,
+        picked = storage.chunk_files(files, key_order, positions, rows_to_see(limit, tail),
+                                     False,
                                      None if changes is None else replica.tombstones(changes))
         tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
                                             key_order, positions, limit, picked, False,
-                                            changes, storage.parallelism(ctx.spark))
+                                            changes, storage.parallelism(ctx.spark), tail)
         written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
                                       mv.uri, mv.storage_options, mv.arrow_schema,
-                                      max_rows_per_file=storage.file_rows_for(snap.live_rows))
+                                      max_rows_per_file=storage.file_rows_for(snap.live_rows),
+                                      rows_read=picked.rows_scanned)
         return written, picked.rows_scanned
 
 

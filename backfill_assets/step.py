@@ -220,7 +220,7 @@ class _Step:
         try:
             if not self.replay:
                 chunk = self._read_chunk(source, fresh)
-                self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit)
+                self.strategy.apply_chunk(state, chunk.stats, plan.chunk_limit, plan.chunk_tail)
             for vnode in report.vnodes:
                 state.advance_version(vnode, plan.v_new)
             if not keyed:

@@ -10,20 +10,30 @@ The replica is created beforehand with 8-row files (production: at least 4,096) 
 from __future__ import annotations
 
 import random
+from collections import Counter
+
+import pytest
 
 from backfill_assets import mv_store, storage
 from backfill_assets.barrier import run_barrier
 from backfill_assets.core.keys import KeyColumn, KeyOrder
+from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv_store import MVTables
 from backfill_assets.sources import replica_schema
-from backfill_assets.storage import replica
+from backfill_assets.storage import bulk_write, replica
 from backfill_assets.upstream_check import checked_upstream
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
 
 VNODES, CHUNK, FILE_ROWS, CHANGES = 4, 10, 8, 4
 
 
-def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehouse):
+@pytest.mark.parametrize("engine", ["driver", "spark"])
+def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehouse, engine,
+                                                                 monkeypatch):
+    """``engine``: where the chunk's read tasks run; a read this small runs in the driver
+    (``bulk_write.LOCAL_READ_ROWS``), a larger one in Spark tasks."""
+    if engine == "spark":
+        monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
     live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(5),
                         simple_row, lambda rng: rng.randint(1, 100_000))
     live.create(rows=200)
@@ -37,7 +47,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     for n in range(3):
         live.apply(live.random_batch(CHANGES))
         report = run_barrier(spark, d, tables, list(range(VNODES)))
-        assert 0 < report.snapshot_rows <= VNODES * CHUNK
+        assert 0 < report.snapshot_rows <= VNODES * (CHUNK + CHUNK // 8)
         scanned.append(report.extra["snapshot_rows_scanned"])
         # the first chunk comes from the replica's copy itself (no file read back), the
         # others from a seek, projected and written by the read tasks
@@ -51,6 +61,32 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     one_vnode = [f for f in copied.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
+
+
+def test_a_vnodes_last_sliver_is_read_with_its_last_chunk(spark, warehouse):
+    """Unthrottled, a vnode whose whole rest is at most an eighth of a chunk more than the
+    chunk takes it in the same barrier (``core.positions.keep_rows``), from the replica's
+    copy (barrier 0) and from a seek over 8-row files (barrier 1): two barriers, not three,
+    and the MV exact. The chunk size is chosen from the vnodes' sizes so that every vnode
+    needs more than one chunk and some need the tail."""
+    live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(11),
+                        simple_row, lambda rng: rng.randint(1, 100_000))
+    live.create(rows=400)
+    sizes = Counter(vnodes_of([(k,) for k in live.keys], ["bigint"], VNODES)).values()
+    chunk = next(c for c in range(8, max(sizes))
+                 if min(sizes) > c and 2 * c < max(sizes) <= 2 * c + c // 8)
+    d = simple_mv(VNODES, mode="arrangement", chunk_size=chunk)
+    tables = MVTables.under(warehouse, d.name, "orders")
+    schema = replica.table_schema(replica_schema(checked_upstream(tables, d, None).schema))
+    mv_store.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
+                               vnode_count=VNODES,
+                               layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+    first = run_barrier(spark, d, tables, list(range(VNODES)))
+    assert first.snapshot_rows == VNODES * chunk and not first.finished
+    last = run_barrier(spark, d, tables, list(range(VNODES)))
+    assert last.finished and last.extra["bulk_engine"] == "arrow", last.extra
+    assert last.snapshot_rows == sum(sizes) - VNODES * chunk
+    assert_verified(spark, d, tables)
 
 
 def test_bulk_key_stats_from_the_log_equal_the_rows(spark, warehouse):

@@ -20,7 +20,7 @@ from backfill_assets.core.errors import (
     InvalidProgressTransition,
 )
 from backfill_assets.core.keys import Bound, compute_bounds
-from backfill_assets.core.positions import PositionStrategy, check_controls
+from backfill_assets.core.positions import PositionStrategy, check_controls, chunk_tail
 from backfill_assets.core.progress import (
     BackfillState,
     NotStarted,
@@ -58,6 +58,7 @@ class StepPlan:
     chunk_limit: int
     paused: bool
     shared_read: bool = False
+    chunk_tail: int = 0  # rows beyond chunk_limit a vnode may take to finish (chunk_tail)
 
     def plan_for(self, vnode: int) -> VnodeStepPlan:
         for p in self.vnodes:
@@ -108,7 +109,9 @@ def plan_step(
     plans = tuple(
         _plan_vnode(state, strategy, v, replica_versions.get(v), v_new, limit) for v in run
     )
-    return StepPlan(v_new, plans, limit, rate_limit == 0, strategy.shared)
+    tail = 0 if strategy.shared or getattr(strategy, "bulk", False) else chunk_tail(
+        limit, rate_limit)
+    return StepPlan(v_new, plans, limit, rate_limit == 0, strategy.shared, tail)
 
 
 def _plan_vnode(

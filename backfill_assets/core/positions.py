@@ -59,6 +59,9 @@ def effective_chunk_size(chunk_size: int, rate_limit: int | None) -> int:
     return chunk_size
 
 
+TAIL_DIVISOR = 8  # a vnode finishes in one barrier when at most 1/8 of a chunk more is left
+
+
 class PositionStrategy(Protocol):
     """What the step loop needs from a mode."""
 
@@ -73,9 +76,10 @@ class PositionStrategy(Protocol):
         """Rows to read this step (per vnode, or in total when ``shared``)."""
 
     def apply_chunk(
-        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int
+        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int, tail: int = 0
     ) -> None:
-        """Move positions and row counts after a snapshot read limited to ``limit``."""
+        """Move positions and row counts after a snapshot read limited to ``limit`` (plus
+        ``tail`` for a vnode it finishes: see ``chunk_tail``)."""
 
 
 def _check_chunk(state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int) -> None:
@@ -94,6 +98,31 @@ def _check_chunk(state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: i
                 f"vnode {vnode}: chunk {c!r} must have rows >= 0 and a last_key exactly when "
                 "rows > 0"
             )
+
+
+def chunk_tail(limit: int, rate_limit: int | None) -> int:
+    """Rows beyond ``limit`` a per-vnode read may take when they are ALL the rows its vnode
+    has left: a vnode whose rest is a sliver more than a chunk (vnodes differ in size by a
+    few percent) then finishes in this barrier instead of costing the run one more barrier,
+    whose fixed costs would dwarf the sliver. None under a rate limit: a throttled run reads
+    what it was given, exactly."""
+    return 0 if rate_limit is not None else limit // TAIL_DIVISOR
+
+
+def rows_to_see(limit: int, tail: int) -> int:
+    """Rows after a position a read must find (when the vnode has them) to tell whether the
+    vnode's rest fits in ``limit + tail``."""
+    return limit + tail + 1 if tail else limit
+
+
+def keep_rows(remaining: int, limit: int, tail: int, whole: bool) -> int:
+    """How many of a vnode's ``remaining`` rows (after its position) a read keeps: all when
+    they are ``whole`` (every row the vnode has left) and fit in ``limit + tail``, else at
+    most ``limit``. A read that took more than ``limit`` therefore always finished its vnode
+    (``PerVnodePositions.apply_chunk``)."""
+    if whole and remaining <= limit + tail:
+        return remaining
+    return min(remaining, limit)
 
 
 class PerVnodePositions:
@@ -115,22 +144,24 @@ class PerVnodePositions:
         return limit
 
     def apply_chunk(
-        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int
+        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int, tail: int = 0
     ) -> None:
         """``chunk`` holds every vnode that was read (0 rows included); a vnode whose chunk is
-        shorter than ``limit`` is exhausted and finishes."""
+        shorter than ``limit`` is exhausted and finishes, and so is one that took more than
+        ``limit`` (at most ``limit + tail``: the whole rest of its snapshot, ``keep_rows``)."""
         _check_chunk(state, chunk, limit)
         if limit < 1:
             return
         for vnode, c in sorted(chunk.items()):
-            if c.rows > limit:
+            if c.rows > limit + tail:
                 raise InvalidSnapshotChunk(
-                    f"vnode {vnode} returned {c.rows} rows but the limit was {limit}: "
-                    "limit each vnode's snapshot read"
+                    f"vnode {vnode} returned {c.rows} rows but the limit was {limit}"
+                    f"{f' (+{tail} to finish it)' if tail else ''}: limit each vnode's "
+                    "snapshot read"
                 )
             if c.rows:
                 state.update(vnode, c.last_key, c.rows)  # type: ignore[arg-type]
-            if c.rows < limit:
+            if c.rows != limit:
                 state.finish(vnode)
 
 
@@ -169,9 +200,10 @@ class SharedPosition:
         return effective_chunk_size(chunk_size, rate_limit)
 
     def apply_chunk(
-        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int
+        self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int, tail: int = 0
     ) -> None:
-        """``chunk`` is one read across the run's unfinished vnodes (absent vnodes: 0 rows)."""
+        """``chunk`` is one read across the run's unfinished vnodes (absent vnodes: 0 rows).
+        A shared read has no tail: its limit is the run's, not a vnode's."""
         _check_chunk(state, chunk, limit)
         if limit < 1:
             return

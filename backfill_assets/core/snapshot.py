@@ -59,7 +59,7 @@ class BulkPositions:
         return 0 if rate_limit == 0 else BULK_LIMIT
 
     def apply_chunk(self, state: BackfillState, chunk: Mapping[int, VnodeChunk],
-                    limit: int) -> None:
+                    limit: int, tail: int = 0) -> None:
         """``chunk``: every vnode that was read; each one finishes."""
         for vnode, c in sorted(chunk.items()):
             if state.current(vnode).finished or not is_count(c.rows) or \

@@ -17,7 +17,7 @@ columns sorted by (vnode, key): the rows it already holds, no second read). The 
 exactly that to move its positions and write the progress the MV commit carries, so no
 separate pass over the keys runs (round 9: 1.21 s of a 4.62 s composite-pk backfill at 5M
 rows). The caller then commits ``BulkWritten.files`` with that progress, or ``discard``s
-them.
+them. A chunk read too small to pay for a Spark job runs its tasks in the driver.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
 proven equal to Spark's). The task then deletes the files it wrote and reports the refusal in
@@ -32,6 +32,7 @@ import base64
 import json
 import pickle
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -55,6 +56,8 @@ from backfill_assets.storage.spark_types import exchange_schema
 from backfill_assets.storage.write import MANIFEST, FileWriter, NewFile, check_written
 
 VNODE = "vnode"
+LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
+LOCAL_THREADS = 2
 _REPORT = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
                      ("stats", pa.string())])  # a MANIFEST row without a path: a task's report
 
@@ -112,8 +115,8 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                 for c in rows.key_order.columns] if key_bounds else None
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file, split_column, key_sort)
-    return _run(spark, _tasks(spark, rows), _BulkTask(rows, writer), table_uri,
-                storage_options)
+    return _collected(_manifest(spark, _tasks(spark, rows), _BulkTask(rows, writer)),
+                      table_uri, storage_options)
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,7 @@ class FirstChunk:
     storage_options: Mapping[str, str]
     schema: pa.Schema
     max_rows_per_file: int
+    tail: int = 0  # a vnode of at most limit + tail rows is written whole (keep_rows)
 
 
 def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
@@ -163,15 +167,19 @@ def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
 
 def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
-                schema: pa.Schema, *, max_rows_per_file: int) -> BulkWritten:
+                schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None
+                ) -> BulkWritten:
     """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
-    the chunk's rows (read, last key, pk flags)."""
+    the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
+    tasks may read; at most ``LOCAL_READ_ROWS`` run in this process (``_local_manifest``)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
-    return _run(spark, tasks, _ChunkTask(reader, transform, refusal, writer), table_uri,
-                storage_options)
+    task = _ChunkTask(reader, transform, refusal, writer)
+    local = rows_read is not None and rows_read <= LOCAL_READ_ROWS
+    manifest = _local_manifest(tasks, task) if local else _manifest(spark, tasks, task)
+    return _collected(manifest, table_uri, storage_options)
 
 
 def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
@@ -179,10 +187,16 @@ def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
         task, MANIFEST).collect() if tasks else []
 
 
-def _run(spark: SparkSession, tasks: list[str], task, table_uri: str,
-         storage_options: Mapping[str, str]) -> BulkWritten:
-    """Run the write tasks; collect their files and reports (see ``write_bulk``)."""
-    return _collected(_manifest(spark, tasks, task), table_uri, storage_options)
+def _local_manifest(tasks: list[str], task) -> list[dict]:
+    """The tasks run here, two at a time (parquet and Arrow release the GIL): a Spark job
+    costs 0.2-0.3 s to start and run its Python workers, more than reading the last few
+    thousand rows of each vnode takes (a run's final barrier, a throttled run's chunks)."""
+    def run(text: str) -> list[dict]:
+        batch = pa.record_batch([pa.array([text], pa.string())], names=["task"])
+        return [row for out in task(iter([batch])) for row in out.to_pylist()]
+
+    with ThreadPoolExecutor(LOCAL_THREADS) as pool:
+        return [row for rows in pool.map(run, tasks) for row in rows]
 
 
 def _collected(manifest: list, table_uri: str,
@@ -298,7 +312,8 @@ class _CopyTask(_BulkTask):
             yield _report({"vnodes": _pickled(stats)})
             return
         yield from self.writer(iter(self.transform(rows).to_batches(max_chunksize=1 << 17)))
-        chunk = ranked(first_of_each_vnode(rows, self.first.limit), self.key_order)
+        first = first_of_each_vnode(rows, self.first.limit, self.first.tail)
+        chunk = ranked(first, self.key_order)
         written: list[str] = []
         try:
             out = self.first.transform(chunk.drop_columns([RN, BAD_KEY]))

@@ -70,12 +70,13 @@ def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_
 
 def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
                 positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
-                shared: bool, changes: pa.Table | None = None, slots: int | None = None
-                ) -> tuple[list[str], ChunkReader]:
+                shared: bool, changes: pa.Table | None = None, slots: int | None = None,
+                tail: int = 0) -> tuple[list[str], ChunkReader]:
     """A chunk read's tasks (JSON) and the task side that reads one: see ``read_chunk``.
     ``slots``: the cores the tasks run on; tasks then hold at least the rows read / slots
     (a Python task that also writes costs ~50 ms to start, and more tasks than cores only
-    queue)."""
+    queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
+    (``core.positions.keep_rows``; per-vnode reads only)."""
     snap.check_readable()
     schema = snap.arrow_schema
     out = exchange_schema(pa.schema([schema.field(c) for c in columns]))
@@ -90,7 +91,7 @@ def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
                 if c not in snap.partition_columns}
     pos = {v: p for v, p in positions.items() if p is not None}
     reader = ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order,
-                          pos, limit, shared, overlay=changes is not None)
+                          pos, limit, shared, overlay=changes is not None, tail=tail)
     return tasks, reader
 
 
@@ -174,7 +175,8 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
         entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
                     "dv": f.deletion_vector, "one": _one_vnode(f),
                     "parts": b64(partition_row(f, parts, out))} for f in files.values()]
-        task: dict = {"vnodes": vnodes, "files": entries}
+        task: dict = {"vnodes": vnodes, "files": entries,
+                      "whole": [v for v in vnodes if (v,) in picked.whole]}
         if picked.lowers and all(len(g) == 1 for g in picked.groups):
             # each vnode's files in seek order, with their lower bounds: read one at a time
             task["order"] = b64(pickle.dumps({v: [(f.path, picked.lowers.get(f.path))

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.positions import keep_rows, rows_to_see
 from backfill_assets.storage import dv, replica
 from backfill_assets.storage.read import file_rows, unb64_table
 
@@ -34,11 +35,12 @@ class ChunkReader:
 
     def __init__(self, table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
                  out: pa.Schema, key_order: KeyOrder, positions: Mapping[int, Key], limit: int,
-                 shared: bool, per_vnode: bool = False, overlay: bool = False):
+                 shared: bool, per_vnode: bool = False, overlay: bool = False, tail: int = 0):
         self.table_uri, self.options, self.physical = table_uri, dict(options), dict(physical)
         self.out = out.serialize().to_pybytes()
         self.key_order, self.positions, self.limit = key_order, dict(positions), limit
         self.shared, self.per_vnode, self.overlay = shared, per_vnode, overlay
+        self.tail = tail
 
     @property
     def out_schema(self) -> pa.Schema:
@@ -54,13 +56,21 @@ class ChunkReader:
                 yield from chunk.cast(out).to_batches(max_chunksize=65536)
 
     def chunk(self, task: dict) -> pa.Table:
-        """One task's chunk: its rows after each position, the first ``limit``, ranked."""
-        table = self._read_in_order(task) if "order" in task else self._read(task)
-        return take_chunk(table, self.key_order, self.positions, self.limit, self.shared)
+        """One task's chunk: its rows after each position, the first ``limit`` (or all of a
+        vnode's rest within ``limit + tail`` when every file of it was read), ranked."""
+        whole = set(task.get("whole", ()))
+        if "order" in task:
+            table, stopped = self._read_in_order(task, whole)
+            whole -= stopped
+        else:
+            table = self._read(task)
+        return take_chunk(table, self.key_order, self.positions, self.limit, self.shared,
+                          self.tail, whole)
 
-    def _read_in_order(self, task: dict) -> pa.Table:
+    def _read_in_order(self, task: dict, whole: set[int]) -> tuple[pa.Table, set[int]]:
         """Per vnode, its files one at a time until they hold its chunk (module docstring);
-        then a replica's change rows resolved with everything read, once."""
+        then a replica's change rows resolved with everything read, once. Also the vnodes
+        whose reading stopped before their last file (their rest was not all read)."""
         out = self.out_schema
         base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         read = base.append(pa.field(replica.VERSION, pa.int64())).append(
@@ -71,10 +81,12 @@ class ChunkReader:
         dead = replica.tombstones(changes) if changes is not None else {}
         cache: dict[str, pa.Table] = {}
         got: list[pa.Table] = []
+        stopped: set[int] = set()
         for vnode in task["vnodes"]:
             mine: list[pa.Table] = []
             seq = order.get(vnode, [])
             pos = self.positions.get(vnode)
+            enough = rows_to_see(self.limit, self.tail) if vnode in whole else self.limit
             for i, (path, _) in enumerate(seq):
                 if path not in cache:
                     cache[path] = file_table(self.table_uri, self.options, self.physical,
@@ -88,13 +100,14 @@ class ChunkReader:
                 cut = seq[i + 1][1] if i + 1 < len(seq) else None
                 # a tombstone may delete any row counted: count them all as deleted
                 if cut is not None and _before(pa.concat_tables(mine), self.key_order, cut) \
-                        - dead.get(vnode, 0) >= self.limit:
+                        - dead.get(vnode, 0) >= enough:
+                    stopped.add(vnode)
                     break
             got += mine
         rows = pa.concat_tables(got) if got else read.empty_table()
         if changes is not None and changes.num_rows:
             rows = replica.overlay(rows, changes.cast(read), self.key_order)
-        return rows.select(base.names)
+        return rows.select(base.names), stopped
 
     def _read(self, task: dict) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
@@ -179,10 +192,12 @@ def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:
 
 
 def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],
-               limit: int, shared: bool) -> pa.Table:
+               limit: int, shared: bool, tail: int = 0,
+               whole: Collection[int] = ()) -> pa.Table:
     """The rows after each vnode's position (no position: all), the first ``limit`` per vnode
     (``shared``: of the whole table) in key order; sorted by (vnode, key), with RN and
-    BAD_KEY."""
+    BAD_KEY. A vnode in ``whole`` (``table`` holds all it has left) keeps up to ``limit +
+    tail`` rows when that is all of them (``keep_rows``)."""
     keys = [(c.name, "descending" if c.descending else "ascending", "at_end")
             for c in key_order.columns]
     if shared:
@@ -200,7 +215,8 @@ def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key
         pos = None if shared else positions.get(int(vnodes[start]))
         if pos is not None:
             piece = piece.filter(after(piece, key_order, pos))
-        pieces.append(piece if shared else piece.slice(0, limit))
+        pieces.append(piece if shared else piece.slice(0, keep_rows(
+            piece.num_rows, limit, tail, int(vnodes[start]) in whole)))
     table = pa.concat_tables(pieces) if pieces else table
     return ranked(table, key_order)
 
@@ -234,13 +250,17 @@ def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
     return expr
 
 
-def first_of_each_vnode(table: pa.Table, limit: int) -> pa.Table:
-    """The first ``limit`` rows of each vnode of rows already in (vnode, key) order."""
+def first_of_each_vnode(table: pa.Table, limit: int, tail: int = 0) -> pa.Table:
+    """The first ``limit`` rows of each vnode of rows already in (vnode, key) order, which
+    are all the vnode's rows: a vnode of at most ``limit + tail`` keeps them all
+    (``keep_rows``)."""
     vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
     if not len(vnodes):
         return table
     starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]])
-    stops = np.minimum(np.r_[starts[1:], len(vnodes)], starts + limit)
+    ends = np.r_[starts[1:], len(vnodes)]
+    stops = starts + np.array([keep_rows(int(n), limit, tail, True) for n in ends - starts],
+                              dtype=np.int64)
     return table.take(pa.array(np.concatenate([np.arange(a, b) for a, b in
                                                zip(starts, stops, strict=True)])))
 

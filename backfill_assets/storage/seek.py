@@ -58,6 +58,9 @@ class ChunkFiles:
 
     groups: dict[tuple[int, ...], list[DataFile]]
     lowers: dict[str, Key | None] = field(default_factory=dict)  # path -> lower key bound
+    # groups whose every file with rows after the position was taken (what lets a read
+    # keep a vnode's whole rest: ``core.positions.keep_rows``)
+    whole: frozenset[tuple[int, ...]] = frozenset()
 
     @property
     def distinct(self) -> list[DataFile]:
@@ -84,14 +87,18 @@ def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
     else:
         groups = [(v,) for v in sorted(positions)]
     out = {}
+    whole = set()
     lowers: dict[str, Key | None] = {}
     meeting = _by_vnode(files) if not shared else None
     for group in groups:
         pos = positions[group[0]]
         more = sum((extra or {}).get(v, 0) for v in group)
         candidates = files_in_vnodes(files, group) if meeting is None else meeting(group[0])
-        out[group] = _pick(candidates, set(group), pos, key_order, limit + more, lowers)
-    return ChunkFiles(out, lowers)
+        out[group], all_taken = _pick(candidates, set(group), pos, key_order, limit + more,
+                                      lowers)
+        if all_taken:
+            whole.add(group)
+    return ChunkFiles(out, lowers, frozenset(whole))
 
 
 def _by_vnode(files: Sequence[DataFile]):
@@ -161,12 +168,13 @@ def _key_bound(f: DataFile, key_order: KeyOrder, upper: bool) -> Key | None:
 
 
 def _pick(files: Sequence[DataFile], group: set[int], pos: Key | None, key_order: KeyOrder,
-          limit: int, lowers: dict[str, Key | None]) -> list[DataFile]:
+          limit: int, lowers: dict[str, Key | None]) -> tuple[list[DataFile], bool]:
     """The prefix of the group's files (by lower key bound) that holds the next ``limit``
-    rows; each taken file's lower bound recorded in ``lowers``."""
+    rows, and whether it is every file with rows after ``pos``; each taken file's lower
+    bound recorded in ``lowers``."""
     cmp = key_order.compare
     if pos is not None and key_order.is_placeholder(pos):
-        return []
+        return [], False
     bounds = [b for b in (_Bounds(f, key_order) for f in files)
               if pos is None or b.upper is None or cmp(b.upper, pos) > 0]
 
@@ -195,5 +203,5 @@ def _pick(files: Sequence[DataFile], group: set[int], pos: Key | None, key_order
         while pending and cmp(pending[0][0].obj, cut) < 0:
             ready += heapq.heappop(pending)[2]
         if ready >= limit:
-            break
-    return taken
+            return taken, False
+    return taken, True

@@ -42,6 +42,7 @@ def test_arrangement_plan_per_vnode() -> None:
         chunk_limit=10,
         paused=False,
         shared_read=False,
+        chunk_tail=1,  # unthrottled: a vnode whose rest is 11 rows or fewer reads it whole
     )
     assert plan.forward_since == {0: None, 1: 3, 2: 4}
     assert plan.snapshot_vnodes == [0, 1] and plan.replicate_vnodes == [0, 1]
@@ -80,6 +81,13 @@ def test_paused_stops_the_snapshot_but_keeps_forwarding() -> None:
 def test_chunk_limit_follows_the_rate_limit(strategy, rate_limit, expected) -> None:
     s = BackfillState(KO, [0, 1])  # two unfinished vnodes
     assert plan_step(s, strategy, [0, 1], {}, 1, 10, rate_limit).chunk_limit == expected
+
+
+@pytest.mark.parametrize(("strategy", "chunk_size", "rate_limit", "tail"),
+                         [(ARR, 80, None, 10), (ARR, 80, 100, 0), (SHARED, 80, None, 0)])
+def test_only_unthrottled_per_vnode_reads_have_a_tail(strategy, chunk_size, rate_limit, tail):
+    s = BackfillState(KO, [0, 1])
+    assert plan_step(s, strategy, [0, 1], {}, 1, chunk_size, rate_limit).chunk_tail == tail
 
 
 def test_finished_run_reads_nothing() -> None:

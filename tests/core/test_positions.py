@@ -17,7 +17,10 @@ from backfill_assets.core.positions import (
     SharedPosition,
     VnodeChunk,
     check_controls,
+    chunk_tail,
     effective_chunk_size,
+    keep_rows,
+    rows_to_see,
 )
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 
@@ -97,6 +100,33 @@ def test_arrangement_position_must_grow() -> None:
 def test_arrangement_refuses_more_rows_than_the_limit() -> None:
     with pytest.raises(InvalidSnapshotChunk, match="vnode 0 returned 4 rows but the limit was 3"):
         ARR.apply_chunk(state(), {0: VnodeChunk(4, (1,))}, 3)
+
+
+def test_arrangement_takes_a_vnodes_last_sliver_with_its_last_chunk() -> None:
+    """More than ``limit`` rows (at most ``limit + tail``) are a vnode's whole rest: it
+    finishes; exactly ``limit`` may leave rows behind: it goes on."""
+    s = state(v1=(InProgress((9,), 2), 1))
+    ARR.apply_chunk(s, {0: VnodeChunk(8, (20,)), 1: VnodeChunk(5, (1,)),
+                        2: VnodeChunk(9, (3,))}, 8, 1)
+    assert s.current(0) == InProgress((20,), 8)
+    assert s.current(1) == Completed((1,), 7)
+    assert s.current(2) == Completed((3,), 9)
+    with pytest.raises(InvalidSnapshotChunk, match=r"returned 10 rows but the limit was 8 \(\+1"):
+        ARR.apply_chunk(state(), {0: VnodeChunk(10, (1,))}, 8, 1)
+
+
+@pytest.mark.parametrize(("limit", "rate_limit", "tail"),
+                         [(4096, None, 512), (7, None, 0), (4096, 5000, 0), (4096, 0, 0)])
+def test_the_tail_is_an_eighth_of_a_chunk_and_none_when_throttled(limit, rate_limit, tail):
+    assert chunk_tail(limit, rate_limit) == tail
+
+
+@pytest.mark.parametrize(("remaining", "whole", "kept"),
+                         [(5, True, 5), (8, True, 8), (10, True, 10), (11, True, 8),
+                          (10, False, 8), (5, False, 5)])
+def test_a_read_keeps_a_whole_rest_up_to_the_tail(remaining, whole, kept) -> None:
+    assert keep_rows(remaining, 8, 2, whole) == kept
+    assert rows_to_see(8, 2) == 11 and rows_to_see(8, 0) == 8
 
 
 @pytest.mark.parametrize("strategy", [ARR, SHARED])

@@ -7,7 +7,8 @@ versions. An independent model (a dict per vnode, the batches applied in order) 
 
 - every chunk read (the seek, over-picked by tombstones, then the read tasks, run here in
   the test process as Spark would run them) equals the model's first ``limit`` keys after
-  each position, row for row;
+  each position, row for row, or all of them when they are at most ``limit + tail``
+  (``core.positions.keep_rows``: a vnode's last sliver is read with its last chunk);
 - folding the change files into one (``merge_changes``) changes no read;
 - nothing of the base is ever rewritten (no remove, no DV).
 """
@@ -21,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
+from backfill_assets.core.positions import keep_rows, rows_to_see
 from backfill_assets.storage import Intent, Snapshot, chunk_files, chunk_tasks, ensure_mor_table
 from backfill_assets.storage import replica as R
 from backfill_assets.storage.commit import Change, commit
@@ -84,15 +86,15 @@ def _append(uri: str, batch: dict, version: int) -> None:
                                          snap.arrow_schema), Intent())
 
 
-def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS
+def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS, tail: int = 0
           ) -> dict[int, list[dict]]:
     """One chunk read, its tasks run here (what Spark's tasks run)."""
     snap = Snapshot.load(uri, None, {})
     changes = R.read_changes(snap, positions)
-    picked = chunk_files(R.base_files(snap), key_order, positions, limit, False,
-                         R.tombstones(changes))
+    picked = chunk_files(R.base_files(snap), key_order, positions, rows_to_see(limit, tail),
+                         False, R.tombstones(changes))
     tasks, reader = chunk_tasks(snap, DATA.names, key_order, positions, limit, picked, False,
-                                changes)
+                                changes, tail=tail)
     out: dict[int, list[dict]] = {}
     for task in tasks:
         for row in reader.chunk(json.loads(task)).select(DATA.names).to_pylist():
@@ -101,7 +103,7 @@ def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS
 
 
 def _model(base: dict, batches: list, positions: dict, limit: int,
-           key_order: KeyOrder = KEYS) -> dict[int, list[dict]]:
+           key_order: KeyOrder = KEYS, tail: int = 0) -> dict[int, list[dict]]:
     state = {v: dict(rows) for v, rows in base.items()}
     for batch in batches:
         for (vnode, key), val in batch.items():
@@ -113,7 +115,8 @@ def _model(base: dict, batches: list, positions: dict, limit: int,
     for vnode, rows in state.items():
         pos = positions[vnode]
         after = sorted((k for k in rows if pos is None or key_order.compare(k, pos) > 0),
-                       key=key_order.sort_key)[:limit]
+                       key=key_order.sort_key)
+        after = after[:keep_rows(len(after), limit, tail, True)]
         if after:
             out[vnode] = [_row(vnode, k, rows[k]) for k in after]
     return out
@@ -121,25 +124,28 @@ def _model(base: dict, batches: list, positions: dict, limit: int,
 
 @settings(max_examples=90, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.sampled_from([KEYS, SINGLE, SINGLE_DESC]).flatmap(histories), st.booleans())
-def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history, exact):
+@given(st.sampled_from([KEYS, SINGLE, SINGLE_DESC]).flatmap(histories), st.booleans(),
+       st.sampled_from([0, 0, 1, 3, 12]))
+def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history, exact,
+                                                          tail):
     """Composite keys go through Arrow masks; a single integer key through the task's
     binary searches over key-ordered files (ascending and descending); ``exact``: the base
     files carry their exact first and last key (what the replica's copy records), else the
-    seek works from per-column stats."""
+    seek works from per-column stats. ``tail``: a vnode's rest of at most ``limit + tail``
+    rows is read whole, in whatever files and change rows it lies."""
     base, batches, positions, limit, key_order = history
     uri = str(tmp_path_factory.mktemp("replica") / "t")
     _build(uri, base, key_order, exact)
     for version, batch in enumerate(batches, start=2):
         _append(uri, batch, version)
-    want = _model(base, batches, positions, limit, key_order)
-    assert _read(uri, positions, limit, key_order) == want
+    want = _model(base, batches, positions, limit, key_order, tail)
+    assert _read(uri, positions, limit, key_order, tail) == want
     snap = Snapshot.load(uri, None, {})
     assert not any(f.deletion_vector for f in snap.files)  # the base is never rewritten
     if R.merge_changes(snap, key_order, Intent()):
         folded = Snapshot.load(uri, None, {})
         assert len(R.change_files(folded)) == 1
-        assert _read(uri, positions, limit, key_order) == want
+        assert _read(uri, positions, limit, key_order, tail) == want
 
 
 def test_change_files_are_folded_past_the_limit(tmp_path):

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 DEFAULT_LIMIT_BYTES = 512 << 20
 _ROW = "__bf_row"
@@ -79,6 +80,20 @@ class FileKeys:
         hit = indexed.join(probe, list(key_names), join_type="inner", use_threads=False)
         hit = hit.sort_by(_ROW)
         return hit.column(_ROW).to_numpy(), hit.select(list(key_names))
+
+
+def probe(keys: pa.Table, wanted: pa.Table, key_names: Sequence[str],
+          types: Sequence[pa.DataType]) -> tuple[np.ndarray, pa.Table]:
+    """``FileKeys.rows_of`` for keys read once and dropped (a lookup that reads past the
+    cache): one hash probe of the file's keys against ``wanted``, building no index, so a
+    thread holds the key column and a bitmap, not three more arrays of its length."""
+    if keys.num_columns > 1:
+        return FileKeys(keys, None, None).rows_of(wanted, key_names, types)
+    column = keys.column(0)
+    value_set = pc.unique(wanted.column(key_names[0]).cast(types[0]).combine_chunks())
+    hit = pc.indices_nonzero(pc.is_in(column, value_set=value_set))
+    return (hit.to_numpy(zero_copy_only=False).astype(np.int64),
+            pa.table({key_names[0]: column.take(hit).cast(types[0])}))
 
 
 class KeyCache:

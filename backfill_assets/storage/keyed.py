@@ -218,9 +218,12 @@ def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
     schema = snap.arrow_schema
     types = [schema.field(k).type for k in key_names]
     read = lambda: _read_keys(snap, f, key_names)  # noqa: E731
-    keys = (key_cache.CACHE.file_keys(snap.uri, f.path, f.size, f.num_records, key_names, read)
-            if cached else key_cache.FileKeys.of(read()))
-    rows, found = keys.rows_of(wanted, key_names, types)
+    if cached:
+        keys = key_cache.CACHE.file_keys(snap.uri, f.path, f.size, f.num_records, key_names,
+                                         read)
+        rows, found = keys.rows_of(wanted, key_names, types)
+    else:
+        rows, found = key_cache.probe(read(), wanted, key_names, types)
     if f.deletion_vector and len(rows):
         deleted = key_cache.CACHE.deleted_rows(
             snap.uri, dv.unique_id(f.deletion_vector),

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import (
@@ -93,3 +95,27 @@ def test_sorted_and_joined_lookups_agree_on_duplicates():
     for entry in (fast, slow):
         rows, found = entry.rows_of(wanted, KEY, [pa.int64()])
         assert rows.tolist() == [0, 2, 4] and found.column("id").to_pylist() == [5, 5, 1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.none() | st.integers(-50, 50), max_size=60),
+       st.lists(st.integers(-50, 50), max_size=20),
+       st.sampled_from([pa.int64(), pa.int32(), pa.int16()]))
+def test_a_probe_past_the_cache_finds_what_the_kept_index_finds(held, wanted, key_type):
+    """A lookup that reads past the cache (``probe``: no index built) returns the same file
+    rows and keys as the kept sorted index and as the hash join, duplicates and null keys in
+    the file included; a narrower file type is widened to the table's."""
+    keys = pa.table({"id": pa.array(held, key_type)})
+    want = pa.table({"id": pa.array(sorted(set(wanted)), pa.int64())})  # keys are unique
+    types = [pa.int64()]
+    rows, found = key_cache.probe(keys, want, KEY, types)
+    joined_rows, joined = key_cache.FileKeys(keys.cast(pa.schema([("id", pa.int64())])),
+                                             None, None).rows_of(want, KEY, types)
+    expected = [i for i, k in enumerate(held) if k is not None and k in set(wanted)]
+    assert rows.tolist() == joined_rows.tolist() == expected
+    assert found.column("id").to_pylist() == joined.column("id").to_pylist() \
+        == [held[i] for i in expected]
+    assert found.schema.field("id").type == pa.int64()
+    if None not in held:
+        indexed = key_cache.FileKeys.of(keys.cast(pa.schema([("id", pa.int64())])))
+        assert indexed.rows_of(want, KEY, types)[0].tolist() == expected

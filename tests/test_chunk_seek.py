@@ -17,6 +17,8 @@ import pytest
 from backfill_assets import mv_store, storage
 from backfill_assets.barrier import run_barrier
 from backfill_assets.core.keys import KeyColumn, KeyOrder
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.positions import chunk_tail
 from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv_store import MVTables
 from backfill_assets.sources import replica_schema
@@ -27,6 +29,17 @@ from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, 
 VNODES, CHUNK, FILE_ROWS, CHANGES = 4, 10, 8, 4
 
 
+def _arrangement_with_small_files(warehouse: str, chunk: int) -> tuple[MVDefinition, MVTables]:
+    """An arrangement MV over ``orders`` whose replica will be copied into 8-row files."""
+    d = simple_mv(VNODES, mode="arrangement", chunk_size=chunk)
+    tables = MVTables.under(warehouse, d.name, "orders")
+    schema = replica.table_schema(replica_schema(checked_upstream(tables, d, None).schema))
+    mv_store.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
+                               vnode_count=VNODES,
+                               layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+    return d, tables
+
+
 @pytest.mark.parametrize("engine", ["driver", "spark"])
 def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehouse, engine,
                                                                  monkeypatch):
@@ -34,20 +47,19 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     (``bulk_write.LOCAL_READ_ROWS``), a larger one in Spark tasks."""
     if engine == "spark":
         monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
+    local_runs = []
+    run_locally = bulk_write._local_manifest
+    monkeypatch.setattr(bulk_write, "_local_manifest",
+                        lambda *a: local_runs.append(1) or run_locally(*a))
     live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(5),
                         simple_row, lambda rng: rng.randint(1, 100_000))
     live.create(rows=200)
-    d = simple_mv(VNODES, mode="arrangement", chunk_size=CHUNK)
-    tables = MVTables.under(warehouse, d.name, "orders")
-    schema = replica.table_schema(replica_schema(checked_upstream(tables, d, None).schema))
-    mv_store.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
-                               vnode_count=VNODES,
-                               layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+    d, tables = _arrangement_with_small_files(warehouse, CHUNK)
     scanned = []
     for n in range(3):
         live.apply(live.random_batch(CHANGES))
         report = run_barrier(spark, d, tables, list(range(VNODES)))
-        assert 0 < report.snapshot_rows <= VNODES * (CHUNK + CHUNK // 8)
+        assert 0 < report.snapshot_rows <= VNODES * (CHUNK + chunk_tail(CHUNK, None))
         scanned.append(report.extra["snapshot_rows_scanned"])
         # the first chunk comes from the replica's copy itself (no file read back), the
         # others from a seek, projected and written by the read tasks
@@ -61,6 +73,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     one_vnode = [f for f in copied.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
+    assert (len(local_runs) == 2) if engine == "driver" else not local_runs  # barriers 1, 2
 
 
 def test_a_vnodes_last_sliver_is_read_with_its_last_chunk(spark, warehouse):
@@ -74,13 +87,8 @@ def test_a_vnodes_last_sliver_is_read_with_its_last_chunk(spark, warehouse):
     live.create(rows=400)
     sizes = Counter(vnodes_of([(k,) for k in live.keys], ["bigint"], VNODES)).values()
     chunk = next(c for c in range(8, max(sizes))
-                 if min(sizes) > c and 2 * c < max(sizes) <= 2 * c + c // 8)
-    d = simple_mv(VNODES, mode="arrangement", chunk_size=chunk)
-    tables = MVTables.under(warehouse, d.name, "orders")
-    schema = replica.table_schema(replica_schema(checked_upstream(tables, d, None).schema))
-    mv_store.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
-                               vnode_count=VNODES,
-                               layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+                 if min(sizes) > c and 2 * c < max(sizes) <= 2 * c + chunk_tail(c, None))
+    d, tables = _arrangement_with_small_files(warehouse, chunk)
     first = run_barrier(spark, d, tables, list(range(VNODES)))
     assert first.snapshot_rows == VNODES * chunk and not first.finished
     last = run_barrier(spark, d, tables, list(range(VNODES)))

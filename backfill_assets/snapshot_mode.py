@@ -3,8 +3,11 @@ vnode-range slices, then catch-up from the change feed.
 
 A barrier in snapshot mode is a short sequence of ordinary steps (`step.run_step`, the one step
 loop) at ONE upstream version v (the barrier's, pinned for all of them):
-1. the vnodes already Completed forward the change feed (v_k, v] in one step (a first catch-up
-   step coalesces every version since the snapshot);
+1. the vnodes already Completed forward the change feed (v_k, v] (a first catch-up coalesces
+   every version since the snapshot), in steps over vnode ranges of at most
+   `core.snapshot.CATCH_UP_STEP_BYTES` of change files each (an upstream arranged by the MV's
+   vnodes; each step reads only its vnodes' files), so the driver holds a bounded part of
+   the writer's volume at a time;
 2. the others are read in bulk (`core.snapshot.BulkPositions`, `snapshot_read`) one slice at a
    time: a slice is a contiguous vnode range of about `slice_rows` rows (estimated from the
    upstream's Delta file statistics) and one step, so each slice commit carries its progress
@@ -30,12 +33,13 @@ from dataclasses import dataclass, field, replace
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from backfill_assets import delta_store, mv_store
+from backfill_assets import delta_store, mv_store, storage
 from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.core.progress import NotStarted
 from backfill_assets.core.snapshot import (
     BULK_LIMIT,
     catch_up_lag,
+    catch_up_slices,
     history_safety,
     more_catch_up,
     plan_slices,
@@ -90,6 +94,7 @@ class _Run:
     history_safe: bool | None = None
     resnapshots: list[dict] = field(default_factory=list)
     catch_up_rounds: int = 0
+    catch_up_steps: int = 0
     covered: int | None = None  # versions the last round closed (None: it read in bulk)
     lag: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -102,8 +107,9 @@ class _Run:
         pending = tuple(v for v, (p, _) in sorted(progress.items()) if not p.finished)
         since = [at for _, at in progress.values() if at is not None]
         self.covered = version - min(since) if since and not pending else None
-        if finished:
-            self._step(finished)
+        for s in self._catch_up(finished, [progress[v][1] for v in finished
+                                           if progress[v][1] is not None]):
+            self._step(s)
         if not pending:
             return
         self.estimates.update(estimate_rows(self.req, version, pending))
@@ -118,6 +124,27 @@ class _Run:
             report = self._step(s)
             if report is not None:
                 self.slices_done[len(self.slices) - 1] = report.snapshot_rows
+
+    def _catch_up(self, finished: tuple[int, ...], since: list[int]) -> list[tuple[int, ...]]:
+        """The finished vnodes' catch-up steps (`core.snapshot.catch_up_slices`), sized by the
+        change files of (oldest version, barrier's version] per vnode; one step when the
+        upstream is not arranged by the MV's vnodes or its log no longer holds the range
+        (that step then re-snapshots them, see `_step`)."""
+        if not finished or not since or min(since) >= self.version:
+            return [finished] if finished else []
+        d, tables = self.req.definition, self.req.tables
+        key_names = [c.name for c in d.primary_key]
+        sizes = None
+        if same_vnodes(tables.upstream, self.version, key_names, d.vnode_count,
+                       tables.storage_options):
+            try:
+                sizes = storage.change_bytes(tables.upstream, min(since), self.version,
+                                             tables.storage_options)
+            except HistoryUnavailable:
+                sizes = None
+        steps = catch_up_slices(finished, sizes)
+        self.catch_up_steps += len(steps)
+        return steps
 
     def _step(self, vnodes: tuple[int, ...], reset: bool = False) -> StepReport | None:
         """One step over `vnodes`; when its change feed is gone, re-snapshot them instead."""
@@ -143,7 +170,7 @@ class _Run:
         out = _merged(self.reports, self.version, tuple(sorted(self.req.vnodes)))
         out.seconds = time.monotonic() - self.started
         out.extra.update({"snapshot_path": "bulk", "catch_up_rounds": self.catch_up_rounds,
-                          "lag_versions": self.lag})
+                          "catch_up_steps": self.catch_up_steps, "lag_versions": self.lag})
         if self.slices:
             out.extra.update({
                 "slices_planned": len(self.slices), "slices_done": len(self.slices_done),

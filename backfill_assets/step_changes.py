@@ -24,6 +24,7 @@ from backfill_assets.mv_spark import (
     with_vnode_versions,
 )
 from backfill_assets.sources import SourceContext
+from backfill_assets.upstream_layout import same_vnodes
 
 
 def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
@@ -34,8 +35,11 @@ def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
                if p.replicate and p.replicate_from is not None]
     if not starts or min(starts) >= plan.v_new:
         return None
-    raw = delta_store.read_raw_changes(ctx.tables.upstream, min(starts), plan.v_new,
-                                       storage_options=ctx.tables.storage_options)
+    so = ctx.tables.storage_options
+    arranged = same_vnodes(ctx.tables.upstream, plan.v_new, ctx.key_names, ctx.vnode_count, so)
+    raw = delta_store.read_raw_changes(  # an upstream arranged by the MV's vnodes: only the
+        ctx.tables.upstream, min(starts), plan.v_new, storage_options=so,  # step's files
+        vnodes=[p.vnode for p in plan.vnodes] if arranged else None)
     if raw.num_rows == 0:
         return None
     keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]

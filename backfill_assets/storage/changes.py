@@ -42,8 +42,9 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
                 if c not in latest.partition_columns}
     out = pa.schema([*schema, pa.field(CHANGE_TYPE, pa.string()),
                      pa.field(VERSION, pa.int64()), pa.field(TIMESTAMP, pa.timestamp("us", "UTC"))])
+    only = _partitions_of(latest, vnodes)
     reads = [read for v in range(start_exclusive + 1, end + 1)
-             for read in _version_changes(latest, v, physical, out)]
+             for read in _version_changes(latest, v, physical, out, only)]
     if len(reads) > 1:  # many small files (a partitioned upstream): parquet reads release
         with ThreadPoolExecutor(READ_THREADS) as pool:  # the GIL, so they overlap
             pieces = list(pool.map(lambda read: read(), reads))
@@ -58,6 +59,41 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
     return table
 
 
+def change_bytes(latest: Snapshot, start_exclusive: int, end: int,
+                 column: str = "vnode") -> dict[int, int] | None:
+    """Bytes of the change files of versions (start_exclusive, end] per value of the integer
+    partition column ``column`` (None when the table is not partitioned by it): what a read
+    of those values' changes costs, from the log alone (a ``cdc`` action has no row count)."""
+    if column not in latest.partition_columns:
+        return None
+    sizes: dict[int, int] = {}
+    for v in range(start_exclusive + 1, end + 1):
+        for action in _change_files(_actions(latest, v)):
+            text = (action.get("partitionValues") or {}).get(column)
+            value = -1 if text in (None, "") else int(text)
+            sizes[value] = sizes.get(value, 0) + int(action.get("size") or 0)
+    return sizes
+
+
+def _change_files(actions: Sequence[Mapping]) -> list[Mapping]:
+    """The files a version's changes are read from: its ``cdc`` files, else its data-changing
+    ``add`` and ``remove`` actions."""
+    cdc = [a["cdc"] for a in actions if "cdc" in a]
+    if cdc:
+        return cdc
+    return [a[kind] for a in actions for kind in ("add", "remove")
+            if kind in a and a[kind].get("dataChange", True)]
+
+
+def _partitions_of(snap: Snapshot, vnodes: Iterable[int] | None) -> set[str] | None:
+    """The ``vnode`` partition values (as the log writes them) whose files hold ``vnodes``'
+    rows; None when every file must be read (no vnodes asked for, or a table not partitioned
+    by vnode)."""
+    if vnodes is None or "vnode" not in snap.partition_columns:
+        return None
+    return {str(int(v)) for v in vnodes}
+
+
 def metadata_changed(uri: str, first: int, last: int,
                      storage_options: Mapping[str, str] | None = None) -> bool:
     """Whether a commit of versions first..last changes the table's metadata (then the
@@ -66,10 +102,15 @@ def metadata_changed(uri: str, first: int, last: int,
     return any("metaData" in a for v in range(first, last + 1) for a in _actions(snap, v))
 
 
-def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str],
-                     out: pa.Schema) -> list[Callable[[], pa.Table]]:
-    """The reads (not yet run) that yield the change rows of version ``v``."""
+def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str], out: pa.Schema,
+                     only: set[str] | None = None) -> list[Callable[[], pa.Table]]:
+    """The reads (not yet run) that yield the change rows of version ``v``; ``only``: read just
+    the files of those ``vnode`` partition values."""
     actions = _actions(snap, v)
+    if only is not None:
+        actions = [a for a in actions if not any(
+            kind in a and (a[kind].get("partitionValues") or {}).get("vnode") not in only
+            for kind in ("cdc", "add", "remove"))]
     info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
     consts = {VERSION: v, TIMESTAMP: int(info.get("timestamp", 0)) * 1000}
     cdc = [a["cdc"] for a in actions if "cdc" in a]

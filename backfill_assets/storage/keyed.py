@@ -195,11 +195,13 @@ def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Tabl
     """Live rows of ``snap`` whose key is in ``wanted``: key, file, row (files pruned by
     their statistics, each probed with its share of ``wanted``; files the table no longer
     holds leave the key cache first). Many files are read by a few threads (pyarrow and
-    numpy release the GIL); a lookup over more keys than the cache holds (a large catch-up)
-    reads past the cache instead of churning it, so the driver's memory stays bounded."""
+    numpy release the GIL). A table with more keys than the cache holds is read past the
+    cache: changes spread over all vnodes meet every file at every barrier, and a
+    least-recently-used cache smaller than what each barrier cycles through would hit
+    nothing while holding its whole limit (a 100M-row catch-up in four steps: 971 MiB)."""
     key_cache.CACHE.keep_live(snap.uri, (f.path for f in snap.files))
     pairs = keys_by_file(snap.files, wanted, key_names)
-    cached = sum(f.num_records or 0 for f, _ in pairs) * _CACHED_BYTES_PER_KEY \
+    cached = sum(f.num_records or 0 for f in snap.files) * _CACHED_BYTES_PER_KEY \
         <= key_cache.CACHE.limit
     if len(pairs) < _THREADED_FILES:
         held = [_held_in(snap, f, key_names, mine, cached) for f, mine in pairs]

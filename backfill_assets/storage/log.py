@@ -29,6 +29,7 @@ from deltalake import DeltaTable
 from backfill_assets.core.errors import UnsupportedTableFeature
 from backfill_assets.errors import StorageMismatch
 from backfill_assets.storage import dv, objects
+from backfill_assets.storage.file_stats import FileStats, StatColumns, partition_values
 
 # a log path decoded once per process (thousands of files, several snapshots per barrier)
 unquote = lru_cache(maxsize=1 << 20)(_unquote)
@@ -56,7 +57,7 @@ class DataFile:
     size: int
     num_records: int | None  # physical rows (a DV does not change it)
     partition_values: dict  # typed, from the log
-    stats: dict = field(default_factory=dict)  # min/max per column (exact types where known)
+    stats: Mapping = field(default_factory=dict)  # (side, column) -> min/max (exact types)
     deletion_vector: dict | None = None
     add_action: dict | None = None  # the raw log entry (tables with DVs: what a remove repeats)
 
@@ -152,33 +153,24 @@ class Snapshot:
 
     @cached_property
     def files(self) -> list[DataFile]:
-        """The live data files, typed partition values and stats from delta-rs, DVs replayed.
-        A file's size, counts, partition values and stats never change: they are converted
-        once per process (``_STATIC``), so a table of thousands of files that gains a few per
-        version costs what it gained, not a conversion of every file to Python."""
+        """The live data files, typed partition values from delta-rs, DVs replayed. Converted
+        column by column; each file's statistics stay in delta-rs' Arrow table until a reader
+        asks for a column (`FileStats`): a 12,800-file table's stats as Python values held
+        66 MiB of the driver, its readers use the key and vnode columns only."""
         actions = pa.table(self.table.get_add_actions(flatten=True))
         replayed = self.add_actions if self.has_deletion_vectors else {}
         logical = {v: k for k, v in self.physical_names.items()}
-        table_id = (self.uri, self.table.metadata().id, tuple(sorted(logical.items())))
         paths = actions.column("path").to_pylist()
-        static = {path: _STATIC.get((table_id, path)) for path in paths}
-        missing = [i for i, path in enumerate(paths) if static[path] is None]
-        for a in actions.take(missing).to_pylist() if missing else []:
-            parts = {k[len("partition."):]: v for k, v in a.items() if k.startswith("partition.")}
-            stats = {}
-            for k, v in a.items():
-                side, _, col = k.partition(".")
-                if side in ("min", "max") and col:
-                    stats[(side, logical.get(col, col))] = v
-            static[a["path"]] = (int(a["size_bytes"]), a.get("num_records"),
-                                 {logical.get(k, k): v for k, v in parts.items()}, stats)
-            _remember((table_id, a["path"]), static[a["path"]])
+        sizes = actions.column("size_bytes").to_pylist()
+        records = (actions.column("num_records").to_pylist()
+                   if "num_records" in actions.column_names else [None] * len(paths))
+        parts = partition_values(actions, logical)
+        stats = StatColumns(actions, logical)
         out = []
-        for path in paths:
-            size, records, parts, stats = static[path]
+        for row, path in enumerate(paths):
             raw = replayed.get(unquote(path))
-            out.append(DataFile(path, size, records, parts, stats,
-                                (raw or {}).get("deletionVector"), raw))
+            out.append(DataFile(path, int(sizes[row]), records[row], parts[row],
+                                FileStats(stats, row), (raw or {}).get("deletionVector"), raw))
         return out
 
     def file_uri(self, path: str) -> str:
@@ -322,18 +314,3 @@ def _clean(add: dict | None) -> dict | None:
         out.pop(nested, None)
     return out
 
-
-# (uri, table id, column mapping), path -> (size, records, partition values, stats) of a data
-# file: what never changes once it is written, converted from delta-rs' actions once
-_STATIC: OrderedDict[tuple, tuple] = OrderedDict()
-_STATIC_KEPT = 500_000
-
-
-_STATIC_LOCK = threading.Lock()
-
-
-def _remember(key: tuple, static: tuple) -> None:
-    with _STATIC_LOCK:
-        _STATIC[key] = static
-        while len(_STATIC) > _STATIC_KEPT:
-            _STATIC.popitem(last=False)

@@ -5,7 +5,7 @@ A barrier in snapshot mode is a short sequence of ordinary steps (`step.run_step
 loop) at ONE upstream version v (the barrier's, pinned for all of them):
 1. the vnodes already Completed forward the change feed (v_k, v] (a first catch-up coalesces
    every version since the snapshot), in steps over vnode ranges of at most
-   `core.snapshot.CATCH_UP_STEP_BYTES` of change files each (an upstream arranged by the MV's
+   `catch_up_bytes` of change files each (default 1 MiB) (an upstream arranged by the MV's
    vnodes; each step reads only its vnodes' files), so the driver holds a bounded part of
    the writer's volume at a time;
 2. the others are read in bulk (`core.snapshot.BulkPositions`, `snapshot_read`) one slice at a
@@ -107,8 +107,7 @@ class _Run:
         pending = tuple(v for v, (p, _) in sorted(progress.items()) if not p.finished)
         since = [at for _, at in progress.values() if at is not None]
         self.covered = version - min(since) if since and not pending else None
-        for s in self._catch_up(finished, [progress[v][1] for v in finished
-                                           if progress[v][1] is not None]):
+        for s in self._catch_up({v: progress[v][1] for v in finished}):
             self._step(s)
         if not pending:
             return
@@ -125,11 +124,14 @@ class _Run:
             if report is not None:
                 self.slices_done[len(self.slices) - 1] = report.snapshot_rows
 
-    def _catch_up(self, finished: tuple[int, ...], since: list[int]) -> list[tuple[int, ...]]:
+    def _catch_up(self, at: dict[int, int | None]) -> list[tuple[int, ...]]:
         """The finished vnodes' catch-up steps (`core.snapshot.catch_up_slices`), sized by the
-        change files of (oldest version, barrier's version] per vnode; one step when the
-        upstream is not arranged by the MV's vnodes or its log no longer holds the range
-        (that step then re-snapshots them, see `_step`)."""
+        change files of (oldest version, barrier's version] per vnode (a vnode already at the
+        barrier's version counts none: a rerun after a kill between steps redoes no work);
+        one step when the upstream is not arranged by the MV's vnodes or its log no longer
+        holds the range (that step then re-snapshots them, see `_step`)."""
+        finished = tuple(sorted(at))
+        since = [v for v in at.values() if v is not None]
         if not finished or not since or min(since) >= self.version:
             return [finished] if finished else []
         d, tables = self.req.definition, self.req.tables
@@ -142,7 +144,10 @@ class _Run:
                                              tables.storage_options)
             except HistoryUnavailable:
                 sizes = None
-        steps = catch_up_slices(finished, sizes)
+        if sizes is not None:
+            sizes = {v: 0 if at[v] is not None and at[v] >= self.version else sizes.get(v, 0)
+                     for v in finished}
+        steps = catch_up_slices(finished, sizes, d.catch_up_bytes)
         self.catch_up_steps += len(steps)
         return steps
 

@@ -226,7 +226,8 @@ class _Step:
             if not keyed:
                 report.forwarded_rows = forward.count() if forward is not None else 0
             report.snapshot_rows = chunk.read
-            if keyed and chunk.rows is None and chunk.written is None and not fresh:
+            if (keyed or changes is None) and chunk.rows is None and chunk.written is None \
+                    and not fresh:  # no Spark job: changes (if any) applied on the driver
                 report.engine = "driver"
             if chunk.scanned is not None:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned

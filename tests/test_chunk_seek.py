@@ -77,7 +77,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
 
 
 def test_a_vnodes_last_sliver_is_read_with_its_last_chunk(spark, warehouse):
-    """Unthrottled, a vnode whose whole rest is at most an eighth of a chunk more than the
+    """Unthrottled, a vnode whose whole rest is at most a quarter of a chunk more than the
     chunk takes it in the same barrier (``core.positions.keep_rows``), from the replica's
     copy (barrier 0) and from a seek over 8-row files (barrier 1): two barriers, not three,
     and the MV exact. The chunk size is chosen from the vnodes' sizes so that every vnode

@@ -5,6 +5,7 @@ the independent oracle after every barrier."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -97,6 +98,29 @@ def test_rate_limit_selects_the_chunked_path_then_bulk_finishes(spark, warehouse
     report = run_barrier(spark, d, tables, list(range(VNODES)))
     assert report.extra["snapshot_path"] == "bulk" and report.finished
     assert 0 < report.snapshot_rows < 160  # each vnode's remainder after its position
+    assert_verified(spark, d, tables)
+
+
+def test_catch_up_runs_in_steps_of_catch_up_bytes(spark, warehouse):
+    """A catch-up over many versions, with a budget of change-file bytes one vnode's changes
+    exceed: one step (one MV commit) per vnode range, each reading only its vnodes' change
+    files; the MV equals the oracle, and a later barrier is an ordinary one again."""
+    live, d, tables = _setup(warehouse, seed=36, catch_up_bytes=1)
+    assert run_barrier(spark, d, tables, list(range(VNODES))).finished
+    for _ in range(4):
+        live.apply(live.random_batch(12))
+    def step_commits() -> int:  # the MV commits that carry a step's progress
+        return sum(1 for c in DeltaTable(tables.mv).history() if c.get("backfill.step"))
+
+    commits = step_commits()
+    report = run_barrier(spark, d, tables, list(range(VNODES)))
+    assert report.forwarded_rows > 0 and report.snapshot_rows == 0
+    assert report.extra["catch_up_steps"] > 2
+    assert step_commits() - commits == report.extra["catch_up_steps"]
+    assert_verified(spark, d, tables)
+    live.apply(live.random_batch(8))
+    one = run_barrier(spark, replace(d, catch_up_bytes=1 << 20), tables, list(range(VNODES)))
+    assert one.extra["catch_up_steps"] == 1 and one.forwarded_rows > 0
     assert_verified(spark, d, tables)
 
 

@@ -59,7 +59,7 @@ def effective_chunk_size(chunk_size: int, rate_limit: int | None) -> int:
     return chunk_size
 
 
-TAIL_DIVISOR = 8  # a vnode finishes in one barrier when at most 1/8 of a chunk more is left
+TAIL_DIVISOR = 4  # a vnode finishes in one barrier when at most 1/4 of a chunk more is left
 
 
 class PositionStrategy(Protocol):

@@ -98,7 +98,7 @@ def plan_slices(estimates: Mapping[int, int], slice_rows: int) -> list[tuple[int
 
 
 def catch_up_slices(finished: Sequence[int], change_bytes: Mapping[int, int] | None,
-                    step_bytes: int | None = None) -> list[tuple[int, ...]]:
+                    step_bytes: int = CATCH_UP_STEP_BYTES) -> list[tuple[int, ...]]:
     """The Completed vnodes' catch-up as steps of at most ``step_bytes`` of change files each
     (contiguous vnode ranges; a vnode is never split). Why: a step nets its change rows on
     the driver (every version of a key at once), so one step over a catch-up that coalesces
@@ -107,7 +107,6 @@ def catch_up_slices(finished: Sequence[int], change_bytes: Mapping[int, int] | N
     then read every change file, so the catch-up stays one step."""
     if not finished:
         return []
-    step_bytes = step_bytes or CATCH_UP_STEP_BYTES
     if change_bytes is None or sum(change_bytes.get(v, 0) for v in finished) <= step_bytes:
         return [tuple(sorted(finished))]
     return plan_slices({v: change_bytes.get(v, 0) for v in finished}, step_bytes)

@@ -42,7 +42,7 @@ def test_arrangement_plan_per_vnode() -> None:
         chunk_limit=10,
         paused=False,
         shared_read=False,
-        chunk_tail=1,  # unthrottled: a vnode whose rest is 11 rows or fewer reads it whole
+        chunk_tail=2,  # unthrottled: a vnode whose rest is 12 rows or fewer reads it whole
     )
     assert plan.forward_since == {0: None, 1: 3, 2: 4}
     assert plan.snapshot_vnodes == [0, 1] and plan.replicate_vnodes == [0, 1]
@@ -84,7 +84,7 @@ def test_chunk_limit_follows_the_rate_limit(strategy, rate_limit, expected) -> N
 
 
 @pytest.mark.parametrize(("strategy", "chunk_size", "rate_limit", "tail"),
-                         [(ARR, 80, None, 10), (ARR, 80, 100, 0), (SHARED, 80, None, 0)])
+                         [(ARR, 80, None, 20), (ARR, 80, 100, 0), (SHARED, 80, None, 0)])
 def test_only_unthrottled_per_vnode_reads_have_a_tail(strategy, chunk_size, rate_limit, tail):
     s = BackfillState(KO, [0, 1])
     assert plan_step(s, strategy, [0, 1], {}, 1, chunk_size, rate_limit).chunk_tail == tail

@@ -116,8 +116,8 @@ def test_arrangement_takes_a_vnodes_last_sliver_with_its_last_chunk() -> None:
 
 
 @pytest.mark.parametrize(("limit", "rate_limit", "tail"),
-                         [(4096, None, 512), (7, None, 0), (4096, 5000, 0), (4096, 0, 0)])
-def test_the_tail_is_an_eighth_of_a_chunk_and_none_when_throttled(limit, rate_limit, tail):
+                         [(4096, None, 1024), (3, None, 0), (4096, 5000, 0), (4096, 0, 0)])
+def test_the_tail_is_a_quarter_of_a_chunk_and_none_when_throttled(limit, rate_limit, tail):
     assert chunk_tail(limit, rate_limit) == tail
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backfill_assets.core.errors import InvalidSnapshotChunk
 from backfill_assets.core.keys import KeyColumn, KeyOrder
@@ -14,6 +16,7 @@ from backfill_assets.core.snapshot import (
     BulkPositions,
     HistorySafety,
     catch_up_lag,
+    catch_up_slices,
     history_safety,
     last_key_sort_sql,
     more_catch_up,
@@ -64,6 +67,25 @@ def test_slices_are_contiguous_ranges_of_about_slice_rows() -> None:
     assert plan_slices(est, 1000) == [(0, 1, 2, 3, 4, 5)]
     assert plan_slices({}, 5) == []
     assert plan_slices({7: -3, 8: 2}, 2) == [(7, 8)]  # negative estimates count as 0
+
+
+@given(st.dictionaries(st.integers(0, 300), st.integers(0, 5000), max_size=40),
+       st.integers(1, 20_000), st.booleans())
+def test_catch_up_steps_cover_the_finished_vnodes_within_the_byte_budget(sizes, budget,
+                                                                         partitioned) -> None:
+    """Every finished vnode is in exactly one step, steps are contiguous in vnode order, and a
+    step exceeds the budget only when it is one vnode; without per-vnode sizes (an upstream
+    not partitioned by the MV's vnodes) the catch-up stays one step."""
+    finished = tuple(sorted(sizes))
+    steps = catch_up_slices(finished, sizes if partitioned else None, budget)
+    assert [v for s in steps for v in s] == list(finished)
+    if not partitioned or sum(sizes.values()) <= budget:
+        assert steps == ([finished] if finished else [])
+        return
+    for s in steps:
+        assert len(s) == 1 or sum(sizes[v] for v in s) <= budget
+    for a, b in zip(steps, steps[1:], strict=False):  # fewest steps: the next vnode did not fit
+        assert sum(sizes[v] for v in a) + sizes[b[0]] > budget
 
 
 @pytest.mark.parametrize("bad", [0, -1, "10", True])

@@ -151,12 +151,17 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
 # files written, no log entry), inside slice 2 (MV committed, progress not), before slice 3
 # writes, inside slice 3; then in the catch-up barrier that coalesces six versions (inside its
 # merge-on-read commit too: after the data files, the change files, before the log entry), on
-# the idle barrier after it, and on a later change-feed barrier.
+# the idle barrier after it, and on a later change-feed barrier. The catch-up runs one step
+# per vnode (`catch_up_bytes` 1, below any vnode's change files), so kills also fall between
+# its steps and inside a later one.
 SLICE_ROWS = 60
+CATCH_UP_BYTES = 1
 SLICE_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
                    "before_write@2", "before_progress_commit@2"],
-               # catch-up and later barriers are small (driver engine): kills inside its commit
-               1: [*STORAGE_KILLS, "after_mv_commit"], 2: ["after_mv_commit"],
+               # catch-up and later barriers are small (driver engine): kills inside its
+               # first step's commit, then between its steps and inside a later one
+               1: [*STORAGE_KILLS, "after_mv_commit", "after_progress_commit@2",
+                   "after_mv_commit@2"], 2: ["after_mv_commit"],
                3: ["mv_dv_file_written", "before_progress_commit"]}
 
 
@@ -170,13 +175,15 @@ def test_snapshot_mode_kills_inside_and_between_slices_and_in_catch_up(spark, tm
               *[H.Barrier(v) for v in versions[7:]]]
 
     def raw(name: str) -> dict:
-        return H.mv_raw(name, "snapshot", 4, live.uri, slice_rows=SLICE_ROWS)
+        return H.mv_raw(name, "snapshot", 4, live.uri, slice_rows=SLICE_ROWS,
+                        catch_up_bytes=CATCH_UP_BYTES)
 
     ref = H.Chain(spark, warehouse, raw("ref_snapshot"))
     for barrier in script:
         ref.run(barrier)
     assert ref.reports[0].extra["slices_planned"] >= 3 and ref.reports[0].finished
     assert ref.reports[1].forwarded_rows > 0, "the catch-up barrier forwards nothing"
+    assert ref.reports[1].extra["catch_up_steps"] >= 4  # kills between and inside its steps
     assert ref.reports[1].engine == ref.reports[3].engine == "driver"  # small barriers
     H.assert_oracle(spark, ref.d, ref.tables, "reference")
     crash = H.Chain(spark, warehouse, raw("crash_snapshot"))

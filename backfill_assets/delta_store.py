@@ -109,7 +109,7 @@ def _pinned(uri: str, version: int, storage_options: StorageOptions) -> DeltaTab
 _PINNED: OrderedDict[tuple, tuple[DeltaTable, int]] = OrderedDict()
 _PINNED_LOCK = threading.Lock()
 _PINNED_KEPT = 16
-_PINNED_FILES = 20_000
+_PINNED_FILES = 10_000
 
 
 def _load(uri: str, version: int | None, storage_options: StorageOptions) -> DeltaTable:

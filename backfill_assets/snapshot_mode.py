@@ -5,7 +5,7 @@ A barrier in snapshot mode is a short sequence of ordinary steps (`step.run_step
 loop) at ONE upstream version v (the barrier's, pinned for all of them):
 1. the vnodes already Completed forward the change feed (v_k, v] (a first catch-up coalesces
    every version since the snapshot), in steps over vnode ranges of at most
-   `catch_up_bytes` of change files each (default 1 MiB) (an upstream arranged by the MV's
+   `catch_up_rows` estimated change rows each (default 16,384; an upstream arranged by the MV's
    vnodes; each step reads only its vnodes' files), so the driver holds a bounded part of
    the writer's volume at a time;
 2. the others are read in bulk (`core.snapshot.BulkPositions`, `snapshot_read`) one slice at a
@@ -140,14 +140,14 @@ class _Run:
         if same_vnodes(tables.upstream, self.version, key_names, d.vnode_count,
                        tables.storage_options):
             try:
-                sizes = storage.change_bytes(tables.upstream, min(since), self.version,
+                sizes = storage.change_rows_by_vnode(tables.upstream, min(since), self.version,
                                              tables.storage_options)
             except HistoryUnavailable:
                 sizes = None
         if sizes is not None:
             sizes = {v: 0 if at[v] is not None and at[v] >= self.version else sizes.get(v, 0)
                      for v in finished}
-        steps = catch_up_slices(finished, sizes, d.catch_up_bytes)
+        steps = catch_up_slices(finished, sizes, d.catch_up_rows)
         self.catch_up_steps += len(steps)
         return steps
 

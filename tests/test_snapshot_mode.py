@@ -101,11 +101,11 @@ def test_rate_limit_selects_the_chunked_path_then_bulk_finishes(spark, warehouse
     assert_verified(spark, d, tables)
 
 
-def test_catch_up_runs_in_steps_of_catch_up_bytes(spark, warehouse):
-    """A catch-up over many versions, with a budget of change-file bytes one vnode's changes
+def test_catch_up_runs_in_steps_of_catch_up_rows(spark, warehouse):
+    """A catch-up over many versions, with a budget of change rows one vnode's changes
     exceed: one step (one MV commit) per vnode range, each reading only its vnodes' change
     files; the MV equals the oracle, and a later barrier is an ordinary one again."""
-    live, d, tables = _setup(warehouse, seed=36, catch_up_bytes=1)
+    live, d, tables = _setup(warehouse, seed=36, catch_up_rows=1)
     assert run_barrier(spark, d, tables, list(range(VNODES))).finished
     for _ in range(4):
         live.apply(live.random_batch(12))
@@ -119,7 +119,7 @@ def test_catch_up_runs_in_steps_of_catch_up_bytes(spark, warehouse):
     assert step_commits() - commits == report.extra["catch_up_steps"]
     assert_verified(spark, d, tables)
     live.apply(live.random_batch(8))
-    one = run_barrier(spark, replace(d, catch_up_bytes=1 << 20), tables, list(range(VNODES)))
+    one = run_barrier(spark, replace(d, catch_up_rows=1 << 20), tables, list(range(VNODES)))
     assert one.extra["catch_up_steps"] == 1 and one.forwarded_rows > 0
     assert_verified(spark, d, tables)
 

@@ -20,14 +20,14 @@ from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.names import name_problems
 from backfill_assets.core.progress import is_count
-from backfill_assets.core.snapshot import CATCH_UP_STEP_BYTES, DEFAULT_SLICE_ROWS
+from backfill_assets.core.snapshot import CATCH_UP_STEP_ROWS, DEFAULT_SLICE_ROWS
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
 MODES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
 VNODE_COLUMN = "vnode"
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
-           "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_bytes")
+           "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows")
 _REQUIRED = ("name", "upstream", "primary_key", "columns")
 _PK_FIELDS = ("name", "type", "descending", "nulls_first")
 
@@ -55,7 +55,7 @@ class MVDefinition:
     rate_limit: int | None = None
     vnode_count: int = 256
     slice_rows: int = DEFAULT_SLICE_ROWS  # snapshot mode: estimated rows per slice commit
-    catch_up_bytes: int = CATCH_UP_STEP_BYTES  # snapshot mode: change files per catch-up step
+    catch_up_rows: int = CATCH_UP_STEP_ROWS  # snapshot mode: change rows per catch-up step
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> MVDefinition:
@@ -153,7 +153,7 @@ class MVDefinition:
             out.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
         if not is_count(self.chunk_size) or self.chunk_size < 1:
             out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
-        for field in ("slice_rows", "catch_up_bytes"):
+        for field in ("slice_rows", "catch_up_rows"):
             if not is_count(getattr(self, field)) or getattr(self, field) < 1:
                 out.append(f"{field} {getattr(self, field)!r} must be an int >= 1")
         if not is_count(self.vnode_count) or not 1 <= self.vnode_count <= MAX_VNODE_COUNT:

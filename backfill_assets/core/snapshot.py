@@ -32,10 +32,10 @@ from backfill_assets.core.progress import BackfillState, is_count
 BULK_LIMIT = 2**62
 # About a minute of Spark work on 2 cores (a plain Spark copy moves ~1M rows/s).
 DEFAULT_SLICE_ROWS = 50_000_000
-# Change files one catch-up step reads at most (parquet bytes, as the log records them; the
-# benchmark's change rows take ~120 bytes each there): a step holds its change rows on the
-# driver, so this bounds the driver's memory however many versions a catch-up coalesces.
-CATCH_UP_STEP_BYTES = 1 << 20
+# Change rows one catch-up step reads at most (estimated from the log): a step holds its change
+# rows on the driver (~2 KB each at its peak, beside ~75 MiB a step needs anyway, measured at
+# 100M rows), so this bounds the driver's memory however many versions a catch-up coalesces.
+CATCH_UP_STEP_ROWS = 16_384
 # The throughput the history check assumes (rows/s): below the copy's, on purpose.
 EXPECTED_ROWS_PER_SECOND = 250_000
 # Delta's defaults when a table does not set them.
@@ -97,19 +97,19 @@ def plan_slices(estimates: Mapping[int, int], slice_rows: int) -> list[tuple[int
     return slices
 
 
-def catch_up_slices(finished: Sequence[int], change_bytes: Mapping[int, int] | None,
-                    step_bytes: int = CATCH_UP_STEP_BYTES) -> list[tuple[int, ...]]:
-    """The Completed vnodes' catch-up as steps of at most ``step_bytes`` of change files each
+def catch_up_slices(finished: Sequence[int], change_rows: Mapping[int, int] | None,
+                    step_rows: int = CATCH_UP_STEP_ROWS) -> list[tuple[int, ...]]:
+    """The Completed vnodes' catch-up as steps of at most ``step_rows`` estimated change rows each
     (contiguous vnode ranges; a vnode is never split). Why: a step nets its change rows on
     the driver (every version of a key at once), so one step over a catch-up that coalesces
-    many versions of a large table holds the writer's whole volume. ``change_bytes`` (per
+    many versions of a large table holds the writer's whole volume. ``change_rows`` (per
     vnode) is None when the upstream is not partitioned by the MV's vnodes: each step would
     then read every change file, so the catch-up stays one step."""
     if not finished:
         return []
-    if change_bytes is None or sum(change_bytes.get(v, 0) for v in finished) <= step_bytes:
+    if change_rows is None or sum(change_rows.get(v, 0) for v in finished) <= step_rows:
         return [tuple(sorted(finished))]
-    return plan_slices({v: change_bytes.get(v, 0) for v in finished}, step_bytes)
+    return plan_slices({v: change_rows.get(v, 0) for v in finished}, step_rows)
 
 
 _UNITS = {"nanosecond": 1e-9, "microsecond": 1e-6, "millisecond": 1e-3, "second": 1,

@@ -22,8 +22,8 @@ Public surface (everything else in the package is its inside):
   forwarded changes beside its Spark-written chunk, one commit) or ``apply_keyed`` (a small
   barrier: no Spark job); ``replace_keyed``: the rows of a few keys overwritten (the
   progress table); ``key_counts``: rows per key, reading only key columns;
-- ``change_bytes``: a version range's change files, bytes per vnode, from the log alone
-  (how snapshot mode sizes its catch-up steps);
+- ``change_rows_by_vnode``: a version range's change rows per vnode, estimated from the log
+  alone (how snapshot mode sizes its catch-up steps);
 - ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
 See docs/ARCHITECTURE.md, "The storage layer".
 """
@@ -59,7 +59,7 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "FirstChunk",
            "Intent",
            "KeyedRows", "Snapshot", "TransformRefused",
-           "append", "apply_changes", "change_bytes", "apply_keyed", "chunk_files", "chunk_tasks",
+           "append", "apply_changes", "change_rows_by_vnode", "apply_keyed", "chunk_files", "chunk_tasks",
            "ensure_mor_table",
            "file_rows_for", "key_counts", "open_mor_table", "parallelism", "read_chunk",
            "read_snapshot",
@@ -92,13 +92,14 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
     return df
 
 
-def change_bytes(uri: str, start_exclusive: int, end: int,
-                 storage_options: Mapping[str, str] | None = None) -> dict[int, int] | None:
-    """Bytes of the change files of versions (start_exclusive, end] of the table at ``uri``
-    per vnode (its ``vnode`` partition value), from the log alone; None when the table is not
-    partitioned by vnode. HistoryUnavailable when a commit of the range is gone."""
+def change_rows_by_vnode(uri: str, start_exclusive: int, end: int,
+                         storage_options: Mapping[str, str] | None = None
+                         ) -> dict[int, int] | None:
+    """Estimated change rows of versions (start_exclusive, end] of the table at ``uri`` per
+    vnode (its ``vnode`` partition value), from the log alone (`changes.change_rows`); None
+    when the table is not partitioned by vnode. HistoryUnavailable when a commit is gone."""
     from backfill_assets.delta_store import open_head
-    from backfill_assets.storage.changes import change_bytes as sizes
+    from backfill_assets.storage.changes import change_rows
 
     so = dict(storage_options or {})
-    return sizes(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive, end)
+    return change_rows(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive, end)

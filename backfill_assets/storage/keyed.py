@@ -17,6 +17,7 @@ once, and a key only ``after`` names must not be found. Otherwise the barrier st
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
 _SIDE = names.INTERNAL_PREFIX + "side"
 _THREADED_FILES = 16  # files a lookup reads before it uses threads
-_THREADS = 4
+_THREADS = min(4, os.cpu_count() or 1)  # each holds one file's key column at a time
 # what the cache keeps per key of a single integer pk (8 bytes sorted, 4 for its row); other
 # keys take more, so for them the estimate only errs towards caching
 _CACHED_BYTES_PER_KEY = 12

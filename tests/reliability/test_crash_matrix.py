@@ -152,10 +152,10 @@ def test_kill_at_every_commit_boundary(spark, tmp_path, mode, figures):
 # writes, inside slice 3; then in the catch-up barrier that coalesces six versions (inside its
 # merge-on-read commit too: after the data files, the change files, before the log entry), on
 # the idle barrier after it, and on a later change-feed barrier. The catch-up runs one step
-# per vnode (`catch_up_bytes` 1, below any vnode's change files), so kills also fall between
+# per vnode (`catch_up_rows` 1, below any vnode's change rows), so kills also fall between
 # its steps and inside a later one.
 SLICE_ROWS = 60
-CATCH_UP_BYTES = 1
+CATCH_UP_ROWS = 1
 SLICE_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_mv_commit@2",
                    "before_write@2", "before_progress_commit@2"],
                # catch-up and later barriers are small (driver engine): kills inside its
@@ -176,7 +176,7 @@ def test_snapshot_mode_kills_inside_and_between_slices_and_in_catch_up(spark, tm
 
     def raw(name: str) -> dict:
         return H.mv_raw(name, "snapshot", 4, live.uri, slice_rows=SLICE_ROWS,
-                        catch_up_bytes=CATCH_UP_BYTES)
+                        catch_up_rows=CATCH_UP_ROWS)
 
     ref = H.Chain(spark, warehouse, raw("ref_snapshot"))
     for barrier in script:

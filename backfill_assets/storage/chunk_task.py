@@ -137,16 +137,8 @@ class ChunkReader:
             if not all(isinstance(p, SortedRows) for p in pieces[vnode]):
                 return None
             rows = SortedRows.concat(pieces[vnode], self.key_order, read)
-            pos = self.positions.get(vnode)
-            if rows is not None and vnode in mine:
-                # only the change rows that can land among the rows kept: after the position
-                # and, unless the vnode's whole rest was read, not after the last row read
-                # (at least ``limit`` live rows precede them: the read stopped only then)
-                last = rows.key(rows.num_rows - 1) if rows.num_rows and vnode not in whole \
-                    else None
-                nearby = _between(mine[vnode], self.key_order, pos, last)
             merged = rows if rows is None or vnode not in mine else merge_changes(
-                rows, nearby, pos, replica.resolve)
+                rows, mine[vnode], self.positions.get(vnode), replica.resolve)
             if merged is None:
                 return None
             table = merged.rows if isinstance(merged, SortedRows) else merged
@@ -205,28 +197,11 @@ def _before(rows: SortedRows | pa.Table, key_order: KeyOrder, cut: Key) -> int:
 
 
 def _by_vnode(changes: pa.Table) -> dict[int, pa.Table]:
-    """Change rows per vnode (one sort by vnode, then slices)."""
+    """Change rows per vnode."""
     if not changes.num_rows:
         return {}
     vnodes = changes.column(VNODE).to_numpy(zero_copy_only=False)
-    order = np.argsort(vnodes, kind="stable")
-    changes, vnodes = changes.take(pa.array(order)), vnodes[order]
-    starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]])
-    stops = np.r_[starts[1:], len(vnodes)]
-    return {int(vnodes[a]): changes.slice(a, b - a) for a, b in zip(starts, stops, strict=True)}
-
-
-def _between(changes: pa.Table, key_order: KeyOrder, pos: Key | None, last: Key | None
-             ) -> pa.Table:
-    """The change rows whose key sorts after ``pos`` and not after ``last`` (None: no bound);
-    rows with a null key are kept (the merge then hands the read to the general path)."""
-    keep = None
-    if pos is not None:
-        keep = pc.fill_null(after(changes, key_order, pos), True)
-    if last is not None:
-        beyond = pc.fill_null(after(changes, key_order, last), False)
-        keep = pc.invert(beyond) if keep is None else pc.and_(keep, pc.invert(beyond))
-    return changes if keep is None else changes.filter(keep)
+    return {int(v): changes.filter(pa.array(vnodes == v)) for v in np.unique(vnodes)}
 
 
 def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:

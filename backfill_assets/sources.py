@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import pyarrow as pa
@@ -149,7 +149,8 @@ class ReplicaSource:
             if ctx.first_chunk is not None:  # the first chunk from the same sorted rows
                 written, first = storage.write_copy(
                     ctx.spark, rows, target.uri, so, target.arrow_schema,
-                    max_rows_per_file=seek_rows, first=ctx.first_chunk)
+                    max_rows_per_file=seek_rows,
+                    first=replace(ctx.first_chunk, boundary=seek_rows))
                 if first is not None:
                     ctx.first_written = (frozenset(vnodes), first)
             else:

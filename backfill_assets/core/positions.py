@@ -15,7 +15,7 @@ section 7); only where positions live differs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,10 +30,14 @@ from backfill_assets.core.progress import BackfillState, is_count
 
 @dataclass(frozen=True)
 class VnodeChunk:
-    """What a snapshot read returned for one vnode: how many rows and the last key."""
+    """What a snapshot read returned for one vnode: how many rows, the last key, and whether
+    they were all the vnode had left (``exhausted``: said by the reader, which knows, not
+    inferred from the count: a per-vnode read may end its chunk at a file boundary a little
+    before or after ``limit`` rows, ``chunk_window``)."""
 
     rows: int
     last_key: Key | None
+    exhausted: bool = False
 
 
 def check_controls(chunk_size: object, rate_limit: object) -> None:
@@ -115,14 +119,36 @@ def rows_to_see(limit: int, tail: int) -> int:
     return limit + tail + 1 if tail else limit
 
 
+def chunk_window(limit: int, tail: int) -> tuple[int, int]:
+    """The rows a per-vnode chunk that leaves rows behind may hold: ``limit``, or any count
+    within ``tail`` of it when that ends the chunk where a replica file ends. A chunk cut
+    there makes the next one start at a file's first row, so it reads that one file, not the
+    rest of the file it stopped in and the next (2.5 chunks of rows decoded per chunk, round
+    13's profile). Under a rate limit (no tail) it is exactly ``limit``."""
+    return limit - tail, limit + tail
+
+
 def keep_rows(remaining: int, limit: int, tail: int, whole: bool) -> int:
-    """How many of a vnode's ``remaining`` rows (after its position) a read keeps: all when
-    they are ``whole`` (every row the vnode has left) and fit in ``limit + tail``, else at
-    most ``limit``. A read that took more than ``limit`` therefore always finished its vnode
-    (``PerVnodePositions.apply_chunk``)."""
+    """How many of a vnode's ``remaining`` rows (after its position) a read keeps when it
+    knows no file boundary: all when they are ``whole`` (every row the vnode has left) and
+    fit in ``limit + tail``, else at most ``limit``."""
+    return chunk_cut(remaining, limit, tail, whole)[0]
+
+
+def chunk_cut(remaining: int, limit: int, tail: int, whole: bool,
+              boundaries: Sequence[int] = ()) -> tuple[int, bool]:
+    """How many of a vnode's ``remaining`` rows (after its position, in key order) a read
+    keeps, and whether that exhausts the vnode. ``whole``: they are every row it has left;
+    ``boundaries``: counts of those rows that end where a file the read took ends (every row
+    of the vnode before that point was read). All of a whole rest within ``limit + tail``;
+    else the largest boundary in ``chunk_window``; else ``limit``."""
     if whole and remaining <= limit + tail:
-        return remaining
-    return min(remaining, limit)
+        return remaining, True
+    low, high = chunk_window(limit, tail)
+    fits = [k for k in boundaries if max(1, low) <= k <= min(high, remaining)]
+    if fits:
+        return max(fits), False
+    return min(remaining, limit), False
 
 
 class PerVnodePositions:
@@ -146,22 +172,30 @@ class PerVnodePositions:
     def apply_chunk(
         self, state: BackfillState, chunk: Mapping[int, VnodeChunk], limit: int, tail: int = 0
     ) -> None:
-        """``chunk`` holds every vnode that was read (0 rows included); a vnode whose chunk is
-        shorter than ``limit`` is exhausted and finishes, and so is one that took more than
-        ``limit`` (at most ``limit + tail``: the whole rest of its snapshot, ``keep_rows``)."""
+        """``chunk`` holds every vnode that was read (0 rows included); a vnode whose read
+        says it was exhausted finishes. One that left rows behind holds a count in
+        ``chunk_window`` (exactly ``limit`` without a tail); an exhausted one at most
+        ``limit + tail`` (its whole rest: ``keep_rows``)."""
         _check_chunk(state, chunk, limit)
         if limit < 1:
             return
+        low, high = chunk_window(limit, tail)
         for vnode, c in sorted(chunk.items()):
-            if c.rows > limit + tail:
+            if c.rows > high:
                 raise InvalidSnapshotChunk(
                     f"vnode {vnode} returned {c.rows} rows but the limit was {limit}"
                     f"{f' (+{tail} to finish it)' if tail else ''}: limit each vnode's "
                     "snapshot read"
                 )
+            if not c.exhausted and c.rows < max(1, low):
+                raise InvalidSnapshotChunk(
+                    f"vnode {vnode} returned {c.rows} rows of a limit of {limit} and was not "
+                    "exhausted: a read that leaves rows behind returns at least "
+                    f"{max(1, low)} (mark the vnode exhausted when it has no more rows)"
+                )
             if c.rows:
                 state.update(vnode, c.last_key, c.rows)  # type: ignore[arg-type]
-            if c.rows != limit:
+            if c.exhausted:
                 state.finish(vnode)
 
 

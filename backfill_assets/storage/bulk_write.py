@@ -12,12 +12,11 @@ as the MV's files with their statistics (``write.FileWriter``): Spark only sched
 tasks and collects the manifest.
 
 The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
-the rows read, the last key in key order and whether a pk is null or repeated (from its key
-columns sorted by (vnode, key): the rows it already holds, no second read). The step needs
-exactly that to move its positions and write the progress the MV commit carries, so no
-separate pass over the keys runs (round 9: 1.21 s of a 4.62 s composite-pk backfill at 5M
-rows). The caller then commits ``BulkWritten.files`` with that progress, or ``discard``s
-them. A chunk read too small to pay for a Spark job runs its tasks in the driver.
+the rows read, the last key in key order, whether a pk is null or repeated and whether the
+vnode's rest was all read: what the step needs to move its positions and write the progress
+the MV commit carries, from the rows it already holds (a separate pass over the keys was 1.21
+s of a 4.62 s backfill, round 9). The caller then commits ``BulkWritten.files`` with that
+progress, or ``discard``s them. A chunk read too small for a Spark job runs in the driver.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
 proven equal to Spark's). The task then deletes the files it wrote and reports the refusal in
@@ -91,6 +90,7 @@ class BulkWritten:
     storage_options: Mapping[str, str]
     files: tuple[NewFile, ...]
     vnode_stats: Mapping[int, tuple[int, Key, bool]] = field(default_factory=dict)
+    exhausted: frozenset[int] = frozenset()  # vnodes whose whole rest the tasks read
 
     @property
     def bad_keys(self) -> bool:
@@ -133,7 +133,8 @@ class FirstChunk:
     storage_options: Mapping[str, str]
     schema: pa.Schema
     max_rows_per_file: int
-    tail: int = 0  # a vnode of at most limit + tail rows is written whole (keep_rows)
+    tail: int = 0  # a vnode of at most limit + tail rows is written whole (chunk_cut)
+    boundary: int = 0  # rows of a vnode's first replica file: the chunk may end there
 
 
 def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
@@ -158,11 +159,14 @@ def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
         chunk.discard()
         return copied, None
     stats: dict[int, tuple[int, Key, bool]] = {}
+    exhausted: set[int] = set()
     for r in reports:
         if "first" in r:
             stats.update(pickle.loads(base64.b64decode(r["first"])))
+            exhausted.update(r["first_exhausted"])
     check_written(first.table_uri, first.storage_options, list(chunk.files))
-    return copied, BulkWritten(chunk.table_uri, chunk.storage_options, chunk.files, stats)
+    return copied, BulkWritten(chunk.table_uri, chunk.storage_options, chunk.files, stats,
+                               frozenset(exhausted))
 
 
 def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
@@ -211,11 +215,14 @@ def _collected(manifest: list, table_uri: str,
         written.discard()
         raise TransformRefused(refused[0])
     stats: dict[int, tuple[int, Key, bool]] = {}
+    exhausted: set[int] = set()
     for r in reports:
         if "vnodes" in r:
             stats.update(pickle.loads(base64.b64decode(r["vnodes"])))
+            exhausted.update(r.get("exhausted", ()))
     check_written(table_uri, storage_options, list(written.files))
-    return BulkWritten(table_uri, dict(storage_options), written.files, stats)
+    return BulkWritten(table_uri, dict(storage_options), written.files, stats,
+                       frozenset(exhausted))
 
 
 def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
@@ -250,7 +257,8 @@ class _BulkTask:
                 yield from self._task(json.loads(text))
 
     def _task(self, task: dict):
-        rows, stats, ordered = self._rows(task)
+        rows, stats, ordered, exhausted = self._rows(task)
+        report = {"vnodes": _pickled(stats), "exhausted": sorted(exhausted)}
         if not any(bad for _, _, bad in stats.values()):
             written: list[str] = []
             try:
@@ -265,36 +273,37 @@ class _BulkTask:
                                    self.writer.options)
                 yield _report({"refused": str(refused)})
                 return
-        yield _report({"vnodes": _pickled(stats)})
+        yield _report(report)
 
-    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool]:
-        """The task's rows, its vnodes' stats (from the key columns alone) and whether the
-        rows are already in (vnode, key) order. A transform that keeps every row in order
-        (``keeps_every_row``: the replica's copy) gets them sorted once, by one sort of the
-        key columns; otherwise the rows are sorted after the transform's filter (half of them
-        in the benchmark's MV), as taking every column costs most."""
+    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool, set[int]]:
+        """The task's rows, its vnodes' stats (from the key columns alone), whether the rows
+        are in (vnode, key) order, and the vnodes read to their end (all). A transform that
+        keeps every row in order (``keeps_every_row``: the replica's copy) gets them sorted
+        once, by one sort of the key columns; otherwise they are sorted after the
+        transform's filter (half of them in the benchmark's MV): taking every column costs
+        most."""
         table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
         keys = table.select([VNODE, *self.key_order.names])
         if getattr(self.transform, "keeps_every_row", False):
             order = pc.sort_indices(keys, self.order)
             return table.take(order), _stats(ranked(keys.take(order), self.key_order),
-                                             self.key_order), True
+                                             self.key_order), True, set(task["vnodes"])
         chunk = take_chunk(keys, self.key_order, {}, 1 << 62, False)
-        return table, _stats(chunk, self.key_order), False
+        return table, _stats(chunk, self.key_order), False, set(task["vnodes"])
 
 
 class _ChunkTask(_BulkTask):
-    """A chunked barrier's task: the chunk read (``chunk_read._ChunkReader.chunk``: sorted,
-    limited, ranked) is already in (vnode, key) order, and the transform keeps it."""
+    """A chunked barrier's task: the chunk read (``chunk_task.ChunkReader.read``: sorted,
+    cut, ranked) is already in (vnode, key) order, and the transform keeps it."""
 
     def __init__(self, reader, transform: Callable, refusal: type[Exception],
                  writer: FileWriter):
         self.reader, self.transform, self.refusal, self.writer = reader, transform, refusal, writer
         self.key_order = reader.key_order
 
-    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool]:
-        chunk = self.reader.chunk(task)
-        return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order), True
+    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool, set[int]]:
+        chunk, exhausted = self.reader.read(task)
+        return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order), True, exhausted
 
 
 class _CopyTask(_BulkTask):
@@ -307,12 +316,13 @@ class _CopyTask(_BulkTask):
         self.first, self.to = first, to
 
     def _task(self, task: dict):
-        rows, stats, _ = self._rows(task)
+        rows, stats, _, _ = self._rows(task)
         if any(bad for _, _, bad in stats.values()):
             yield _report({"vnodes": _pickled(stats)})
             return
         yield from self.writer(iter(self.transform(rows).to_batches(max_chunksize=1 << 17)))
-        first = first_of_each_vnode(rows, self.first.limit, self.first.tail)
+        first, exhausted = first_of_each_vnode(rows, self.first.limit, self.first.tail,
+                                               self.first.boundary)
         chunk = ranked(first, self.key_order)
         written: list[str] = []
         try:
@@ -325,7 +335,7 @@ class _CopyTask(_BulkTask):
             for path in written:
                 objects.delete(objects.join(self.to.table_uri, path), self.to.options)
             yield _report({"first_refused": str(refused)})
-        yield _report({"vnodes": _pickled(stats),
+        yield _report({"vnodes": _pickled(stats), "first_exhausted": sorted(exhausted),
                        "first": _pickled(_stats(chunk, self.key_order))})
 
 

@@ -160,11 +160,13 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
                        max(min_tasks, math.ceil(total / task_rows))))
     target = total / count
     ranges: list[list[int]] = [[]]
-    held = 0
+    held = 0.0  # estimated rows of the ranges so far: range k closes near (k + 1) targets,
+    # so the ranges come out about equal (closing a range only past 1.5 targets made
+    # three tasks of 1.4, 1.4 and 0.8 s for two cores at 20M rows, round 13)
     for v in sorted(per_vnode):
-        if ranges[-1] and held + estimate[v] > target * 1.5 and len(ranges) < count:
+        if ranges[-1] and held + estimate[v] / 2 > target * len(ranges) \
+                and len(ranges) < count:
             ranges.append([])
-            held = 0
         ranges[-1].append(v)
         held += estimate[v]
     tasks = []

@@ -1,13 +1,18 @@
 """The task side of a chunk read (picklable, pure Arrow): read a task's files, resolve a
-replica's change rows, keep each vnode's first ``limit`` rows after its position, ranked.
+replica's change rows, keep each vnode's chunk after its position, ranked.
 
 A per-vnode task reads its vnode's files one at a time, in the order of their lower key bound,
-and stops as soon as the rows read hold ``limit`` rows after the position that sort before
-the next file's lower bound: every row of the vnode before that bound is then in the files
-read (their lower bounds are the smallest), so the chunk is exact. The driver's seek
-(``seek.chunk_files``) can only count files it knows to lie wholly inside the range, so it
-takes one or two more; the task skips them (about 2.5 chunks read per chunk before, 1.5 now,
-with files about a chunk long).
+and stops as soon as the rows read hold enough rows after the position that sort before the
+next file's lower bound: every row of the vnode before that bound is then in the files read
+(their lower bounds are the smallest), so a chunk ending there, or at ``limit`` rows before
+it, is exact. The driver's seek (``seek.chunk_files``) can only count files it knows to lie
+wholly inside the range, so it takes one or two more; the task skips them.
+
+Why a chunk may end at a file's end (``core.positions.chunk_cut``): the replica cuts each
+vnode's rows into files of a chunk's rows (``seek.seek_file_rows``), so a chunk that ends
+where a file ends lets the next one read exactly the next file. Chunks of exactly ``limit``
+rows drift off the files at the first deleted or inserted row and then decode two files per
+chunk (2.5 chunks of rows, round 13's profile: the largest cost of a chunk task).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +28,7 @@ import pyarrow.compute as pc
 
 from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
-from backfill_assets.core.positions import keep_rows, rows_to_see
+from backfill_assets.core.positions import chunk_cut, chunk_window, rows_to_see
 from backfill_assets.storage import dv, replica
 from backfill_assets.storage.read import file_rows, unb64_table
 
@@ -56,21 +61,31 @@ class ChunkReader:
                 yield from chunk.cast(out).to_batches(max_chunksize=65536)
 
     def chunk(self, task: dict) -> pa.Table:
-        """One task's chunk: its rows after each position, the first ``limit`` (or all of a
-        vnode's rest within ``limit + tail`` when every file of it was read), ranked."""
+        """One task's chunk (``read``), ranked."""
+        return self.read(task)[0]
+
+    def read(self, task: dict) -> tuple[pa.Table, set[int]]:
+        """One task's chunk: its rows after each position, as many per vnode as
+        ``core.positions.chunk_cut`` keeps (read in order: up to the end of a file when that
+        is within the chunk window), ranked; and the vnodes it exhausted."""
         whole = set(task.get("whole", ()))
         if "order" in task:
-            table, stopped = self._read_in_order(task, whole)
+            table, stopped, boundaries = self._read_in_order(task, whole)
             whole -= stopped
         else:
-            table = self._read(task)
-        return take_chunk(table, self.key_order, self.positions, self.limit, self.shared,
-                          self.tail, whole)
+            table, boundaries = self._read(task), {}
+        chunk, exhausted = cut_chunk(table, self.key_order, self.positions, self.limit,
+                                     self.shared, self.tail, whole, boundaries)
+        present = set(pc.unique(chunk.column(VNODE)).to_pylist()) if chunk.num_rows else set()
+        return chunk, exhausted | (whole - present)  # read all a vnode has: none left
 
-    def _read_in_order(self, task: dict, whole: set[int]) -> tuple[pa.Table, set[int]]:
+    def _read_in_order(self, task: dict, whole: set[int]
+                       ) -> tuple[pa.Table, set[int], dict[int, list[Key]]]:
         """Per vnode, its files one at a time until they hold its chunk (module docstring);
         then a replica's change rows resolved with everything read, once. Also the vnodes
-        whose reading stopped before their last file (their rest was not all read)."""
+        whose reading stopped before their last file (their rest was not all read), and per
+        vnode the lower bound of the next file after each file read: every row of the vnode
+        before it was read, so a chunk may end there (``chunk_cut``'s boundaries)."""
         out = self.out_schema
         base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         read = base.append(pa.field(replica.VERSION, pa.int64())).append(
@@ -79,14 +94,16 @@ class ChunkReader:
         entries = {f["path"]: f for f in task["files"]}
         changes = unb64_table(task.get("changes")) if self.overlay else None
         dead = replica.tombstones(changes) if changes is not None else {}
+        low = chunk_window(self.limit, self.tail)[0]
         cache: dict[str, pa.Table] = {}
         got: list[pa.Table] = []
         stopped: set[int] = set()
+        boundaries: dict[int, list[Key]] = {}
         for vnode in task["vnodes"]:
             mine: list[pa.Table] = []
             seq = order.get(vnode, [])
             pos = self.positions.get(vnode)
-            enough = rows_to_see(self.limit, self.tail) if vnode in whole else self.limit
+            enough = rows_to_see(self.limit, self.tail) if vnode in whole else max(1, low)
             for i, (path, _) in enumerate(seq):
                 if path not in cache:
                     cache[path] = file_table(self.table_uri, self.options, self.physical,
@@ -98,8 +115,11 @@ class ChunkReader:
                     rows = _after(rows, self.key_order, pos)
                 mine.append(rows)
                 cut = seq[i + 1][1] if i + 1 < len(seq) else None
+                if cut is None:
+                    continue
+                boundaries.setdefault(vnode, []).append(cut)
                 # a tombstone may delete any row counted: count them all as deleted
-                if cut is not None and _before(pa.concat_tables(mine), self.key_order, cut) \
+                if _before(pa.concat_tables(mine), self.key_order, cut) \
                         - dead.get(vnode, 0) >= enough:
                     stopped.add(vnode)
                     break
@@ -107,7 +127,7 @@ class ChunkReader:
         rows = pa.concat_tables(got) if got else read.empty_table()
         if changes is not None and changes.num_rows:
             rows = replica.overlay(rows, changes.cast(read), self.key_order)
-        return rows.select(base.names), stopped
+        return rows.select(base.names), stopped, boundaries
 
     def _read(self, task: dict) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
@@ -194,10 +214,20 @@ def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:
 def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],
                limit: int, shared: bool, tail: int = 0,
                whole: Collection[int] = ()) -> pa.Table:
+    """``cut_chunk``'s rows, knowing no file boundary."""
+    return cut_chunk(table, key_order, positions, limit, shared, tail, whole)[0]
+
+
+def cut_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],
+              limit: int, shared: bool, tail: int = 0, whole: Collection[int] = (),
+              boundaries: Mapping[int, Sequence[Key]] | None = None
+              ) -> tuple[pa.Table, set[int]]:
     """The rows after each vnode's position (no position: all), the first ``limit`` per vnode
     (``shared``: of the whole table) in key order; sorted by (vnode, key), with RN and
-    BAD_KEY. A vnode in ``whole`` (``table`` holds all it has left) keeps up to ``limit +
-    tail`` rows when that is all of them (``keep_rows``)."""
+    BAD_KEY; and the vnodes whose rest that is. A vnode in ``whole`` (``table`` holds all it
+    has left) keeps up to ``limit + tail`` rows when that is all of them; one with
+    ``boundaries`` (keys before which ``table`` holds every row of it) may end its chunk at
+    one (``chunk_cut``)."""
     keys = [(c.name, "descending" if c.descending else "ascending", "at_end")
             for c in key_order.columns]
     if shared:
@@ -209,16 +239,23 @@ def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key
     vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]]) if len(vnodes) else []
     pieces = []
+    exhausted: set[int] = set()
     for i, start in enumerate(starts):
         stop = starts[i + 1] if i + 1 < len(starts) else len(vnodes)
         piece = table.slice(start, stop - start)
-        pos = None if shared else positions.get(int(vnodes[start]))
+        vnode = int(vnodes[start])
+        pos = None if shared else positions.get(vnode)
         if pos is not None:
             piece = piece.filter(after(piece, key_order, pos))
-        pieces.append(piece if shared else piece.slice(0, keep_rows(
-            piece.num_rows, limit, tail, int(vnodes[start]) in whole)))
+        if not shared:
+            ends = [_before(piece, key_order, cut) for cut in (boundaries or {}).get(vnode, ())]
+            keep, done = chunk_cut(piece.num_rows, limit, tail, vnode in whole, ends)
+            piece = piece.slice(0, keep)
+            if done:
+                exhausted.add(vnode)
+        pieces.append(piece)
     table = pa.concat_tables(pieces) if pieces else table
-    return ranked(table, key_order)
+    return ranked(table, key_order), exhausted
 
 
 def last_of_each_vnode(chunk: pa.Table) -> pa.Table:
@@ -250,19 +287,23 @@ def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
     return expr
 
 
-def first_of_each_vnode(table: pa.Table, limit: int, tail: int = 0) -> pa.Table:
-    """The first ``limit`` rows of each vnode of rows already in (vnode, key) order, which
-    are all the vnode's rows: a vnode of at most ``limit + tail`` keeps them all
-    (``keep_rows``)."""
+def first_of_each_vnode(table: pa.Table, limit: int, tail: int = 0, boundary: int = 0
+                        ) -> tuple[pa.Table, set[int]]:
+    """The first chunk of each vnode of rows already in (vnode, key) order, which are all the
+    vnode's rows, and the vnodes it exhausts (``chunk_cut``): a vnode of at most ``limit +
+    tail`` keeps them all; ``boundary``: rows of the vnode's first replica file (a chunk
+    ending there starts the next one at a file's first row)."""
     vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
     if not len(vnodes):
-        return table
+        return table, set()
     starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]])
     ends = np.r_[starts[1:], len(vnodes)]
-    stops = starts + np.array([keep_rows(int(n), limit, tail, True) for n in ends - starts],
-                              dtype=np.int64)
+    cuts = [chunk_cut(int(n), limit, tail, True, [boundary] if boundary else [])
+            for n in ends - starts]
+    stops = starts + np.array([keep for keep, _ in cuts], dtype=np.int64)
+    exhausted = {int(vnodes[a]) for a, (_, done) in zip(starts, cuts, strict=True) if done}
     return table.take(pa.array(np.concatenate([np.arange(a, b) for a, b in
-                                               zip(starts, stops, strict=True)])))
+                                               zip(starts, stops, strict=True)]))), exhausted
 
 
 def ranked(table: pa.Table, key_order: KeyOrder) -> pa.Table:

@@ -19,8 +19,9 @@ Composite keys: per-column min/max bound each column, so (min of each column) is
 and (max of each column) an upper bound of every key in the file in lexicographic order (a
 descending column swaps min and max). What this costs is therefore bounded by how the files
 are laid out: ``backfill.seekFileRows`` tables (the arrangement replica) keep each vnode's rows
-in key-sorted files of about that many rows with disjoint bounds, so a chunk reads about
-``limit + 2 * seekFileRows`` rows per vnode; an upstream whose files each span the whole key
+in key-sorted files of that many rows with disjoint bounds, so a chunk picks about
+``limit + 2 * seekFileRows`` rows per vnode, and its task reads one file when the chunk
+before it ended where a file ends; an upstream whose files each span the whole key
 range (no_shuffle over an unclustered table) has no file entirely after any position, and a
 chunk reads every file not yet passed (docs/ARCHITECTURE.md, "Chunk reads").
 """
@@ -45,11 +46,11 @@ MAX_SEEK_ROWS = 131072
 
 
 def seek_file_rows(chunk_limit: int) -> int:
-    """Rows per file of a table read by chunks of ``chunk_limit`` rows per vnode: a little
-    more than one chunk (a vnode's rows are spread evenly over its files, so a file may
-    hold down to half this), so the seek takes the file holding the position and one or
-    two more, and the read task (``chunk_task``) often stops after the second."""
-    return max(MIN_SEEK_ROWS, min(MAX_SEEK_ROWS, int(chunk_limit) * 5 // 4))
+    """Rows per file of a table read by chunks of ``chunk_limit`` rows per vnode: one chunk
+    (a vnode's rows are cut into files of this many rows, ``write.FileWriter``), so a chunk
+    that ends where a file ends (``core.positions.chunk_cut``) leaves the next one exactly
+    the next file to read."""
+    return max(MIN_SEEK_ROWS, min(MAX_SEEK_ROWS, int(chunk_limit)))
 
 
 @dataclass(frozen=True)

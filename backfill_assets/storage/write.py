@@ -61,8 +61,9 @@ def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str
     """Write ``df`` (columns of ``schema``, cast to its types) as parquet files under
     ``table_uri/folder``, each task's rows in order, at most ``max_rows_per_file`` per file.
     ``split_column``: a file never holds two values of it (rows must come grouped by it), and
-    a value's rows are spread evenly over as few files as the limit allows (no tiny tail
-    file): the replica's one-vnode, key-sorted files that a chunk read seeks by."""
+    a value's rows are cut every ``max_rows_per_file`` rows: the replica's one-vnode,
+    key-sorted files that a chunk read seeks by, each a chunk long, so that chunks can end
+    where files end (``core.positions.chunk_cut``)."""
     # positional names: pyspark's mapInArrow resolves each column name as an attribute path,
     # which fails for names with dots ("a.b"); the task renames them back (by position)
     columns = [f"`{f.name.replace('`', '``')}` AS c{i}" for i, f in enumerate(schema)]
@@ -141,7 +142,7 @@ class FileWriter:
 
     def _split(self, tables, schema: pa.Schema, pq):
         """Files of one value each: a value's rows are held until the next value starts
-        (one vnode of a replica: its rows / vnode count), then written evenly."""
+        (one vnode of a replica: its rows / vnode count), then cut every ``max_rows``."""
         import numpy as np
 
         held: list[pa.Table] = []
@@ -153,19 +154,17 @@ class FileWriter:
             for i, start in enumerate(starts):
                 stop = starts[i + 1] if i + 1 < len(starts) else len(values)
                 if held and values[start] != current:
-                    yield from self._even(pa.concat_tables(held), schema, pq)
+                    yield from self._cut(pa.concat_tables(held), schema, pq)
                     held = []
                 current = values[start]
                 held.append(table.slice(start, stop - start))
         if held:
-            yield from self._even(pa.concat_tables(held), schema, pq)
+            yield from self._cut(pa.concat_tables(held), schema, pq)
 
-    def _even(self, rows: pa.Table, schema: pa.Schema, pq):
-        count = max(1, math.ceil(rows.num_rows / self.max_rows))
-        for i in range(count):
-            start, stop = i * rows.num_rows // count, (i + 1) * rows.num_rows // count
+    def _cut(self, rows: pa.Table, schema: pa.Schema, pq):
+        for start in range(0, max(1, rows.num_rows), self.max_rows):
             out = _OpenFile(self, schema, pq)
-            out.write(rows.slice(start, stop - start))
+            out.write(rows.slice(start, self.max_rows))
             yield out.close()
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backfill_assets.core.errors import (
     InconsistentSharedPosition,
@@ -17,7 +19,9 @@ from backfill_assets.core.positions import (
     SharedPosition,
     VnodeChunk,
     check_controls,
+    chunk_cut,
     chunk_tail,
+    chunk_window,
     effective_chunk_size,
     keep_rows,
     rows_to_see,
@@ -76,25 +80,46 @@ def test_per_vnode_limit_shares_the_rate_limit(chunk_size, rate_limit, unfinishe
 # --- arrangement -----------------------------------------------------------------------------
 
 
-def test_arrangement_full_chunk_moves_short_chunk_finishes() -> None:
+def test_arrangement_full_chunk_moves_exhausted_chunk_finishes() -> None:
     s = state(v1=(InProgress((9,), 2), 1))
-    ARR.apply_chunk(s, {0: VnodeChunk(3, (20,)), 1: VnodeChunk(2, (5,))}, 3)
+    ARR.apply_chunk(s, {0: VnodeChunk(3, (20,)), 1: VnodeChunk(2, (5,), exhausted=True)}, 3)
     assert s.current(0) == InProgress((20,), 3)
     assert s.current(1) == Completed((5,), 4)
     assert s.current(2) == NotStarted()  # not read: unchanged
 
 
-def test_arrangement_empty_read_finishes() -> None:
+def test_arrangement_exhausted_empty_read_finishes() -> None:
     s = state(v1=(InProgress((9,), 2), 1))
-    ARR.apply_chunk(s, {0: VnodeChunk(0, None), 1: VnodeChunk(0, None)}, 3)
+    ARR.apply_chunk(s, {0: VnodeChunk(0, None, True), 1: VnodeChunk(0, None, True)}, 3)
     assert s.current(0) == Completed(NULL, 0)
     assert s.current(1) == Completed((9,), 2)
+
+
+@pytest.mark.parametrize("chunk", [VnodeChunk(0, None), VnodeChunk(2, (5,))])
+def test_arrangement_refuses_a_short_chunk_not_said_exhausted(chunk) -> None:
+    """Without a tail a chunk that leaves rows behind is exactly the limit: a short one that
+    does not say it was the vnode's rest is a reader's bug, never taken as the end."""
+    s = state()
+    with pytest.raises(InvalidSnapshotChunk, match="was not exhausted"):
+        ARR.apply_chunk(s, {0: chunk}, 3)
+    assert s.current(0) == NotStarted()
+
+
+def test_arrangement_chunks_may_end_at_a_file_boundary_within_the_tail() -> None:
+    """With a tail, a chunk that leaves rows behind holds limit +- tail rows (it ended where
+    a replica file ends); outside that window it is refused."""
+    s = state()
+    ARR.apply_chunk(s, {0: VnodeChunk(6, (20,)), 1: VnodeChunk(10, (7,))}, 8, 2)
+    assert s.current(0) == InProgress((20,), 6)
+    assert s.current(1) == InProgress((7,), 10)
+    with pytest.raises(InvalidSnapshotChunk, match="returns at least 6"):
+        ARR.apply_chunk(state(), {0: VnodeChunk(5, (1,))}, 8, 2)
 
 
 def test_arrangement_position_must_grow() -> None:
     s = state(v0=(InProgress((9,), 2), 1))
     with pytest.raises(InvalidProgressTransition):
-        ARR.apply_chunk(s, {0: VnodeChunk(1, (10,))}, 3)  # 10 sorts before 9 (descending)
+        ARR.apply_chunk(s, {0: VnodeChunk(1, (10,), True)}, 3)  # 10 sorts before 9 (desc.)
 
 
 def test_arrangement_refuses_more_rows_than_the_limit() -> None:
@@ -106,8 +131,8 @@ def test_arrangement_takes_a_vnodes_last_sliver_with_its_last_chunk() -> None:
     """More than ``limit`` rows (at most ``limit + tail``) are a vnode's whole rest: it
     finishes; exactly ``limit`` may leave rows behind: it goes on."""
     s = state(v1=(InProgress((9,), 2), 1))
-    ARR.apply_chunk(s, {0: VnodeChunk(8, (20,)), 1: VnodeChunk(5, (1,)),
-                        2: VnodeChunk(9, (3,))}, 8, 1)
+    ARR.apply_chunk(s, {0: VnodeChunk(8, (20,)), 1: VnodeChunk(5, (1,), True),
+                        2: VnodeChunk(9, (3,), True)}, 8, 1)
     assert s.current(0) == InProgress((20,), 8)
     assert s.current(1) == Completed((1,), 7)
     assert s.current(2) == Completed((3,), 9)
@@ -127,6 +152,37 @@ def test_the_tail_is_a_quarter_of_a_chunk_and_none_when_throttled(limit, rate_li
 def test_a_read_keeps_a_whole_rest_up_to_the_tail(remaining, whole, kept) -> None:
     assert keep_rows(remaining, 8, 2, whole) == kept
     assert rows_to_see(8, 2) == 11 and rows_to_see(8, 0) == 8
+
+
+@pytest.mark.parametrize(("remaining", "whole", "boundaries", "cut"), [
+    (10, True, [4, 9], (10, True)),  # a whole rest within limit + tail: all of it
+    (20, True, [4, 9], (9, False)),  # else the largest file boundary in 6..10
+    (20, False, [6, 11], (6, False)),
+    (20, False, [4, 11], (8, False)),  # no boundary in the window: exactly the limit
+    (20, False, [], (8, False)),
+    (9, False, [10], (8, False)),  # a boundary past what was read is not one
+])
+def test_a_chunk_ends_at_a_file_boundary_in_its_window(remaining, whole, boundaries, cut):
+    assert chunk_cut(remaining, 8, 2, whole, boundaries) == cut
+    assert chunk_window(8, 2) == (6, 10) and chunk_window(8, 0) == (8, 8)
+
+
+@given(st.integers(0, 60), st.integers(1, 20), st.integers(0, 5), st.booleans(),
+       st.lists(st.integers(0, 60), max_size=4))
+def test_chunk_cut_is_always_a_chunk_apply_chunk_takes(remaining, limit, tail, whole, ends):
+    """Whatever the reader saw, what ``chunk_cut`` keeps is accepted by ``apply_chunk``: a
+    count in the window, or the exhausted rest of the vnode; and never more than was read."""
+    keep, exhausted = chunk_cut(remaining, limit, tail, whole, sorted(ends))
+    assert 0 <= keep <= remaining
+    assert exhausted == (whole and remaining <= limit + tail)
+    if exhausted or keep < max(1, limit - tail):
+        return  # a non-whole read shorter than the window is never produced (the seek)
+    s = state()
+    ARR.apply_chunk(s, {0: VnodeChunk(keep, (keep,) if keep else None, exhausted)}, limit, tail)
+    if exhausted:
+        assert s.current(0) == (Completed((keep,), keep) if keep else Completed(NULL, 0))
+    else:
+        assert s.current(0) == InProgress((keep,), keep)
 
 
 @pytest.mark.parametrize("strategy", [ARR, SHARED])

@@ -248,7 +248,8 @@ class Driver:
                 rows = [(k, r) for k, r in self.replica[v].items() if bound.admits(KO, k)]
                 mine = sorted(rows, key=lambda kr: ref_sort_key(kr[0]))[:limit]
                 read += mine
-                chunk[v] = VnodeChunk(len(mine), mine[-1][0] if mine else None)
+                chunk[v] = VnodeChunk(len(mine), mine[-1][0] if mine else None,
+                                      exhausted=len(mine) < limit)
         for v, c in chunk.items():
             self.read_counts[v] += c.rows
         for k, r in read:

@@ -6,9 +6,12 @@ the key range, a key deleted then inserted again), appended as change files at i
 versions. An independent model (a dict per vnode, the batches applied in order) is the oracle:
 
 - every chunk read (the seek, over-picked by tombstones, then the read tasks, run here in
-  the test process as Spark would run them) equals the model's first ``limit`` keys after
-  each position, row for row, or all of them when they are at most ``limit + tail``
-  (``core.positions.keep_rows``: a vnode's last sliver is read with its last chunk);
+  the test process as Spark would run them) is a prefix of the model's keys after each
+  position, row for row: all of them, said exhausted, exactly when they are at most
+  ``limit + tail`` (a vnode's last sliver is read with its last chunk); else ``limit`` rows,
+  or a count within ``tail`` of it that ends where a file ends (``core.positions.chunk_cut``);
+- walking a vnode chunk by chunk, a chunk that starts where a file starts reads that file
+  alone, however many rows were deleted or inserted before it;
 - folding the change files into one (``merge_changes``) changes no read;
 - nothing of the base is ever rewritten (no remove, no DV).
 """
@@ -22,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
-from backfill_assets.core.positions import keep_rows, rows_to_see
+from backfill_assets.core.positions import chunk_window, rows_to_see
 from backfill_assets.storage import Intent, Snapshot, chunk_files, chunk_tasks, ensure_mor_table
 from backfill_assets.storage import replica as R
 from backfill_assets.storage.commit import Change, commit
@@ -63,15 +66,16 @@ def histories(draw, key_order: KeyOrder = KEYS):
     return base, batches, positions, draw(st.integers(1, 12)), key_order
 
 
-def _build(uri: str, base: dict, key_order: KeyOrder = KEYS, exact: bool = False) -> None:
+def _build(uri: str, base: dict, key_order: KeyOrder = KEYS, exact: bool = False,
+           file_rows: int = FILE_ROWS) -> None:
     ensure_mor_table(uri, R.table_schema(DATA), {}, cdf=False,
-                     configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
+                     configuration={SEEK_ROWS_PROPERTY: str(file_rows)})
     adds = []
     for vnode, rows in base.items():
         ordered = sorted(rows, key=key_order.sort_key)
         table = pa.Table.from_pylist([_row(vnode, k, rows[k]) for k in ordered], DATA)
         adds += write_table(R.tagged(table, 1), uri, {}, R.table_schema(DATA),
-                            max_rows_per_file=FILE_ROWS, key_sort=[
+                            max_rows_per_file=file_rows, key_sort=[
                                 (c.name, "descending" if c.descending else "ascending")
                                 for c in key_order.columns] if exact else None)
     commit(Snapshot.load(uri, None, {}), Change(adds=adds), Intent())
@@ -89,6 +93,12 @@ def _append(uri: str, batch: dict, version: int) -> None:
 def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS, tail: int = 0
           ) -> dict[int, list[dict]]:
     """One chunk read, its tasks run here (what Spark's tasks run)."""
+    return _read_cut(uri, positions, limit, key_order, tail)[0]
+
+
+def _read_cut(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS,
+              tail: int = 0) -> tuple[dict[int, list[dict]], set[int]]:
+    """One chunk read and the vnodes it exhausted."""
     snap = Snapshot.load(uri, None, {})
     changes = R.read_changes(snap, positions)
     picked = chunk_files(R.base_files(snap), key_order, positions, rows_to_see(limit, tail),
@@ -96,14 +106,18 @@ def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS, tai
     tasks, reader = chunk_tasks(snap, DATA.names, key_order, positions, limit, picked, False,
                                 changes, tail=tail)
     out: dict[int, list[dict]] = {}
+    exhausted: set[int] = set()
     for task in tasks:
-        for row in reader.chunk(json.loads(task)).select(DATA.names).to_pylist():
+        chunk, done = reader.read(json.loads(task))
+        exhausted |= done
+        for row in chunk.select(DATA.names).to_pylist():
             out.setdefault(row["vnode"], []).append(row)
-    return out
+    return out, exhausted
 
 
-def _model(base: dict, batches: list, positions: dict, limit: int,
-           key_order: KeyOrder = KEYS, tail: int = 0) -> dict[int, list[dict]]:
+def _model(base: dict, batches: list, positions: dict, key_order: KeyOrder = KEYS
+           ) -> dict[int, list[dict]]:
+    """Every row after each vnode's position, in key order (vnodes with none left out)."""
     state = {v: dict(rows) for v, rows in base.items()}
     for batch in batches:
         for (vnode, key), val in batch.items():
@@ -116,7 +130,6 @@ def _model(base: dict, batches: list, positions: dict, limit: int,
         pos = positions[vnode]
         after = sorted((k for k in rows if pos is None or key_order.compare(k, pos) > 0),
                        key=key_order.sort_key)
-        after = after[:keep_rows(len(after), limit, tail, True)]
         if after:
             out[vnode] = [_row(vnode, k, rows[k]) for k in after]
     return out
@@ -138,14 +151,59 @@ def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, hist
     _build(uri, base, key_order, exact)
     for version, batch in enumerate(batches, start=2):
         _append(uri, batch, version)
-    want = _model(base, batches, positions, limit, key_order, tail)
-    assert _read(uri, positions, limit, key_order, tail) == want
+    rest = _model(base, batches, positions, key_order)
+    got, exhausted = _read_cut(uri, positions, limit, key_order, tail)
+    _check_chunks(got, exhausted, rest, limit, tail, positions)
     snap = Snapshot.load(uri, None, {})
     assert not any(f.deletion_vector for f in snap.files)  # the base is never rewritten
     if R.merge_changes(snap, key_order, Intent()):
         folded = Snapshot.load(uri, None, {})
         assert len(R.change_files(folded)) == 1
-        assert _read(uri, positions, limit, key_order, tail) == want
+        assert _read_cut(uri, positions, limit, key_order, tail) == (got, exhausted)
+
+
+def _check_chunks(got: dict, exhausted: set, rest: dict, limit: int, tail: int,
+                  vnodes) -> None:
+    low, high = chunk_window(limit, tail)
+    for v in vnodes:
+        mine, left = got.get(v, []), rest.get(v, [])
+        assert mine == left[:len(mine)], v  # row for row, a prefix of the vnode's rest
+        if len(left) <= limit + tail:  # a vnode no task holds (nothing left) reads 0 rows
+            assert (v in exhausted or not left) and len(mine) == len(left), v
+        else:
+            assert v not in exhausted and low <= len(mine) <= high, v
+            assert len(mine) == limit or tail, v  # throttled (no tail): exactly the limit
+
+
+def test_a_chunk_that_ends_where_a_file_ends_leaves_the_next_one_a_file(tmp_path,
+                                                                         monkeypatch):
+    """Files of a chunk's rows; deletes and inserts move the row counts off the limit. Each
+    chunk still ends at a file's end (within the tail), so each reads one file, but for the
+    last but one: it also reads the last, to know whether the rest fits in ``limit + tail``
+    (it does not: 16 rows). Together the chunks are the vnode's rows."""
+    from backfill_assets.storage import chunk_task
+
+    uri = str(tmp_path / "t")
+    rows = {(k,): k for k in range(0, 80, 2)}  # 40 rows: five files of 8
+    _build(uri, {0: rows, 1: {}, 2: {}, 3: {}}, SINGLE, exact=True, file_rows=8)
+    _append(uri, {(0, (10,)): None, (0, (21,)): 21, (0, (34,)): None, (0, (35,)): 35}, 2)
+    read: list[str] = []
+    real = chunk_task.file_table
+    monkeypatch.setattr(chunk_task, "file_table",
+                        lambda *a: read.append(a[-1]["path"]) or real(*a))
+    want = _model({0: rows}, [{(0, (10,)): None, (0, (21,)): 21, (0, (34,)): None,
+                               (0, (35,)): 35}], {0: None}, SINGLE)[0]
+    walked, pos, reads = [], None, []
+    for _ in range(8):
+        got, exhausted = _read_cut(uri, {0: pos}, 8, SINGLE, tail=2)
+        reads.append(len(read))
+        read.clear()
+        walked += got[0]
+        pos = (got[0][-1]["a"],)
+        if 0 in exhausted:
+            break
+    assert walked == want
+    assert reads == [1, 1, 1, 2, 1]
 
 
 def test_change_files_are_folded_past_the_limit(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -204,6 +205,25 @@ def test_a_chunk_that_ends_where_a_file_ends_leaves_the_next_one_a_file(tmp_path
             break
     assert walked == want
     assert reads == [1, 1, 1, 2, 1]
+
+
+def test_the_copys_first_chunk_ends_where_the_first_replica_file_ends():
+    """The replica's copy writes each vnode's first chunk from the rows it sorted: up to
+    the end of the vnode's first file when that is within the tail of the limit, all of a
+    vnode within ``limit + tail`` (exhausted), else exactly the limit."""
+    from backfill_assets.storage.chunk_task import first_of_each_vnode
+
+    sizes = {0: 20, 1: 10, 2: 3}
+    table = pa.table({"vnode": pa.array([v for v, n in sizes.items() for _ in range(n)],
+                                        pa.int32()),
+                      "a": pa.array([k for n in sizes.values() for k in range(n)], pa.int64())})
+    for boundary, first in [(9, 9), (0, 8), (12, 8), (6, 6)]:
+        got, exhausted = first_of_each_vnode(table, 8, 2, boundary)
+        counts = dict(zip(*np.unique(got.column("vnode").to_numpy(), return_counts=True),
+                          strict=True))
+        assert counts == {0: first, 1: 10, 2: 3}, boundary
+        assert exhausted == {1, 2}
+        assert got.column("a").to_pylist()[:first] == list(range(first))
 
 
 def test_change_files_are_folded_past_the_limit(tmp_path):

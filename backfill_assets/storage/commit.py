@@ -6,7 +6,10 @@ overwritten and of two writers racing for a version exactly one wins. The loser 
 log and commits on top of the winner when the winner touched nothing of its own: none of its
 application transactions (the same vnodes: fencing) and none of the files it removes. Files
 both DV'd (runs over different vnodes sharing a file) are rebased: the new DV is the winner's
-OR ours. A checkpoint is written through delta-rs every CHECKPOINT_INTERVAL versions.
+OR ours. A checkpoint is written through delta-rs every CHECKPOINT_INTERVAL versions, and
+after a commit of CHECKPOINT_ACTIONS files or more: a reader replays the JSON commits since the
+last checkpoint, and the replica's copy commits one add per file with its statistics (5,120 at
+20M rows: 107 ms per load of the replica from JSON, 37 ms from a checkpoint).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from backfill_assets.storage.write import NewFile
 
 Hook = Callable[[str], None]
 CHECKPOINT_INTERVAL = 50
+CHECKPOINT_ACTIONS = 1000  # files a commit adds or removes that make it worth a checkpoint
 COMMIT_ATTEMPTS = 20
 ENGINE = "backfill-assets storage layer"
 
@@ -68,7 +72,7 @@ def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook
         payload = _entry(base, change, intent)
         hook("dv_file_written")
         if objects.put_if_absent(commit_uri(snap.uri, target), payload, snap.storage_options):
-            _maybe_checkpoint(snap, target)
+            _maybe_checkpoint(snap, target, change)
             return target
         winner = Snapshot.load(snap.uri, None, snap.storage_options)
         _check_rebase(snap, winner, change, intent)
@@ -173,7 +177,8 @@ def _check_rebase(planned: Snapshot, winner: Snapshot, change: Change, intent: I
             f"writer (e.g. {gone[0]}: compaction?); nothing was written: rerun the step")
 
 
-def _maybe_checkpoint(snap: Snapshot, version: int) -> None:
-    if version % CHECKPOINT_INTERVAL == 0:
+def _maybe_checkpoint(snap: Snapshot, version: int, change: Change) -> None:
+    files = len(change.adds) + len(change.removes) + len(change.deletes)
+    if version % CHECKPOINT_INTERVAL == 0 or files >= CHECKPOINT_ACTIONS:
         DeltaTable(snap.uri, version=version,
                    storage_options=dict(snap.storage_options) or None).create_checkpoint()

@@ -178,7 +178,14 @@ def overlay(base: pa.Table, changes: pa.Table, key_order: KeyOrder) -> pa.Table:
     else:
         named = changes.select(keys).group_by(keys, use_threads=False).aggregate([])
         marker = "__bf_replica_named"
-        hit = base.select(keys).append_column(marker, pa.array(range(base.num_rows), pa.int64()))
+        # only rows whose every key column holds a value some change row holds can match:
+        # the join then sees those few, not every row read
+        maybe = np.ones(base.num_rows, bool)
+        for k in keys:
+            maybe &= pc.fill_null(pc.is_in(base.column(k), value_set=pc.unique(
+                named.column(k))), False).to_numpy(zero_copy_only=False)
+        rows = np.flatnonzero(maybe)
+        hit = base.select(keys).take(pa.array(rows)).append_column(marker, pa.array(rows))
         hit = hit.join(named, keys=keys, join_type="inner").column(marker)
         flags = np.zeros(base.num_rows, bool)
         flags[hit.to_numpy(zero_copy_only=False)] = True

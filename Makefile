@@ -22,13 +22,20 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# 2 worker processes (pytest-xdist), each with its own Spark session; --dist loadgroup spreads
+# the tests one by one and keeps the xdist_group("spark_cluster") tests (one standalone cluster
+# and one Connect server per worker that uses them) on one worker. PYTEST_WORKERS=0: serial.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup) \
+	--durations=25
+
 test: env instance postgres
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_XDIST)
 
 # everything but the soak: also the core scenarios' variants in the non-default modes (crash
 # matrix and races of arrangement / no_shuffle, no_shuffle e2e, the short soak); ~25 min more
 test-all: env instance postgres
-	$(PY) -m pytest -m "not soak"
+	$(PY) -m pytest $(PYTEST_XDIST) -m "not soak"
 
 # PostgreSQL server binaries for the Postgres-backed Dagster test (tests/scale): Debian's
 # package, installed only where missing (the test starts its own server on 127.0.0.1)

@@ -36,11 +36,12 @@ def install_instance(dagster_home: str) -> None:
     shutil.copy(os.path.join(ROOT, "dagster.yaml"), os.path.join(dagster_home, "dagster.yaml"))
 
 
-def start(env: dict, log_path: str) -> subprocess.Popen:
-    """`dagster dev -w workspace.yaml` on a free loopback port, in its own process group."""
+def start(env: dict, log_path: str, port: int | None = None) -> subprocess.Popen:
+    """`dagster dev -w workspace.yaml` on a free loopback port (or ``port``), in its own
+    process group."""
     install_instance(env["DAGSTER_HOME"])
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml", "-h", "127.0.0.1",
-           "-p", str(free_port())]
+           "-p", str(port or free_port())]
     log = open(log_path, "w", encoding="utf-8")  # noqa: SIM115 - owned by the child
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, preexec_fn=_restore_signals)

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 SENSOR_TICK_SECONDS = 6  # the daemon evaluates a sensor at most every 5 s
+TICK_END_TIMEOUT = 120.0  # a tick under way when the sensors were stopped (a loaded machine)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCATION_LOADED = "{ workspaceOrError { ... on Workspace { locationEntries { name " \
                   "locationOrLoadError { __typename } } } } }"
@@ -48,7 +49,7 @@ def _default_signals() -> None:
 
 
 SENSORS = """{ repositoriesOrError { ... on RepositoryConnection { nodes {
-  sensors { name sensorState { id status } } } } } }"""
+  sensors { name sensorState { id status ticks(limit: 1) { status } } } } } } }"""
 QUEUED = """{ runsOrError(filter: {statuses: [QUEUED, NOT_STARTED]}) {
   ... on Runs { results { runId } } } }"""
 STOP_SENSOR = "mutation Stop($id: String!) { stopSensor(id: $id) { __typename } }"
@@ -59,13 +60,14 @@ NOTHING_LAUNCHES = "run_queue:\n  max_concurrent_runs: 0  # jobs/dagster_dev.py,
 
 @contextmanager
 def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
-                quiet: bool = False) -> Iterator[str]:
+                quiet: bool = False, port: int | None = None) -> Iterator[str]:
     """Serve `workspace.yaml` with `env` (settings + DAGSTER_HOME); yields the base URL once
-    the code location has loaded, and stops every process of the server afterwards."""
+    the code location has loaded, and stops every process of the server afterwards. ``port``:
+    the webserver's (default: one the kernel says is free)."""
     if quiet:
         with open(os.path.join(env["DAGSTER_HOME"], "dagster.yaml"), "a", encoding="utf-8") as f:
             f.write(NOTHING_LAUNCHES)
-    port = free_port()
+    port = port or free_port()
     cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml",
            "-h", "127.0.0.1", "-p", str(port)]
     with open(log_path, "wb") as log:
@@ -103,13 +105,23 @@ def _wait_loaded(url: str, proc: subprocess.Popen, log_path: str, timeout: float
     raise DagsterDevFailed(f"dagster dev did not load the code location at {url}: {tail}")
 
 
+def _sensors(url: str) -> list[dict]:
+    return [s for repo in graphql(url, SENSORS)["repositoriesOrError"]["nodes"]
+            for s in repo["sensors"]]
+
+
 def _hold_still(url: str) -> None:
     """Stop every sensor, let a tick under way finish, drop what the sensors queued."""
-    for repo in graphql(url, SENSORS)["repositoriesOrError"]["nodes"]:
-        for sensor in repo["sensors"]:
-            if sensor["sensorState"]["status"] == "RUNNING":
-                graphql(url, STOP_SENSOR, {"id": sensor["sensorState"]["id"]})
+    for sensor in _sensors(url):
+        if sensor["sensorState"]["status"] == "RUNNING":
+            graphql(url, STOP_SENSOR, {"id": sensor["sensorState"]["id"]})
     time.sleep(SENSOR_TICK_SECONDS)
+    # a tick that began before the stop may still be evaluating (longer than a tick interval
+    # on a busy machine): wait until none is STARTED, or it would queue a run after the cleanup
+    deadline = time.monotonic() + TICK_END_TIMEOUT
+    while time.monotonic() < deadline and any(
+            t["status"] == "STARTED" for s in _sensors(url) for t in s["sensorState"]["ticks"]):
+        time.sleep(1.0)
     queued = [r["runId"] for r in graphql(url, QUEUED)["runsOrError"]["results"]]
     if queued:
         graphql(url, CANCEL, {"ids": queued})

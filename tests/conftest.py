@@ -3,14 +3,21 @@
 Tests use real Spark (local, loopback), real Delta tables in temporary folders and real Dagster.
 The Spark session is session-scoped and built by ``resources.spark.get_spark`` - the same
 ``getOrCreate`` the Dagster resource uses - so an op run in-process shares it.
+
+Under pytest-xdist (`make test`: 2 workers) every "session" here is a worker's: its own Spark
+session and its own servers, on ports of its own (tests/infra/procs.py).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+from collections import Counter
 
 import pytest
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
 # Before anything can start a JVM: executors must run this interpreter.
 os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -19,6 +26,22 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+# No per-example deadline (Hypothesis' default is 200 ms) and no "too slow" data generation
+# check: most property tests already say so, and the others would fail by timing alone on a
+# loaded machine (2 workers, Spark JVMs). Tests with their own suppress_health_check list
+# name too_slow there themselves.
+hypothesis_settings.register_profile("suite", deadline=None,
+                                     suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("suite")
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001
+    """Under pytest-xdist the tests marked slow go first (each worker collects the same order;
+    the scheduler hands tests out in it): the long ones then run side by side early instead of
+    one of them starting last and leaving the other worker idle. Serial runs keep file order."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +117,40 @@ def postgres_server():
     server = start_postgres()
     yield server
     server.stop()
+
+
+# --- figures of the reliability suite: every test adds what it ran, the session prints the sum.
+# Set RELIABILITY_FIGURES=/path/file.json to also get them as JSON (docs/RELIABILITY.md quotes
+# the figures of the last run). Here, not in tests/reliability/conftest.py: under pytest-xdist
+# the controller never loads that one (it collects nothing), so the workers hand their sums in
+# (workeroutput) and the controller adds them up and reports.
+
+FIGURES: Counter = Counter()
+_FIGURES_KEY = "reliability_figures"
+
+
+@pytest.fixture
+def figures() -> Counter:
+    """Add to it: scenarios, kills, rows_compared, mismatches, ..."""
+    return FIGURES
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports
+        workeroutput[_FIGURES_KEY] = dict(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):  # noqa: ARG001 - pytest-xdist's hook, on the controller
+    FIGURES.update(getattr(node, "workeroutput", {}).get(_FIGURES_KEY, {}))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+    if not FIGURES or hasattr(config, "workerinput"):
+        return
+    terminalreporter.write_line("reliability figures: " + json.dumps(dict(sorted(FIGURES.items()))))
+    path = os.environ.get("RELIABILITY_FIGURES")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(dict(sorted(FIGURES.items())), f, indent=2)

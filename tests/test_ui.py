@@ -33,6 +33,7 @@ from jobs.dagster_dev import ROOT, dagster_dev, graphql
 from jobs.workspace_runs import ASSET_JOB, MODULE, run_in_workspace
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
+from tests.infra import procs
 
 VNODES = 8
 ASSETS = """
@@ -137,7 +138,8 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, platform):
     vnodes = _small_platform(platform)
     finished, started = vnodes["finished"], vnodes["started"]
     assert finished == {"0", "1", "2", "3"} and started == finished | {"4", "5"}
-    with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True) as url:
+    with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True,
+                     port=procs.free_port()) as url:
         keys = [{"path": [k]} for k in ("upstream_table", "replicated_state", "downstream_mv",
                                         "backfill_progress")]
         nodes = {n["assetKey"]["path"][0]: n

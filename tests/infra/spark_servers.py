@@ -40,6 +40,10 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "SPARK_NO_DAEMONIZE": "1",
+        # a taken --port / --webui-port is an error, not a silent move to port+1 (the tests
+        # wait for and connect to the port they chose; +1 may be another worker's server)
+        "SPARK_MASTER_OPTS": "-Dspark.port.maxRetries=0",
+        "SPARK_WORKER_OPTS": "-Dspark.port.maxRetries=0",
         # executors' Python workers unpickle functions of the project's modules
         "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),
     })

@@ -19,7 +19,10 @@ import pytest
 from resources.spark import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-pytestmark = [pytest.mark.slow, pytest.mark.cluster]
+# one worker runs every test of the standalone cluster / Connect server (session fixtures:
+# one cluster and one Connect server per worker that uses them)
+pytestmark = [pytest.mark.slow, pytest.mark.cluster,
+              pytest.mark.xdist_group("spark_cluster")]
 
 
 def run_probe(env: dict[str, str], timeout: float = 240) -> dict:

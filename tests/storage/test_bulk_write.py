@@ -73,7 +73,7 @@ _ROWS = st.lists(st.tuples(st.integers(0, 200), st.sampled_from(["a", "ü", "", 
 
 
 @settings(max_examples=12, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rows=_ROWS, deleted=st.lists(st.integers(0, 200), max_size=10),
        vnodes=st.sets(st.integers(0, VNODES - 1), min_size=1))
 def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, rows, deleted,

@@ -83,7 +83,7 @@ def _same(head, uri: str, version: int) -> None:
 
 
 @settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(ops=OPS)
 def test_a_head_equals_delta_rs_load_at_every_version(tmp_path_factory, ops):
     uri = str(tmp_path_factory.mktemp("head") / "t")

@@ -137,7 +137,7 @@ def _model(base: dict, batches: list, positions: dict, key_order: KeyOrder = KEY
 
 
 @settings(max_examples=90, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(st.sampled_from([KEYS, SINGLE, SINGLE_DESC]).flatmap(histories), st.booleans(),
        st.sampled_from([0, 0, 1, 3, 12]))
 def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, history, exact,

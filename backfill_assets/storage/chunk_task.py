@@ -30,6 +30,13 @@ from backfill_assets.core import names
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.positions import chunk_cut, chunk_window, rows_to_see
 from backfill_assets.storage import dv, replica
+from backfill_assets.storage.key_search import (
+    after,
+    count_before,
+    in_key_order,
+    rows_after,
+    searchable,
+)
 from backfill_assets.storage.read import file_rows, unb64_table
 
 RN, BAD_KEY, VNODE = names.ROW_NUMBER, names.BAD_KEY, "vnode"
@@ -100,7 +107,7 @@ class ChunkReader:
         stopped: set[int] = set()
         boundaries: dict[int, list[Key]] = {}
         for vnode in task["vnodes"]:
-            mine: list[pa.Table] = []
+            mine: list[tuple[pa.Table, bool]] = []  # rows read, and whether in key order
             seq = order.get(vnode, [])
             pos = self.positions.get(vnode)
             enough = rows_to_see(self.limit, self.tail) if vnode in whole else max(1, low)
@@ -111,19 +118,20 @@ class ChunkReader:
                 rows = cache[path]
                 if not entries[path].get("one"):  # a file of several vnodes: keep this one's
                     rows = rows.filter(pc.equal(rows.column(VNODE), vnode))
+                ordered = in_key_order(rows, self.key_order)  # one check, several searches
                 if pos is not None:  # rows at or before the position are never kept
-                    rows = _after(rows, self.key_order, pos)
-                mine.append(rows)
+                    rows = rows_after(rows, self.key_order, pos, ordered)
+                mine.append((rows, ordered))
                 cut = seq[i + 1][1] if i + 1 < len(seq) else None
                 if cut is None:
                     continue
                 boundaries.setdefault(vnode, []).append(cut)
                 # a tombstone may delete any row counted: count them all as deleted
-                if _before(pa.concat_tables(mine), self.key_order, cut) \
+                if sum(count_before(t, self.key_order, cut, o) for t, o in mine) \
                         - dead.get(vnode, 0) >= enough:
                     stopped.add(vnode)
                     break
-            got += mine
+            got += [t for t, _ in mine]
         rows = pa.concat_tables(got) if got else read.empty_table()
         if changes is not None and changes.num_rows:
             rows = replica.overlay(rows, changes.cast(read), self.key_order)
@@ -164,53 +172,6 @@ def file_table(table_uri: str, options: Mapping[str, str], physical: Mapping[str
                      partition=unb64_table(f["parts"]))
 
 
-def _after(rows: pa.Table, key_order: KeyOrder, pos: Key) -> pa.Table:
-    """The rows whose key sorts strictly after ``pos``: a slice when ``rows`` are in key
-    order under a single integer key (a replica file; checked), else a filter."""
-    keys = _ordered_keys(rows, key_order)
-    if keys is not None:
-        return rows.slice(int(np.searchsorted(keys, _signed(key_order, pos), "right")))
-    return rows.filter(after(rows, key_order, pos))
-
-
-def _before(rows: pa.Table, key_order: KeyOrder, cut: Key) -> int:
-    """How many of ``rows`` sort strictly before ``cut``."""
-    keys = _ordered_keys(rows, key_order)
-    if keys is not None:
-        return int(np.searchsorted(keys, _signed(key_order, cut), "left"))
-    mask = pc.invert(pc.or_kleene(after(rows, key_order, cut), _equal(rows, key_order, cut)))
-    return pc.sum(pc.fill_null(mask, False).cast(pa.int64())).as_py() or 0
-
-
-def _ordered_keys(rows: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
-    """A single integer key as numpy, ascending in key order (negated when descending),
-    when every row has one and they are strictly increasing; else None (use masks)."""
-    if len(key_order.columns) != 1 or not rows.num_rows:
-        return None
-    column = rows.column(key_order.columns[0].name)
-    if not (pa.types.is_signed_integer(column.type) or column.type in (
-            pa.uint8(), pa.uint16(), pa.uint32())) or column.null_count:
-        return None
-    keys = column.to_numpy().astype(np.int64, copy=False)
-    if key_order.columns[0].descending:
-        keys = -keys
-    return keys if bool(np.all(keys[1:] > keys[:-1])) else None
-
-
-def _signed(key_order: KeyOrder, key: Key) -> int:
-    return -int(key[0]) if key_order.columns[0].descending else int(key[0])
-
-
-def _equal(table: pa.Table, key_order: KeyOrder, key: Key) -> pa.ChunkedArray:
-    """Mask: the row's key equals ``key``."""
-    expr = None
-    for col, value in zip(key_order.columns, key, strict=True):
-        column = table.column(col.name)
-        eq = pc.equal(column, pa.scalar(value, column.type))
-        expr = eq if expr is None else pc.and_kleene(expr, eq)
-    return expr
-
-
 def take_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key],
                limit: int, shared: bool, tail: int = 0,
                whole: Collection[int] = ()) -> pa.Table:
@@ -238,6 +199,9 @@ def cut_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key]
     table = table.take(pc.sort_indices(table, [(VNODE, "ascending", "at_end"), *keys]))
     vnodes = table.column(VNODE).to_numpy(zero_copy_only=False)
     starts = np.flatnonzero(np.r_[True, vnodes[1:] != vnodes[:-1]]) if len(vnodes) else []
+    # sorted just above: each vnode's piece is in key order unless a pk is null (or of a type
+    # whose Python order might differ from Arrow's): then it can be searched, not masked
+    ordered = not shared and bool(len(vnodes)) and searchable(table, key_order)
     pieces = []
     exhausted: set[int] = set()
     for i, start in enumerate(starts):
@@ -246,9 +210,10 @@ def cut_chunk(table: pa.Table, key_order: KeyOrder, positions: Mapping[int, Key]
         vnode = int(vnodes[start])
         pos = None if shared else positions.get(vnode)
         if pos is not None:
-            piece = piece.filter(after(piece, key_order, pos))
+            piece = rows_after(piece, key_order, pos, ordered)
         if not shared:
-            ends = [_before(piece, key_order, cut) for cut in (boundaries or {}).get(vnode, ())]
+            ends = [count_before(piece, key_order, cut, ordered)
+                    for cut in (boundaries or {}).get(vnode, ())]
             keep, done = chunk_cut(piece.num_rows, limit, tail, vnode in whole, ends)
             piece = piece.slice(0, keep)
             if done:
@@ -272,19 +237,6 @@ def last_of_each_vnode(chunk: pa.Table) -> pa.Table:
     any_bad = (bad_before[last + 1] - bad_before[first]) > 0
     out = chunk.take(pa.array(last))
     return out.set_column(out.schema.get_field_index(BAD_KEY), BAD_KEY, pa.array(any_bad))
-
-
-def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
-    """Mask: the row's key sorts strictly after ``pos`` (null keys: null, i.e. dropped, as in
-    the SQL of ``KeyOrder.sql_after``)."""
-    expr = None
-    for col, value in reversed(list(zip(key_order.columns, pos, strict=True))):
-        column = table.column(col.name)
-        scalar = pa.scalar(value, column.type)
-        beyond = (pc.less if col.descending else pc.greater)(column, scalar)
-        expr = beyond if expr is None else pc.or_kleene(
-            beyond, pc.and_kleene(pc.equal(column, scalar), expr))
-    return expr
 
 
 def first_of_each_vnode(table: pa.Table, limit: int, tail: int = 0, boundary: int = 0

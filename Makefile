@@ -103,8 +103,10 @@ bench-bulk-20m: env
 
 # 100M rows, snapshot mode only (the chunked modes take hours at this size), one repeat of
 # each baseline; its own results file
+# the worker alone runs about an hour on this 2-core machine (the writer's 20 versions of
+# 10,000 changes take ~150 s each): more than the default worker timeout of 40 minutes
 bench-bulk-100m: env
-	$(PY) -m benchmarks.bench_bulk --rows 100000000 --pk single --modes snapshot --repeat 1 --verify \
+	BENCH_WORKER_TIMEOUT=$${BENCH_WORKER_TIMEOUT:-7200} $(PY) -m benchmarks.bench_bulk --rows 100000000 --pk single --modes snapshot --repeat 1 --verify \
 		--budget 0 --name bulk_100M $(BENCH_ARGS)
 
 bench-incremental: env

@@ -22,11 +22,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-# 2 worker processes (pytest-xdist), each with its own Spark session; --dist loadgroup spreads
-# the tests one by one and keeps the xdist_group("spark_cluster") tests (one standalone cluster
-# and one Connect server per worker that uses them) on one worker. PYTEST_WORKERS=0: serial.
+# 2 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
+# them, its own standalone cluster, Connect server and S3 server, on ports of its own block
+# (tests/infra/procs.py). --dist load: xdist's loadgroup does not group under pytest 9.2 (its
+# node-id suffix is ignored), so nothing relies on grouping. PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
-PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup) \
+PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist load) \
 	--durations=25
 
 test: env instance postgres

@@ -42,7 +42,9 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
         "SPARK_NO_DAEMONIZE": "1",
         # a taken --port / --webui-port is an error, not a silent move to port+1 (the tests
         # wait for and connect to the port they chose; +1 may be another worker's server)
-        "SPARK_MASTER_OPTS": "-Dspark.port.maxRetries=0",
+        # the master's REST submission server has a fixed port (6066): off, so two test
+        # processes' masters never meet there (nothing here submits through it)
+        "SPARK_MASTER_OPTS": "-Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false",
         "SPARK_WORKER_OPTS": "-Dspark.port.maxRetries=0",
         # executors' Python workers unpickle functions of the project's modules
         "PYTHONPATH": os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p),

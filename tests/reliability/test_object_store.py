@@ -105,7 +105,6 @@ def test_kills_at_the_commit_boundaries_on_s3(spark, s3_server, figures):
                  figures)
 
 
-@pytest.mark.xdist_group("spark_cluster")  # the worker that runs tests/scale's cluster tests
 def test_kill_after_executors_uploaded_on_the_cluster(spark, s3_server, spark_cluster, figures):
     """The driver dies after the executors (other JVMs) uploaded the bulk slice's files."""
     _crash_chain(spark, s3_server.fresh_uri("crash-cluster"), dict(s3_server.storage_options),

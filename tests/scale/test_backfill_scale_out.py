@@ -19,9 +19,7 @@ from resources.spark import child_env
 from tests.infra.dagster_cli import execute, mv_yaml
 
 VNODES = 8
-# with the other tests of the standalone cluster / Connect server (test_spark_scale_out.py)
-pytestmark = [pytest.mark.slow, pytest.mark.cluster,
-              pytest.mark.xdist_group("spark_cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def _scenario(tmp_path, s3_server, spark_env: dict[str, str]) -> None:

@@ -19,10 +19,7 @@ import pytest
 from resources.spark import child_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# one worker runs every test of the standalone cluster / Connect server (session fixtures:
-# one cluster and one Connect server per worker that uses them)
-pytestmark = [pytest.mark.slow, pytest.mark.cluster,
-              pytest.mark.xdist_group("spark_cluster")]
+pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
 
 def run_probe(env: dict[str, str], timeout: float = 240) -> dict:
@@ -34,7 +31,11 @@ def run_probe(env: dict[str, str], timeout: float = 240) -> dict:
     proc = subprocess.run([sys.executable, "-m", "tests.infra.spark_probe"], cwd=ROOT,
                           env={**base, **env}, capture_output=True, text=True, timeout=timeout)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("PROBE ")]
-    assert proc.returncode == 0 and lines, (proc.stdout[-3000:], proc.stderr[-5000:])
+    # the lines that say what went wrong first (pytest cuts a long message in its middle)
+    errors = [ln for ln in proc.stderr.splitlines()
+              if "Error" in ln or "Exception" in ln or "Caused by" in ln][:12]
+    assert proc.returncode == 0 and lines, ("\n".join(errors), proc.stdout[-2000:],
+                                            proc.stderr[-3000:])
     facts = json.loads(lines[-1][len("PROBE "):])
     # shown in the warnings summary: what the probe saw (e.g. empty_list_ok, see the probe)
     warnings.warn(f"spark probe facts: {facts}", stacklevel=2)

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 
 from backfill_assets.core.key_types import INT_RANGES
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.storage.write import in_key_sort_order
 
 
 def rows_after(rows: pa.Table, key_order: KeyOrder, pos: Key, ordered: bool = False
@@ -62,16 +63,8 @@ def in_key_order(rows: pa.Table, key_order: KeyOrder) -> bool:
         return False
     if len(key_order.columns) == 1 and key_order.columns[0].type in INT_RANGES:
         return False  # ``_ordered_keys`` checks and searches it in numpy
-    n = rows.num_rows
-    settled = np.zeros(n - 1, bool)  # an earlier column already orders the pair
-    for c in key_order.columns:
-        column = rows.column(c.name)
-        a, b = column.slice(0, n - 1), column.slice(1)
-        wrong = (pc.less if c.descending else pc.greater)(a, b).to_numpy(zero_copy_only=False)
-        if (wrong & ~settled).any():
-            return False
-        settled |= pc.not_equal(a, b).to_numpy(zero_copy_only=False)
-    return True
+    return in_key_sort_order(rows, [(c.name, "descending" if c.descending else "ascending")
+                                    for c in key_order.columns])
 
 
 def search(rows: pa.Table, key_order: KeyOrder, key: Key, *, after: bool) -> int:

@@ -163,7 +163,7 @@ class FileWriter:
     def _cut(self, rows: pa.Table, schema: pa.Schema, pq):
         # one order check for the value's rows, not one per file (a 20M-row replica's copy
         # writes 5,120 files): a slice of rows in order is in order
-        ordered = bool(self.key_sort) and _in_order(
+        ordered = bool(self.key_sort) and in_key_sort_order(
             rows.select([name for name, _ in self.key_sort]), self.key_sort)
         stats = _Stats.of_slices(rows, schema, self.max_rows)
         for i, start in enumerate(range(0, max(1, rows.num_rows), self.max_rows)):
@@ -237,7 +237,7 @@ def _key_bounds(keys: list[pa.Table], key_sort: list[tuple[str, str]],
             pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_boolean(t)
             for t in table.schema.types):
         return None
-    if ordered or _in_order(table, key_sort):
+    if ordered or in_key_sort_order(table, key_sort):
         ends = [0, n - 1]
     else:
         order = pc.sort_indices(table, sort_keys=[(k, d, "at_end") for k, d in key_sort])
@@ -246,7 +246,7 @@ def _key_bounds(keys: list[pa.Table], key_sort: list[tuple[str, str]],
     return [[row[k] for k, _ in key_sort] for row in rows]
 
 
-def _in_order(table: pa.Table, key_sort: list[tuple[str, str]]) -> bool:
+def in_key_sort_order(table: pa.Table, key_sort: list[tuple[str, str]]) -> bool:
     """Whether the rows are in ``key_sort`` order (lexicographic, ties allowed)."""
     n = table.num_rows
     if n < 2:

@@ -25,9 +25,13 @@ $(STAMP): pyproject.toml
 # 2 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
 # them, its own standalone cluster, Connect server and S3 server, on ports of its own block
 # (tests/infra/procs.py). --dist load: xdist's loadgroup does not group under pytest 9.2 (its
-# node-id suffix is ignored), so nothing relies on grouping. PYTEST_WORKERS=0: one process.
+# node-id suffix is ignored), so nothing relies on grouping. --maxschedchunk 1: a worker is
+# handed tests two at a time as it frees up; by default each worker first gets a quarter of
+# its share in collection order, and the slow tests (sorted first) all went to one worker.
+# PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
-PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist load) \
+PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist load \
+	--maxschedchunk 1) \
 	--durations=25
 
 test: env instance postgres

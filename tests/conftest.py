@@ -38,8 +38,9 @@ hypothesis_settings.load_profile("suite")
 
 def pytest_collection_modifyitems(config, items):  # noqa: ARG001
     """Under pytest-xdist the tests marked slow go first (each worker collects the same order;
-    the scheduler hands tests out in it): the long ones then run side by side early instead of
-    one of them starting last and leaving the other worker idle. Serial runs keep file order."""
+    the scheduler hands tests out in it, two at a time with `--maxschedchunk 1`, see the
+    Makefile): the long ones then run side by side early instead of one of them starting last
+    and leaving the other worker idle. Serial runs keep file order."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable
 

@@ -251,7 +251,7 @@ def in_key_sort_order(table: pa.Table, key_sort: list[tuple[str, str]]) -> bool:
     n = table.num_rows
     if n < 2:
         return True
-    settled = pa.array([False] * (n - 1))  # an earlier column already orders the pair
+    settled = pa.array(np.zeros(n - 1, bool))  # an earlier column already orders the pair
     for name, direction in key_sort:
         a, b = table.column(name).slice(0, n - 1), table.column(name).slice(1)
         wrong = pc.greater(a, b) if direction == "ascending" else pc.less(a, b)

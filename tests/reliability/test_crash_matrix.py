@@ -169,6 +169,8 @@ SLICE_KILLS = {0: ["after_progress_commit@1", "mv_data_files_written@1", "after_
 # the barriers' kill sets do not: three cases, so two test workers share the matrix. Each case
 # drives the whole script and checks every barrier against the reference.
 KILL_CASES = {"slices": (0,), "catch_up": (1,), "after_catch_up": (2, 3)}
+assert sorted(i for case in KILL_CASES.values() for i in case) == sorted(SLICE_KILLS), \
+    "every barrier with kills belongs to exactly one case"
 
 
 @pytest.mark.slow

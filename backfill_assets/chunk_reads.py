@@ -2,7 +2,8 @@
 
 Chunked modes read a bounded, key-ordered chunk per vnode by a seek (`snapshot_chunk`: only the
 files that can hold it, storage.seek; sorted in the read tasks and handed on already clustered,
-storage.chunk_read; no_shuffle cuts its shared limit with `first_rows`); snapshot mode
+storage.chunk_read; no_shuffle's shared limit is cut on the driver from key columns,
+storage.shared_cut, or in Spark with `first_rows` when the chunk cannot go to Arrow); snapshot mode
 reads each vnode's remainder whole (`bulk_chunk`). Both come back as a projected DataFrame
 plus per-vnode stats (rows read, last key) for the position strategy; rows never pass through
 the driver. A bulk step of fresh vnodes under a definition that compiles to Arrow skips the
@@ -46,8 +47,9 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
                    d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
     """Chunked modes: the next chunk after each unfinished vnode's position, read from only
     the files that can hold it (the rows never pass through the driver); per-vnode stats (rows
-    read, last key) come back to the driver. no_shuffle cuts its shared limit from the read
-    tasks' candidates (`first_rows`). ``mv``: write the chunk into it in Arrow when the
+    read, last key) come back to the driver. no_shuffle's shared limit is cut from the
+    candidates' key columns (Arrow path) or from the read tasks' candidates in Spark
+    (`first_rows`). ``mv``: write the chunk into it in Arrow when the
     source can (`arrow_seek_chunk`), else project in Spark."""
     readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
     if not readers or plan.chunk_limit == 0:
@@ -63,7 +65,7 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
             chunk.engine = "arrow: written by the replica's copy"
             return chunk
         written.discard()
-    if mv is not None and hasattr(source, "write_chunk") and not plan.shared_read:
+    if mv is not None and hasattr(source, "write_chunk"):
         chunk, engine = _in_arrow(
             lambda: arrow_seek_chunk(ctx, source, positions, state, plan, d, mv))
         if chunk is not None:
@@ -103,7 +105,7 @@ def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: Backfil
     when the definition does not compile to Arrow, or when a pk is null or repeated (the
     files are discarded; the Spark path then names the key)."""
     out = source.write_chunk(ctx, positions, state.key_order, plan.chunk_limit, d, mv,
-                             plan.chunk_tail)
+                             plan.chunk_tail, plan.shared_read)
     if out is None:
         return None
     written, scanned = out

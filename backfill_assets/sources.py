@@ -27,12 +27,11 @@ from backfill_assets import mv_store, spark_ops, storage
 from backfill_assets.arrow_expr import NotExact
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import BAD_KEY, OP
-from backfill_assets.core.names import ROW_NUMBER as RN
-from backfill_assets.core.positions import rows_to_see
+from backfill_assets.core.names import OP
 from backfill_assets.key_checks import check_snapshot_keys
 from backfill_assets.mv_spark import exact_projection
 from backfill_assets.mv_store import MVTables
+from backfill_assets.seek_reads import replica_schema, seek_chunk, write_seek_chunk
 from backfill_assets.storage import replica
 from backfill_assets.storage.spark_types import col
 from backfill_assets.upstream_layout import same_vnodes
@@ -69,38 +68,6 @@ class SnapshotSource(Protocol):
               limit: int, shared: bool) -> tuple[DataFrame, int]:
         """The next `limit` rows after each position (chunked modes), read by a seek; and
         the rows of the files read."""
-
-
-def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
-               positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
-               shared: bool) -> tuple[DataFrame, int]:
-    """A chunk read from the files that can hold it (storage.seek), typed as the replica's
-    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
-    replica's change rows are resolved with its base rows in the tasks."""
-    snap, files, changes = _seek_side(ctx, uri, version, positions)
-    schema = replica_schema(ctx.upstream_schema)
-    picked = storage.chunk_files(files, key_order, positions, limit, shared,
-                                 None if changes is None else replica.tombstones(changes))
-    rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
-                              picked, shared, changes)
-    typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
-    return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
-
-
-def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]
-               ) -> tuple[storage.Snapshot, list[storage.DataFile], pa.Table | None]:
-    """The table a chunk seeks in, its files to seek, and (a replica) its change rows."""
-    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
-    if replica.VERSION not in snap.arrow_schema.names:
-        return snap, snap.files, None
-    return snap, replica.base_files(snap), replica.read_changes(snap, vnodes)
-
-
-def replica_schema(upstream_schema: pa.Schema) -> pa.Schema:
-    """The replica's data: every upstream column (minus any upstream vnode) plus our vnode
-    (its table adds the version columns of storage/replica.py)."""
-    fields = [f for f in upstream_schema if f.name != "vnode"]
-    return pa.schema([*(f.with_nullable(True) for f in fields), pa.field("vnode", pa.int32())])
 
 
 class ReplicaSource:
@@ -205,26 +172,10 @@ class ReplicaSource:
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
                     key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
-                    tail: int = 0) -> tuple[storage.BulkWritten, int] | None:
-        """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the
-        first phase of the MV commit, as a bulk step's), with the rows of the files read;
-        None when the definition does not compile to Arrow. TransformRefused: nothing
-        written. ``tail``: a vnode whose whole rest fits in ``limit + tail`` keeps it."""
-        projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
-        if projection is None:
-            return None
-        snap, files, changes = _seek_side(ctx, ctx.tables.replica, None, positions)
-        picked = storage.chunk_files(files, key_order, positions, rows_to_see(limit, tail),
-                                     False,
-                                     None if changes is None else replica.tombstones(changes))
-        tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
-                                            key_order, positions, limit, picked, False,
-                                            changes, storage.parallelism(ctx.spark), tail)
-        written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
-                                      mv.uri, mv.storage_options, mv.arrow_schema,
-                                      max_rows_per_file=storage.file_rows_for(snap.live_rows),
-                                      rows_read=picked.rows_scanned)
-        return written, picked.rows_scanned
+                    tail: int = 0, shared: bool = False
+                    ) -> tuple[storage.BulkWritten, int] | None:
+        return write_seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, d,
+                                mv, tail, shared)
 
 
 class _AsReplica:
@@ -253,6 +204,13 @@ class UpstreamSource:
               limit: int, shared: bool) -> tuple[DataFrame, int]:
         return seek_chunk(ctx, ctx.tables.upstream, ctx.v_new, positions, key_order, limit,
                           shared)
+
+    def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    tail: int = 0, shared: bool = False
+                    ) -> tuple[storage.BulkWritten, int] | None:
+        return write_seek_chunk(ctx, ctx.tables.upstream, ctx.v_new, positions, key_order,
+                                limit, d, mv, tail, shared)
 
 
 class BulkSource:

@@ -30,7 +30,7 @@ def worker(args) -> dict:
     from backfill_assets import delta_store, mv_store, spark_ops, storage
     from backfill_assets.core.keys import KeyColumn, KeyOrder
     from backfill_assets.mv_spark import KEEP, project, select_chunk, validate_expressions
-    from backfill_assets.sources import replica_schema
+    from backfill_assets.seek_reads import replica_schema
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     uri, version = info["path"], info["version"]

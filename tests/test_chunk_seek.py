@@ -21,7 +21,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import chunk_tail
 from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv_store import MVTables
-from backfill_assets.sources import replica_schema
+from backfill_assets.seek_reads import replica_schema
 from backfill_assets.storage import bulk_write, replica
 from backfill_assets.upstream_check import checked_upstream
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec

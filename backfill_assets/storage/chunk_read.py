@@ -47,6 +47,7 @@ from backfill_assets.storage.read import (
     partition_row,
 )
 from backfill_assets.storage.seek import ChunkFiles
+from backfill_assets.storage.shared_cut import SharedCut
 from backfill_assets.storage.spark_types import exchange_schema, spark_schema
 
 __all__ = ["BAD_KEY", "RN", "ChunkReader", "last_of_each_vnode", "read_task_rows", "take_chunk"]
@@ -71,12 +72,14 @@ def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_
 def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
                 positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
                 shared: bool, changes: pa.Table | None = None, slots: int | None = None,
-                tail: int = 0) -> tuple[list[str], ChunkReader]:
+                tail: int = 0, cut: SharedCut | None = None) -> tuple[list[str], ChunkReader]:
     """A chunk read's tasks (JSON) and the task side that reads one: see ``read_chunk``.
     ``slots``: the cores the tasks run on; tasks then hold at least the rows read / slots
     (a Python task that also writes costs ~50 ms to start, and more tasks than cores only
     queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
-    (``core.positions.keep_rows``; per-vnode reads only)."""
+    (``core.positions.keep_rows``; per-vnode reads only). ``cut``: a shared read whose cut
+    the driver knows (storage/shared_cut.py): each vnode's rows up to it, nothing ranked
+    across the tasks."""
     snap.check_readable()
     schema = snap.arrow_schema
     out = exchange_schema(pa.schema([schema.field(c) for c in columns]))
@@ -91,7 +94,9 @@ def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
                 if c not in snap.partition_columns}
     pos = {v: p for v, p in positions.items() if p is not None}
     reader = ChunkReader(snap.uri, dict(snap.storage_options), physical, out, key_order,
-                          pos, limit, shared, overlay=changes is not None, tail=tail)
+                          pos, limit, shared and cut is None, overlay=changes is not None,
+                          tail=tail, ranged=cut is not None,
+                          upper=None if cut is None else cut.key)
     return tasks, reader
 
 

@@ -47,12 +47,16 @@ class ChunkReader:
 
     def __init__(self, table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
                  out: pa.Schema, key_order: KeyOrder, positions: Mapping[int, Key], limit: int,
-                 shared: bool, per_vnode: bool = False, overlay: bool = False, tail: int = 0):
+                 shared: bool, per_vnode: bool = False, overlay: bool = False, tail: int = 0,
+                 ranged: bool = False, upper: Key | None = None):
         self.table_uri, self.options, self.physical = table_uri, dict(options), dict(physical)
         self.out = out.serialize().to_pybytes()
         self.key_order, self.positions, self.limit = key_order, dict(positions), limit
         self.shared, self.per_vnode, self.overlay = shared, per_vnode, overlay
         self.tail = tail
+        # a shared chunk whose cut is known (storage/shared_cut.py): every vnode keeps its
+        # rows in (position, upper], upper None: all after the position; no limit to cut
+        self.ranged, self.upper = ranged, upper
 
     @property
     def out_schema(self) -> pa.Schema:
@@ -74,7 +78,13 @@ class ChunkReader:
     def read(self, task: dict) -> tuple[pa.Table, set[int]]:
         """One task's chunk: its rows after each position, as many per vnode as
         ``core.positions.chunk_cut`` keeps (read in order: up to the end of a file when that
-        is within the chunk window), ranked; and the vnodes it exhausted."""
+        is within the chunk window), or its rows up to the cut (``ranged``), ranked; and the
+        vnodes it exhausted (none when ``ranged``: the shared strategy decides)."""
+        if self.ranged:
+            table = self._read(task)
+            if self.upper is not None:
+                table = table.filter(pc.invert(after(table, self.key_order, self.upper)))
+            return cut_chunk(table, self.key_order, self.positions, 1 << 62, False)[0], set()
         whole = set(task.get("whole", ()))
         if "order" in task:
             table, stopped, boundaries = self._read_in_order(task, whole)

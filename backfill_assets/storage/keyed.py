@@ -220,7 +220,7 @@ def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
     DV from the file's current descriptor."""
     schema = snap.arrow_schema
     types = [schema.field(k).type for k in key_names]
-    read = lambda: _read_keys(snap, f, key_names)  # noqa: E731
+    read = lambda: read_keys(snap, f, key_names)  # noqa: E731
     if cached:
         keys = key_cache.CACHE.file_keys(snap.uri, f.path, f.size, f.num_records, key_names,
                                          read)
@@ -237,17 +237,21 @@ def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
                                ).append_column(ROW_COLUMN, pa.array(rows, pa.int64()))
 
 
-def _read_keys(snap: Snapshot, f: DataFile, key_names: Sequence[str]) -> pa.Table:
-    """All key values of ``f`` in file order (no DV applied: the cache keeps what never
-    changes), its row count checked against the log."""
+def read_keys(snap: Snapshot, f: DataFile, key_names: Sequence[str], live: bool = False
+              ) -> pa.Table:
+    """All key values of ``f`` in file order, its row count checked against the log; the
+    rows its DV deletes dropped when ``live`` (not for the cache, which keeps what never
+    changes)."""
     schema = snap.arrow_schema
     out = pa.schema([schema.field(k) for k in key_names])
     parts = [k for k in key_names if k in snap.partition_columns]
     partition = (pa.table({k: pa.array([f.partition_values.get(k)]).cast(schema.field(k).type)
                            for k in parts}) if parts else None)
     physical = {k: snap.physical_names.get(k, k) for k in key_names if k not in parts}
+    deleted = dv.load(snap.uri, f.deletion_vector, snap.storage_options) \
+        if live and f.deletion_vector else None
     return file_rows(snap.file_uri(f.path), snap.storage_options, physical, out,
-                     rows=f.num_records, partition=partition)
+                     rows=f.num_records, partition=partition, deleted=deleted)
 
 
 def _held_in_nothing(snap: Snapshot, key_names: Sequence[str]) -> pa.Table:

@@ -71,6 +71,17 @@ class ChunkFiles:
                 seen.setdefault(f.path, f)
         return list(seen.values())
 
+    def through(self, cut: Key | None, key_order: KeyOrder) -> ChunkFiles:
+        """Only the files that can hold a key at or before ``cut`` (None: all): a file whose
+        lower bound is after the cut holds no row of the chunk."""
+        if cut is None:
+            return self
+        cmp = key_order.compare
+        groups = {g: [f for f in files if self.lowers.get(f.path) is None
+                      or cmp(self.lowers[f.path], cut) <= 0]
+                  for g, files in self.groups.items()}
+        return ChunkFiles(groups, self.lowers, self.whole)
+
     @property
     def rows_scanned(self) -> int:
         """Live rows of the files read (what the barrier pays for, whatever the table's size)."""

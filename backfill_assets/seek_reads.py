@@ -1,0 +1,95 @@
+"""The chunked modes' snapshot reads: a seek in the files of the table a chunk comes from
+(the arrangement replica, or the upstream itself in no_shuffle), read into Spark
+(``seek_chunk``) or projected and written into the MV by Python tasks (``write_seek_chunk``).
+Shared by the sources of sources.py, which differ only in the table and version they seek in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+
+from backfill_assets import storage
+from backfill_assets.arrow_expr import NotExact
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import BAD_KEY
+from backfill_assets.core.names import ROW_NUMBER as RN
+from backfill_assets.core.positions import rows_to_see
+from backfill_assets.mv_spark import exact_projection
+from backfill_assets.storage import replica
+from backfill_assets.storage.spark_types import col
+
+if TYPE_CHECKING:
+    from backfill_assets.sources import SourceContext
+
+
+def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
+               positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
+               shared: bool) -> tuple[DataFrame, int]:
+    """A chunk read from the files that can hold it (storage.seek), typed as the replica's
+    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
+    replica's change rows are resolved with its base rows in the tasks."""
+    snap, files, changes = _seek_side(ctx, uri, version, positions)
+    schema = replica_schema(ctx.upstream_schema)
+    picked = storage.chunk_files(files, key_order, positions, limit, shared,
+                                 None if changes is None else replica.tombstones(changes))
+    rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
+                              picked, shared, changes)
+    typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
+    return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
+
+
+def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
+                     positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
+                     d: MVDefinition, mv: storage.Snapshot, tail: int = 0, shared: bool = False
+                     ) -> tuple[storage.BulkWritten, int] | None:
+    """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the first
+    phase of the MV commit, as a bulk step's), with the rows of the files read; None when
+    the definition does not compile to Arrow, or (``shared``) a candidate's pk is null (the
+    Spark path names it). TransformRefused: nothing written. ``tail``: a vnode whose whole
+    rest fits in ``limit + tail`` keeps it. ``shared`` (no_shuffle): the driver cuts the
+    run's ``limit`` rows from the candidates' key columns (storage/shared_cut.py), and each
+    vnode's task keeps its rows up to the cut."""
+    projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
+    if projection is None:
+        return None
+    snap, files, changes = _seek_side(ctx, uri, version, positions)
+    if shared and changes is not None:
+        raise ValueError("a shared chunk reads the upstream, never a replica's change rows")
+    picked = storage.chunk_files(files, key_order, positions, rows_to_see(limit, tail), shared,
+                                 None if changes is None else replica.tombstones(changes))
+    cut = None
+    if shared:
+        cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions),
+                                 next(iter(positions.values()), None), limit)
+        if cut.null_key:
+            return None
+        picked = picked.through(cut.key, key_order)
+    tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
+                                        key_order, positions, limit, picked, shared, changes,
+                                        storage.parallelism(ctx.spark), tail, cut)
+    written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
+                                  mv.uri, mv.storage_options, mv.arrow_schema,
+                                  max_rows_per_file=storage.file_rows_for(snap.live_rows),
+                                  rows_read=picked.rows_scanned)
+    return written, picked.rows_scanned
+
+
+def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]
+               ) -> tuple[storage.Snapshot, list[storage.DataFile], pa.Table | None]:
+    """The table a chunk seeks in, its files to seek, and (a replica) its change rows."""
+    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
+    if replica.VERSION not in snap.arrow_schema.names:
+        return snap, snap.files, None
+    return snap, replica.base_files(snap), replica.read_changes(snap, vnodes)
+
+
+def replica_schema(upstream_schema: pa.Schema) -> pa.Schema:
+    """The replica's data: every upstream column (minus any upstream vnode) plus our vnode
+    (its table adds the version columns of storage/replica.py)."""
+    fields = [f for f in upstream_schema if f.name != "vnode"]
+    return pa.schema([*(f.with_nullable(True) for f in fields), pa.field("vnode", pa.int32())])

@@ -1,0 +1,84 @@
+"""no_shuffle's shared cut (``storage.shared_cut``) is the ``limit``-th live key after the
+position among the run's vnodes, whatever the files' layout: checked against a sort of the rows
+the test wrote, over generated key orders (one or two columns, either direction), file sizes,
+deletion vectors, positions and runs. No Spark: the cut runs on the driver.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backfill_assets.core.keys import KeyColumn, KeyOrder
+from backfill_assets.storage import (
+    Intent,
+    KeyedRows,
+    Snapshot,
+    apply_keyed,
+    chunk_files,
+    ensure_mor_table,
+    shared_cut,
+)
+
+SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("name", pa.string()),
+                    ("vnode", pa.int32())])
+VNODES = 4
+
+
+def _rows(keys) -> pa.Table:
+    return pa.Table.from_pylist([{"region": r, "id": i, "name": f"{r}{i}", "vnode": i % VNODES}
+                                 for r, i in keys], schema=SCHEMA)
+
+
+@st.composite
+def _case(draw):
+    composite = draw(st.booleans())
+    columns = [KeyColumn("id", "bigint", descending=draw(st.booleans()))]
+    if composite:
+        columns.insert(0, KeyColumn("region", "string", descending=draw(st.booleans())))
+    keys = draw(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 200)), min_size=1,
+                         max_size=60, unique_by=(lambda k: k) if composite else (lambda k: k[1])))
+    deleted = draw(st.lists(st.sampled_from(keys), unique=True, max_size=len(keys) // 2))
+    run = draw(st.sets(st.integers(0, VNODES - 1), min_size=1))
+    pos = draw(st.none() | st.sampled_from(keys))
+    return (KeyOrder(tuple(columns)), keys, deleted, sorted(run), pos,
+            draw(st.integers(1, 25)), draw(st.integers(1, 12)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(_case())
+def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
+    key_order, keys, deleted, run, pos, limit, file_rows = case
+    names = key_order.names
+
+    def key(row: tuple) -> tuple:
+        return (row[0], row[1]) if len(names) == 2 else (row[1],)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = f"{tmp}/up"
+        ensure_mor_table(uri, SCHEMA, None, cdf=True,
+                         configuration={"backfill.vnodeCount": str(VNODES)})
+        apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 0}),
+                    KeyedRows(_rows([]), _rows(keys)), file_rows_max=file_rows)
+        if deleted:  # deletion vectors on the files that hold them
+            apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 1}),
+                        KeyedRows(_rows(deleted), _rows([])))
+        snap = Snapshot.load(uri)
+        start = None if pos is None else key(pos)
+        positions = {v: start for v in run}
+        picked = chunk_files(snap.files, key_order, positions, limit, shared=True)
+        cut = shared_cut(snap, picked.distinct, key_order, run, start, limit)
+
+    order = functools.cmp_to_key(key_order.compare)
+    live = sorted((key(k) for k in keys if k not in deleted and k[1] % VNODES in run), key=order)
+    if start is not None:
+        live = [k for k in live if key_order.compare(k, start) > 0]
+    assert not cut.null_key
+    if len(live) < limit:
+        assert (cut.key, cut.rows) == (None, len(live))
+    else:
+        assert (cut.key, cut.rows) == (live[limit - 1], limit)

@@ -33,7 +33,7 @@ from backfill_assets.storage import dv, key_cache
 from backfill_assets.storage.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import VNODE, keys_by_file
-from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, file_rows
+from backfill_assets.storage.read import FILE_COLUMN, ROW_COLUMN, file_row_groups, file_rows
 from backfill_assets.storage.write import write_table
 
 CHANGE_TYPE = "_change_type"
@@ -226,7 +226,7 @@ def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
                                          read)
         rows, found = keys.rows_of(wanted, key_names, types)
     else:
-        rows, found = key_cache.probe(read(), wanted, key_names, types)
+        rows, found = _probe_by_row_group(snap, f, key_names, wanted, types)
     if f.deletion_vector and len(rows):
         deleted = key_cache.CACHE.deleted_rows(
             snap.uri, dv.unique_id(f.deletion_vector),
@@ -242,16 +242,38 @@ def read_keys(snap: Snapshot, f: DataFile, key_names: Sequence[str], live: bool 
     """All key values of ``f`` in file order, its row count checked against the log; the
     rows its DV deletes dropped when ``live`` (not for the cache, which keeps what never
     changes)."""
+    out, physical, partition = _key_columns(snap, f, key_names)
+    deleted = dv.load(snap.uri, f.deletion_vector, snap.storage_options) \
+        if live and f.deletion_vector else None
+    return file_rows(snap.file_uri(f.path), snap.storage_options, physical, out,
+                     rows=f.num_records, partition=partition, deleted=deleted)
+
+
+def _probe_by_row_group(snap: Snapshot, f: DataFile, key_names: Sequence[str],
+                        wanted: pa.Table, types: Sequence[pa.DataType]
+                        ) -> tuple[np.ndarray, pa.Table]:
+    """``key_cache.probe`` of ``f``'s keys (no DV applied) a row group at a time, for a
+    lookup past the cache: a thread holds one group's keys (128K rows in the platform's
+    files), not the file's (about 2M rows at 100M: merge.TARGET_FILES)."""
+    out, physical, partition = _key_columns(snap, f, key_names)
+    rows, found = [np.zeros(0, np.int64)], [out.empty_table()]
+    for start, keys in file_row_groups(snap.file_uri(f.path), snap.storage_options, physical,
+                                       out, rows=f.num_records, partition=partition):
+        at, held = key_cache.probe(keys, wanted, key_names, types)
+        rows.append(at + start)
+        found.append(held.cast(out))
+    return np.concatenate(rows), pa.concat_tables(found)
+
+
+def _key_columns(snap: Snapshot, f: DataFile, key_names: Sequence[str]):
+    """How to read ``f``'s key columns: their schema, physical names and partition values."""
     schema = snap.arrow_schema
     out = pa.schema([schema.field(k) for k in key_names])
     parts = [k for k in key_names if k in snap.partition_columns]
     partition = (pa.table({k: pa.array([f.partition_values.get(k)]).cast(schema.field(k).type)
                            for k in parts}) if parts else None)
     physical = {k: snap.physical_names.get(k, k) for k in key_names if k not in parts}
-    deleted = dv.load(snap.uri, f.deletion_vector, snap.storage_options) \
-        if live and f.deletion_vector else None
-    return file_rows(snap.file_uri(f.path), snap.storage_options, physical, out,
-                     rows=f.num_records, partition=partition, deleted=deleted)
+    return out, physical, partition
 
 
 def _held_in_nothing(snap: Snapshot, key_names: Sequence[str]) -> pa.Table:

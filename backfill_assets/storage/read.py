@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -181,38 +181,70 @@ def file_rows(uri: str, options: Mapping[str, str], physical: Mapping[str, str],
     (the log's), the rows of ``deleted`` dropped (or only those of ``only`` kept: the rows a
     new DV deletes), logical names for physical ones, partition values and ``constants``
     added."""
-    import pyarrow.parquet as pq
-
     fs, path = objects.filesystem(uri, options)
     with fs.open_input_file(path) as handle:
-        pf = pq.ParquetFile(handle)
+        pf, present = _opened(handle, uri, rows)
         count = pf.metadata.num_rows
-        if rows is not None and count != rows:
-            raise StorageMismatch(
-                f"{uri} holds {count} rows but the Delta log records {rows}: the store is not "
-                "what the log says; stop")
-        present = set(pf.schema_arrow.names)
         table = pf.read(columns=[p for p in physical.values() if p in present])
     for bitmap in (deleted, only):
         if bitmap is not None and len(bitmap) and bitmap.max() >= count:
             raise StorageMismatch(f"a DV of {uri} names row {bitmap.max()} of {count}: the DV "
                                   "belongs to another file")
-    data = {logical: table.column(phys) if phys in present else pa.nulls(count)
-            for logical, phys in physical.items()}
-    if partition is not None:
-        for name in partition.column_names:
-            data[name] = pa.repeat(partition.column(name)[0], count)
-    for name, value in (constants or {}).items():
-        data[name] = pa.repeat(pa.scalar(value, out.field(name).type), count)
+    extra = {name: pa.repeat(pa.scalar(value, out.field(name).type), count)
+             for name, value in (constants or {}).items()}
     if row_ids_for is not None:
-        data[FILE_COLUMN] = pa.repeat(pa.scalar(row_ids_for), count)
-        data[ROW_COLUMN] = pa.array(range(count), pa.int64())
-    result = pa.table({f.name: _cast(data[f.name], f.type) for f in out}, schema=out)
+        extra[FILE_COLUMN] = pa.repeat(pa.scalar(row_ids_for), count)
+        extra[ROW_COLUMN] = pa.array(range(count), pa.int64())
+    result = _shaped(table, present, physical, out, partition, extra)
     if only is not None:
         return result.filter(pc.invert(_mask(count, only)))
     if deleted is not None and len(deleted):
         return result.filter(_mask(count, deleted))
     return result
+
+
+def file_row_groups(uri: str, options: Mapping[str, str], physical: Mapping[str, str],
+                    out: pa.Schema, *, rows: int | None = None,
+                    partition: pa.Table | None = None) -> Iterator[tuple[int, pa.Table]]:
+    """The rows of one data file a row group at a time, as ``file_rows`` (no DV applied):
+    (the group's first physical row, its rows). A pass over a large file then holds one row
+    group, not the file: a 100M-row MV's files hold about 2M rows each (merge.TARGET_FILES)."""
+    fs, path = objects.filesystem(uri, options)
+    with fs.open_input_file(path) as handle:
+        pf, present = _opened(handle, uri, rows)
+        start = 0
+        for i in range(pf.metadata.num_row_groups):
+            group = pf.read_row_group(i, columns=[p for p in physical.values() if p in present])
+            yield start, _shaped(group, present, physical, out, partition)
+            start += group.num_rows
+
+
+def _shaped(table: pa.Table, present: set[str], physical: Mapping[str, str], out: pa.Schema,
+            partition: pa.Table | None, extra: Mapping[str, pa.Array] | None = None
+            ) -> pa.Table:
+    """Rows read from a file as ``out``: logical names for physical ones (a column the file
+    lacks is null), partition values and ``extra`` columns added, types cast."""
+    count = table.num_rows
+    data = {logical: table.column(phys) if phys in present else pa.nulls(count)
+            for logical, phys in physical.items()}
+    for name in (partition.column_names if partition is not None else ()):
+        data[name] = pa.repeat(partition.column(name)[0], count)
+    data.update(extra or {})
+    return pa.table({f.name: _cast(data[f.name], f.type) for f in out}, schema=out)
+
+
+def _opened(handle, uri: str, rows: int | None):
+    """An open data file and its physical column names, its row count checked against the
+    log's ``rows``."""
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(handle)
+    count = pf.metadata.num_rows
+    if rows is not None and count != rows:
+        raise StorageMismatch(
+            f"{uri} holds {count} rows but the Delta log records {rows}: the store is not "
+            "what the log says; stop")
+    return pf, set(pf.schema_arrow.names)
 
 
 def _cast(col, t: pa.DataType):

@@ -86,6 +86,35 @@ def test_the_cache_stays_within_its_bound_and_lookups_stay_exact(table):
         key_cache.set_limit(key_cache.DEFAULT_LIMIT_BYTES)
 
 
+def test_a_lookup_past_the_cache_reads_a_file_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """Past the cache, a file's keys are probed one row group at a time (the driver holds a
+    group, not a file): the rows found are the file's rows, DVs in later groups honoured."""
+    import pyarrow.parquet as pq
+
+    from backfill_assets.storage import write
+
+    monkeypatch.setattr(write, "ROW_GROUP_ROWS", 3)
+    key_cache.CACHE.clear()
+    uri = str(tmp_path / "grouped")
+    ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
+    seed = _rows(*[(i, "seed") for i in range(40)])
+    apply_keyed(Snapshot.load(uri), KEY, Intent({"t/g/0": 0}),
+                KeyedRows(seed.slice(0, 0), seed), file_rows_max=16)
+    snap = Snapshot.load(uri)
+    assert all(pq.ParquetFile(snap.file_uri(f.path)).metadata.num_row_groups > 1
+               for f in snap.files if f.num_records > 3)
+    key_cache.set_limit(50)  # past the cache
+    try:
+        apply_keyed(Snapshot.load(uri), KEY, Intent({"t/g/0": 1}),
+                    KeyedRows(_rows((1, "seed"), (2, "seed"), (35, "seed"), (38, "seed")),
+                              _rows((1, "one"), (38, "new"))))
+        assert _counts(uri, 1, 2, 17, 30, 35, 38, 39, 77) == {1: 1, 17: 1, 30: 1, 38: 1, 39: 1}
+        assert not key_cache.CACHE.cached_paths(uri)
+    finally:
+        key_cache.set_limit(key_cache.DEFAULT_LIMIT_BYTES)
+        key_cache.CACHE.clear()
+
+
 def test_sorted_and_joined_lookups_agree_on_duplicates():
     keys = pa.table({"id": pa.array([5, 3, 5, 9, 1], pa.int64())})
     wanted = pa.table({"id": pa.array([5, 1, 4], pa.int64())})

@@ -32,15 +32,19 @@ def _rows(*rows: tuple) -> pa.Table:
                                 schema=SCHEMA)
 
 
-@pytest.fixture
-def table(tmp_path) -> str:
-    key_cache.CACHE.clear()
-    uri = str(tmp_path / "mv")
+def _seeded(uri: str, file_rows: int) -> str:
+    """A merge-on-read table of keys 0..39 in files of ``file_rows`` rows."""
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = _rows(*[(i, "seed") for i in range(40)])
     apply_keyed(Snapshot.load(uri), KEY, Intent({"t/mv/0": 0}),
-                KeyedRows(seed.slice(0, 0), seed), file_rows_max=8)
-    yield uri
+                KeyedRows(seed.slice(0, 0), seed), file_rows_max=file_rows)
+    return uri
+
+
+@pytest.fixture
+def table(tmp_path) -> str:
+    key_cache.CACHE.clear()
+    yield _seeded(str(tmp_path / "mv"), 8)
     key_cache.CACHE.clear()
 
 
@@ -95,17 +99,13 @@ def test_a_lookup_past_the_cache_reads_a_file_a_row_group_at_a_time(tmp_path, mo
 
     monkeypatch.setattr(write, "ROW_GROUP_ROWS", 3)
     key_cache.CACHE.clear()
-    uri = str(tmp_path / "grouped")
-    ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
-    seed = _rows(*[(i, "seed") for i in range(40)])
-    apply_keyed(Snapshot.load(uri), KEY, Intent({"t/g/0": 0}),
-                KeyedRows(seed.slice(0, 0), seed), file_rows_max=16)
+    uri = _seeded(str(tmp_path / "grouped"), 16)
     snap = Snapshot.load(uri)
     assert all(pq.ParquetFile(snap.file_uri(f.path)).metadata.num_row_groups > 1
                for f in snap.files if f.num_records > 3)
     key_cache.set_limit(50)  # past the cache
     try:
-        apply_keyed(Snapshot.load(uri), KEY, Intent({"t/g/0": 1}),
+        apply_keyed(Snapshot.load(uri), KEY, Intent({"t/mv/0": 1}),
                     KeyedRows(_rows((1, "seed"), (2, "seed"), (35, "seed"), (38, "seed")),
                               _rows((1, "one"), (38, "new"))))
         assert _counts(uri, 1, 2, 17, 30, 35, 38, 39, 77) == {1: 1, 17: 1, 30: 1, 38: 1, 39: 1}

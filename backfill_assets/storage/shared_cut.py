@@ -4,14 +4,16 @@ A no_shuffle run's vnodes share one position, so its chunk is the first ``limit`
 across all of them. Cutting that from the read tasks' candidates takes a top-k over every
 column in Spark (11.7 s of a 1M-row chunk's 28 s, round 16). Only the keys are needed
 to rank the rows. The driver reads the candidate files' key columns (a few threads, DVs applied),
-keeps the keys after the position and, file by file, at most ``limit`` of the smallest. The
-``limit``-th key of them all is the cut. Each vnode's chunk is then its rows in (position,
-cut], which the per-vnode Arrow chunk tasks read, project and write without knowing of each
-other (``chunk_task.ChunkReader`` with ``ranged``).
+keeps the keys after the position, and folds them into the ``limit`` smallest whenever more
+than ``_FOLD`` chunks' worth are held. The ``limit``-th key of them all is the cut. Each vnode's
+chunk is then its rows in (position, cut], which the per-vnode Arrow chunk tasks read, project
+and write without knowing of each other (``chunk_task.ChunkReader`` with ``ranged``).
 
-Memory: the keys kept are at most about ``2 * limit`` plus one file per thread, whatever the
-remainder holds (over an upstream whose files span the whole key range, the remainder is every
-file not yet passed).
+Memory: at most about ``_FOLD * limit`` keys plus one file per thread, whatever the remainder
+holds (over an upstream whose files span the whole key range, the remainder is every file not
+yet passed). Time: after a fold, a file's keys past the largest kept are dropped before they
+are held. A single integer key folds by ``numpy.partition`` (linear); other keys by an Arrow
+sort. Sorting two chunks' keys at every fold cost 4-6 s of a 20M-row barrier (round 17).
 """
 
 from __future__ import annotations
@@ -20,16 +22,19 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.key_types import INT_RANGES
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage.key_search import after
 from backfill_assets.storage.keyed import read_keys
 from backfill_assets.storage.log import DataFile, Snapshot
-from backfill_assets.storage.prune import VNODE
+from backfill_assets.storage.prune import VNODE, vnode_span
 
 _THREADS = 4  # pyarrow's parquet reads and compute kernels release the GIL
+_FOLD = 4  # chunks' worth of keys held before they are folded into one
 
 
 @dataclass(frozen=True)
@@ -48,45 +53,92 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
     """The cut of the first ``limit`` live rows of ``vnodes`` after ``pos`` (None: from the
     start) among ``files`` (``seek.chunk_files``' pick for the run: they hold every such
     row; a file may also hold other vnodes' rows, which do not count)."""
-    sort_keys = _sort_keys(key_order)
-    run = pa.array(sorted(vnodes), snap.arrow_schema.field(VNODE).type)
+    rank = _IntRanks(key_order, limit) if _one_integer(key_order) \
+        else _SortedRanks(key_order, limit)
+    run = set(vnodes)
+    wanted = pa.array(sorted(run), snap.arrow_schema.field(VNODE).type)
 
-    def smallest(f: DataFile) -> pa.Table | None:
+    def candidates(f: DataFile):
         keys = read_keys(snap, f, [*key_order.names, VNODE], live=True)
-        keys = keys.filter(pc.is_in(keys.column(VNODE), value_set=run)).select(key_order.names)
+        lo, hi = vnode_span(f)
+        if lo is None or hi is None or not all(v in run for v in range(lo, hi + 1)):
+            keys = keys.filter(pc.is_in(keys.column(VNODE), value_set=wanted))
+        keys = keys.select(key_order.names)
         if any(keys.column(c).null_count for c in key_order.names):
             return None
-        if pos is not None:
-            keys = keys.filter(after(keys, key_order, pos))
-        return _top(keys, limit, sort_keys)
+        return rank.kept(keys, pos)
 
-    kept: list[pa.Table] = []
-    held = 0
     with ThreadPoolExecutor(_THREADS) as pool:
-        for keys in pool.map(smallest, files):
+        for keys in pool.map(candidates, files):
             if keys is None:
                 return SharedCut(None, 0, null_key=True)
-            kept.append(keys)
-            held += keys.num_rows
-            if held > 2 * limit:  # fold: memory stays about two chunks of keys
-                kept = [_top(pa.concat_tables(kept), limit, sort_keys)]
-                held = kept[0].num_rows
-    if held < limit:  # no file was cut short (``_top`` keeps ``limit`` of a larger one)
-        return SharedCut(None, held)
-    top = _top(pa.concat_tables(kept), limit, sort_keys, always=True)
-    return SharedCut(tuple(top.column(c)[limit - 1].as_py() for c in key_order.names), limit)
+            rank.add(keys)
+    return rank.cut()
 
 
-def _top(keys: pa.Table, limit: int, sort_keys: list[tuple[str, str]],
-         always: bool = False) -> pa.Table:
-    """The ``limit`` smallest keys, sorted in key order (``keys`` as they are when there are
-    no more, unless ``always``). A sort, not ``select_k_unstable``: its heap of ``limit``
-    entries took 3.1 s to keep 1M of 1M keys, the sort 0.1 s."""
-    if keys.num_rows <= limit and not always:
-        return keys
-    return keys.take(pc.sort_indices(keys, sort_keys)[:limit])
+def _one_integer(key_order: KeyOrder) -> bool:
+    return len(key_order.columns) == 1 and key_order.columns[0].type in INT_RANGES
 
 
-def _sort_keys(key_order: KeyOrder) -> list[tuple[str, str]]:
-    """Key order as Arrow sort keys."""
-    return [(c.name, "descending" if c.descending else "ascending") for c in key_order.columns]
+class _IntRanks:
+    """One integer key as int64 ranks (negated when descending), folded by a partition."""
+
+    def __init__(self, key_order: KeyOrder, limit: int):
+        self.name, self.sign = key_order.columns[0].name, -1 if key_order.columns[0].descending \
+            else 1
+        self.limit, self.held, self.bound = limit, [], None
+
+    def kept(self, keys: pa.Table, pos: Key | None) -> np.ndarray:
+        ranks = keys.column(self.name).to_numpy().astype(np.int64, copy=False) * self.sign
+        if pos is not None:
+            ranks = ranks[ranks > int(pos[0]) * self.sign]
+        bound = self.bound  # read once: the main thread may tighten it meanwhile
+        return ranks if bound is None else ranks[ranks <= bound]
+
+    def add(self, ranks: np.ndarray) -> None:
+        self.held.append(ranks)
+        if sum(len(r) for r in self.held) > _FOLD * self.limit:
+            kept = np.partition(np.concatenate(self.held), self.limit - 1)[:self.limit]
+            self.held, self.bound = [kept], int(kept.max())
+
+    def cut(self) -> SharedCut:
+        ranks = np.concatenate(self.held) if self.held else np.zeros(0, np.int64)
+        if len(ranks) < self.limit:
+            return SharedCut(None, len(ranks))
+        last = int(np.partition(ranks, self.limit - 1)[self.limit - 1])
+        return SharedCut((last * self.sign,), self.limit)
+
+
+class _SortedRanks:
+    """Any key as Arrow key columns, folded by a sort in key order."""
+
+    def __init__(self, key_order: KeyOrder, limit: int):
+        self.key_order, self.limit, self.held, self.bound = key_order, limit, [], None
+        self.sort_keys = [(c.name, "descending" if c.descending else "ascending")
+                          for c in key_order.columns]
+
+    def kept(self, keys: pa.Table, pos: Key | None) -> pa.Table:
+        if pos is not None:
+            keys = keys.filter(after(keys, self.key_order, pos))
+        bound = self.bound
+        return keys if bound is None else keys.filter(pc.invert(after(keys, self.key_order,
+                                                                        bound)))
+
+    def add(self, keys: pa.Table) -> None:
+        self.held.append(keys)
+        if sum(t.num_rows for t in self.held) > _FOLD * self.limit:
+            kept = self._smallest()
+            self.held, self.bound = [kept], self._key(kept, self.limit - 1)
+
+    def cut(self) -> SharedCut:
+        rows = sum(t.num_rows for t in self.held)
+        if rows < self.limit:
+            return SharedCut(None, rows)
+        return SharedCut(self._key(self._smallest(), self.limit - 1), self.limit)
+
+    def _smallest(self) -> pa.Table:
+        keys = pa.concat_tables(self.held)
+        return keys.take(pc.sort_indices(keys, self.sort_keys)[:self.limit])
+
+    def _key(self, keys: pa.Table, i: int) -> Key:
+        return tuple(keys.column(c)[i].as_py() for c in self.key_order.names)

@@ -80,11 +80,9 @@ class ChunkReader:
         ``core.positions.chunk_cut`` keeps (read in order: up to the end of a file when that
         is within the chunk window), or its rows up to the cut (``ranged``), ranked; and the
         vnodes it exhausted (none when ``ranged``: the shared strategy decides)."""
-        if self.ranged:
-            table = self._read(task)
-            if self.upper is not None:
-                table = table.filter(pc.invert(after(table, self.key_order, self.upper)))
-            return cut_chunk(table, self.key_order, self.positions, 1 << 62, False)[0], set()
+        if self.ranged:  # each file's rows in (position, cut] kept as it is read, then sorted
+            return cut_chunk(self._read(task, self._in_range), self.key_order, {}, 1 << 62,
+                             False)[0], set()
         whole = set(task.get("whole", ()))
         if "order" in task:
             table, stopped, boundaries = self._read_in_order(task, whole)
@@ -147,12 +145,23 @@ class ChunkReader:
             rows = replica.overlay(rows, changes.cast(read), self.key_order)
         return rows.select(base.names), stopped, boundaries
 
-    def _read(self, task: dict) -> pa.Table:
-        """The task's rows (a replica's resolved with its change rows: storage/replica.py)."""
+    def _in_range(self, rows: pa.Table) -> pa.Table:
+        """A shared chunk's rows of one file: after the run's position, at or before the cut
+        (over files spanning the whole key range, most of what a task reads is outside)."""
+        pos = next(iter(self.positions.values()), None)
+        if pos is not None:
+            rows = rows.filter(after(rows, self.key_order, pos))
+        if self.upper is not None:
+            rows = rows.filter(pc.invert(after(rows, self.key_order, self.upper)))
+        return rows
+
+    def _read(self, task: dict, keep=None) -> pa.Table:
+        """The task's rows (a replica's resolved with its change rows: storage/replica.py);
+        ``keep``: applied to each file's rows as it is read (no replica)."""
         out = self.out_schema
         base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         if not self.overlay:
-            return read_task_rows(self.table_uri, self.options, self.physical, base, task)
+            return read_task_rows(self.table_uri, self.options, self.physical, base, task, keep)
         lsm = base.append(pa.field(replica.VERSION, pa.int64())).append(
             pa.field(replica.DELETED, pa.bool_()))
         rows = read_task_rows(self.table_uri, self.options, self.physical, lsm, task)
@@ -163,14 +172,16 @@ class ChunkReader:
 
 
 def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
-                   base: pa.Schema, task: dict) -> pa.Table:
+                   base: pa.Schema, task: dict, keep=None) -> pa.Table:
     """The rows of a task's vnodes (``base`` columns) in its files: DVs applied, row counts
-    checked, partition values from the log; rows of other vnodes in those files dropped."""
+    checked, partition values from the log; rows of other vnodes in those files dropped, and
+    each file's rows passed through ``keep`` when given."""
     wanted = pa.array(task["vnodes"], base.field(VNODE).type)
     tables = []
     for f in task["files"]:
         rows = file_table(table_uri, options, physical, base, f)
-        tables.append(rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted)))
+        rows = rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted))
+        tables.append(rows if keep is None else keep(rows))
     return pa.concat_tables(tables) if tables else base.empty_table()
 
 

@@ -1,12 +1,14 @@
 """no_shuffle's shared cut (``storage.shared_cut``) is the ``limit``-th live key after the
-position among the run's vnodes, whatever the files' layout: checked against a sort of the rows
+position among the run's vnodes, whatever the files' layout, and the chunk tasks that keep each
+vnode's rows up to it read exactly the first ``limit`` rows: checked against a sort of the rows
 the test wrote, over generated key orders (one or two columns, either direction), file sizes,
-deletion vectors, positions and runs. No Spark: the cut runs on the driver.
+deletion vectors, positions and runs. No Spark: the cut runs on the driver, the tasks here.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import tempfile
 
 import pyarrow as pa
@@ -20,9 +22,11 @@ from backfill_assets.storage import (
     Snapshot,
     apply_keyed,
     chunk_files,
+    chunk_tasks,
     ensure_mor_table,
     shared_cut,
 )
+from backfill_assets.storage.chunk_task import BAD_KEY
 
 SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("name", pa.string()),
                     ("vnode", pa.int32())])
@@ -72,6 +76,10 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         positions = {v: start for v in run}
         picked = chunk_files(snap.files, key_order, positions, limit, shared=True)
         cut = shared_cut(snap, picked.distinct, key_order, run, start, limit)
+        # the chunk tasks, run here: each vnode keeps its rows in (position, cut]
+        tasks, reader = chunk_tasks(snap, SCHEMA.names, key_order, positions, limit,
+                                    picked.through(cut.key, key_order), True, cut=cut)
+        read = [reader.read(json.loads(t))[0] for t in tasks]
 
     order = functools.cmp_to_key(key_order.compare)
     live = sorted((key(k) for k in keys if k not in deleted and k[1] % VNODES in run), key=order)
@@ -82,3 +90,8 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         assert (cut.key, cut.rows) == (None, len(live))
     else:
         assert (cut.key, cut.rows) == (live[limit - 1], limit)
+    chunk = pa.concat_tables(read) if read else None
+    got = [] if chunk is None else [key((r["region"], r["id"])) for r in chunk.to_pylist()]
+    assert sorted(got, key=order) == live[:limit]
+    if chunk is not None:  # each task's rows in (vnode, key) order, ranked per vnode
+        assert not any(chunk.column(BAD_KEY).to_pylist())

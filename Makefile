@@ -22,16 +22,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
-# 3 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
+# 2 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
 # them, its own standalone cluster, Connect server and S3 server, on ports of its own block
 # (tests/infra/procs.py). --dist load: xdist's loadgroup does not group under pytest 9.2 (its
 # node-id suffix is ignored), so nothing relies on grouping. --maxschedchunk 1: a worker is
 # handed tests two at a time as it frees up; by default each worker first gets a quarter of
 # its share in collection order, and the slow tests (sorted first) all went to one worker.
-# Three on two cores: two workers kept the cores 31% busy (user + sys 19 of 62 core-minutes,
-# round 16), the rest waits on JVM starts, subprocesses and servers. PYTEST_WORKERS=0: one
-# process.
-PYTEST_WORKERS ?= 3
+# PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist load \
 	--maxschedchunk 1) \
 	--durations=25

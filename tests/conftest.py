@@ -4,7 +4,7 @@ Tests use real Spark (local, loopback), real Delta tables in temporary folders a
 The Spark session is session-scoped and built by ``resources.spark.get_spark`` - the same
 ``getOrCreate`` the Dagster resource uses - so an op run in-process shares it.
 
-Under pytest-xdist (`make test`: 3 workers) every "session" here is a worker's: its own Spark
+Under pytest-xdist (`make test`: 2 workers) every "session" here is a worker's: its own Spark
 session and its own servers, on ports of its own (tests/infra/procs.py).
 """
 
@@ -29,7 +29,7 @@ if ROOT not in sys.path:
 
 # No per-example deadline (Hypothesis' default is 200 ms) and no "too slow" data generation
 # check: most property tests already say so, and the others would fail by timing alone on a
-# loaded machine (3 workers, Spark JVMs). Tests with their own suppress_health_check list
+# loaded machine (2 workers, Spark JVMs). Tests with their own suppress_health_check list
 # name too_slow there themselves.
 hypothesis_settings.register_profile("suite", deadline=None,
                                      suppress_health_check=[HealthCheck.too_slow])

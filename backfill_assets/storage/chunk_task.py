@@ -20,7 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import pickle
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -155,7 +155,8 @@ class ChunkReader:
             rows = rows.filter(pc.invert(after(rows, self.key_order, self.upper)))
         return rows
 
-    def _read(self, task: dict, keep=None) -> pa.Table:
+    def _read(self, task: dict, keep: Callable[[pa.Table], pa.Table] | None = None
+              ) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py);
         ``keep``: applied to each file's rows as it is read (no replica)."""
         out = self.out_schema
@@ -172,7 +173,8 @@ class ChunkReader:
 
 
 def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
-                   base: pa.Schema, task: dict, keep=None) -> pa.Table:
+                   base: pa.Schema, task: dict,
+                   keep: Callable[[pa.Table], pa.Table] | None = None) -> pa.Table:
     """The rows of a task's vnodes (``base`` columns) in its files: DVs applied, row counts
     checked, partition values from the log; rows of other vnodes in those files dropped, and
     each file's rows passed through ``keep`` when given."""

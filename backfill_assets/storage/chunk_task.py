@@ -40,6 +40,8 @@ from backfill_assets.storage.key_search import (
 from backfill_assets.storage.read import file_rows, unb64_table
 
 RN, BAD_KEY, VNODE = names.ROW_NUMBER, names.BAD_KEY, "vnode"
+# the mask of one file's rows a read keeps (None: all of them)
+Keep = Callable[[pa.Table], "pa.ChunkedArray | pa.Array | None"]
 
 
 class ChunkReader:
@@ -145,20 +147,20 @@ class ChunkReader:
             rows = replica.overlay(rows, changes.cast(read), self.key_order)
         return rows.select(base.names), stopped, boundaries
 
-    def _in_range(self, rows: pa.Table) -> pa.Table:
-        """A shared chunk's rows of one file: after the run's position, at or before the cut
-        (over files spanning the whole key range, most of what a task reads is outside)."""
+    def _in_range(self, rows: pa.Table) -> pa.ChunkedArray | None:
+        """A shared chunk's mask over one file's rows: after the run's position, at or before
+        the cut (over files spanning the whole key range, most of what a task reads is
+        outside, so the file is filtered once, by this mask: see ``read_task_rows``)."""
         pos = next(iter(self.positions.values()), None)
-        if pos is not None:
-            rows = rows.filter(after(rows, self.key_order, pos))
+        mask = None if pos is None else after(rows, self.key_order, pos)
         if self.upper is not None:
-            rows = rows.filter(pc.invert(after(rows, self.key_order, self.upper)))
-        return rows
+            upto = pc.invert(after(rows, self.key_order, self.upper))
+            mask = upto if mask is None else pc.and_(mask, upto)
+        return mask
 
-    def _read(self, task: dict, keep: Callable[[pa.Table], pa.Table] | None = None
-              ) -> pa.Table:
+    def _read(self, task: dict, keep: Keep | None = None) -> pa.Table:
         """The task's rows (a replica's resolved with its change rows: storage/replica.py);
-        ``keep``: applied to each file's rows as it is read (no replica)."""
+        ``keep``: the mask of each file's rows to keep, applied as it is read (no replica)."""
         out = self.out_schema
         base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])
         if not self.overlay:
@@ -173,17 +175,25 @@ class ChunkReader:
 
 
 def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping[str, str],
-                   base: pa.Schema, task: dict,
-                   keep: Callable[[pa.Table], pa.Table] | None = None) -> pa.Table:
+                   base: pa.Schema, task: dict, keep: Keep | None = None) -> pa.Table:
     """The rows of a task's vnodes (``base`` columns) in its files: DVs applied, row counts
     checked, partition values from the log; rows of other vnodes in those files dropped, and
-    each file's rows passed through ``keep`` when given."""
+    those outside ``keep``'s mask when given.
+
+    Each file is filtered at most once, by one mask, and not at all when it holds only the
+    task's vnode and no ``keep``: a filter copies every column, and three of them (vnodes,
+    position, cut) cost as much as decoding the file (2.2 s of a 20M-row no_shuffle barrier
+    that read its files in 2.1 s, round 18)."""
     wanted = pa.array(task["vnodes"], base.field(VNODE).type)
     tables = []
     for f in task["files"]:
         rows = file_table(table_uri, options, physical, base, f)
-        rows = rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted))
-        tables.append(rows if keep is None else keep(rows))
+        # "one": the file holds a single vnode, and it meets the task's: all of it is wanted
+        mask = None if f.get("one") else pc.is_in(rows.column(VNODE), value_set=wanted)
+        more = keep(rows) if keep is not None else None
+        if more is not None:
+            mask = more if mask is None else pc.and_(mask, more)
+        tables.append(rows if mask is None else rows.filter(mask))
     return pa.concat_tables(tables) if tables else base.empty_table()
 
 

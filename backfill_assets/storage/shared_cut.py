@@ -139,8 +139,56 @@ class _SortedRanks:
         return SharedCut(self._key(self._smallest(), self.limit - 1), self.limit)
 
     def _smallest(self) -> pa.Table:
+        """The ``limit`` smallest held keys, the largest of them last: by a partition of
+        packed ranks when they fit (``packed_ranks``), else by a sort."""
         keys = pa.concat_tables(self.held)
-        return keys.take(pc.sort_indices(keys, self.sort_keys)[:self.limit])
+        packed = packed_ranks(keys, self.key_order) if keys.num_rows > self.limit else None
+        if packed is None:
+            return keys.take(pc.sort_indices(keys, self.sort_keys)[:self.limit])
+        at = np.argpartition(packed, self.limit - 1)[:self.limit]
+        last = int(np.argmax(packed[at]))
+        at[[last, -1]] = at[[-1, last]]
+        return keys.take(pa.array(at))
 
     def _key(self, keys: pa.Table, i: int) -> Key:
         return tuple(keys.column(c)[i].as_py() for c in self.key_order.names)
+
+
+_INTEGER_LIKE = (pa.types.is_integer, pa.types.is_date, pa.types.is_timestamp)
+
+
+def packed_ranks(keys: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
+    """One int64 per row that orders the rows as their keys do (columns in turn, each in its
+    direction), or None when they do not fit 62 bits. An integer, date or timestamp column
+    packs as its offset from the smallest value held; others (strings, decimals) as the
+    dense rank of their value among the distinct values held. Ranks are relative to
+    ``keys``: they compare rows of this table only, which is all a fold needs. A composite
+    key then folds by ``numpy`` partition like one integer key: the Arrow sort of the
+    (region, id) keys of a 20M-row upstream took 15 s a barrier (round 18)."""
+    packed = np.zeros(keys.num_rows, np.int64)
+    bits = 0
+    for c in key_order.columns:
+        column = keys.column(c.name)
+        if column.null_count:
+            return None
+        if any(test(column.type) for test in _INTEGER_LIKE):
+            if pa.types.is_date32(column.type):  # no direct cast to int64
+                column = column.cast(pa.int32())
+            values = column.cast(pa.int64()).to_numpy()
+            low = int(values.min()) if len(values) else 0
+            width = (int(values.max()) - low) if len(values) else 0
+            if width.bit_length() > 62:
+                return None
+            codes = values - low
+        else:
+            distinct = pc.unique(column)
+            distinct = distinct.take(pc.sort_indices(distinct))
+            codes = pc.index_in(column, value_set=distinct).to_numpy().astype(np.int64)
+            width = len(distinct) - 1
+        if c.descending:
+            codes = width - codes
+        bits += max(1, width.bit_length())
+        if bits > 62:
+            return None
+        packed = (packed << max(1, width.bit_length())) | codes
+    return packed

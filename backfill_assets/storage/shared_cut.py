@@ -145,10 +145,8 @@ class _SortedRanks:
         packed = packed_ranks(keys, self.key_order) if keys.num_rows > self.limit else None
         if packed is None:
             return keys.take(pc.sort_indices(keys, self.sort_keys)[:self.limit])
-        at = np.argpartition(packed, self.limit - 1)[:self.limit]
-        last = int(np.argmax(packed[at]))
-        at[[last, -1]] = at[[-1, last]]
-        return keys.take(pa.array(at))
+        # the (limit - 1)-th lands in its sorted place, every smaller rank before it
+        return keys.take(pa.array(np.argpartition(packed, self.limit - 1)[:self.limit]))
 
     def _key(self, keys: pa.Table, i: int) -> Key:
         return tuple(keys.column(c)[i].as_py() for c in self.key_order.names)
@@ -187,8 +185,9 @@ def packed_ranks(keys: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
             width = len(distinct) - 1
         if c.descending:
             codes = width - codes
-        bits += max(1, width.bit_length())
+        shift = max(1, width.bit_length())
+        bits += shift
         if bits > 62:
             return None
-        packed = (packed << max(1, width.bit_length())) | codes
+        packed = (packed << shift) | codes
     return packed

@@ -53,7 +53,8 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     Spark path names it). TransformRefused: nothing written. ``tail``: a vnode whose whole
     rest fits in ``limit + tail`` keeps it. ``shared`` (no_shuffle): the driver cuts the
     run's ``limit`` rows from the candidates' key columns (storage/shared_cut.py), and each
-    vnode's task keeps its rows up to the cut."""
+    vnode's task reads only the files holding a row of the chunk and keeps its rows up to
+    the cut."""
     projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
     if projection is None:
         return None
@@ -65,10 +66,10 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     cut = None
     if shared:
         cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions),
-                                 next(iter(positions.values()), None), limit)
+                                 next(iter(positions.values()), None), limit, picked.floors)
         if cut.null_key:
             return None
-        picked = picked.through(cut.key, key_order)
+        picked = picked.only(lambda f: f.path in cut.files)
     tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
                                         key_order, positions, limit, picked, shared, changes,
                                         storage.parallelism(ctx.spark), tail, cut)

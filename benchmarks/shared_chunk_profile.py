@@ -52,9 +52,10 @@ def main() -> None:
 
     picked = timed("seek (chunk_files)", lambda: storage.chunk_files(
         snap.files, key_order, positions, args.limit, True))
+    candidates = len(picked.distinct)
     cut = timed("driver cut (shared_cut)", lambda: storage.shared_cut(
-        snap, picked.distinct, key_order, list(positions), pos, args.limit))
-    picked = picked.through(cut.key, key_order)
+        snap, picked.distinct, key_order, list(positions), pos, args.limit, picked.floors))
+    picked = picked.only(lambda f: f.path in cut.files)
     tasks, reader = storage.chunk_tasks(snap, replica_schema(snap.arrow_schema).names,
                                         key_order, positions, args.limit, picked, True, None,
                                         args.threads, 0, cut)
@@ -71,7 +72,8 @@ def main() -> None:
     with ThreadPoolExecutor(args.threads) as pool:
         kept = timed("tasks: rows in range, sorted", lambda: sum(pool.map(in_range, tasks)))
         decoded = timed("the same files decoded", lambda: sum(pool.map(decode, tasks)))
-    print(f"cut {cut.key} ({cut.rows:,} rows); {len(picked.distinct)} files of "
+    print(f"cut {cut.key} ({cut.rows:,} rows); of {candidates} candidate files, the tasks "
+          f"read {len(picked.distinct)} files of "
           f"{picked.rows_scanned:,} rows; kept {kept:,}; decoded {decoded:,}")
     for name, s in seconds.items():
         print(f"  {name:32s} {s:8.3f} s")

@@ -35,7 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from backfill_assets.core.errors import InvalidKeyValue
-from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.key_floor import Floor, admits_at_or_before, compare_floors, floor_after
+from backfill_assets.core.keys import Key, KeyOrder, normalize_value
 from backfill_assets.storage.log import DataFile
 from backfill_assets.storage.prune import VNODE, _bound, files_in_vnodes, vnode_span
 from backfill_assets.storage.write import KEY_BOUNDS
@@ -59,6 +60,8 @@ class ChunkFiles:
 
     groups: dict[tuple[int, ...], list[DataFile]]
     lowers: dict[str, Key | None] = field(default_factory=dict)  # path -> lower key bound
+    # shared: path -> the least key it can hold after the position (core/key_floor.py)
+    floors: dict[str, Floor] = field(default_factory=dict)
     # groups whose every file with rows after the position was taken (what lets a read
     # keep a vnode's whole rest: ``core.positions.keep_rows``)
     whole: frozenset[tuple[int, ...]] = frozenset()
@@ -71,16 +74,10 @@ class ChunkFiles:
                 seen.setdefault(f.path, f)
         return list(seen.values())
 
-    def through(self, cut: Key | None, key_order: KeyOrder) -> ChunkFiles:
-        """Only the files that can hold a key at or before ``cut`` (None: all): a file whose
-        lower bound is after the cut holds no row of the chunk."""
-        if cut is None:
-            return self
-        cmp = key_order.compare
-        groups = {g: [f for f in files if self.lowers.get(f.path) is None
-                      or cmp(self.lowers[f.path], cut) <= 0]
-                  for g, files in self.groups.items()}
-        return ChunkFiles(groups, self.lowers, self.whole)
+    def only(self, keep) -> ChunkFiles:
+        """The files ``keep(file)`` is true of (a predicate on a DataFile)."""
+        groups = {g: [f for f in files if keep(f)] for g, files in self.groups.items()}
+        return ChunkFiles(groups, self.lowers, self.floors, self.whole)
 
     @property
     def rows_scanned(self) -> int:
@@ -101,16 +98,17 @@ def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
     out = {}
     whole = set()
     lowers: dict[str, Key | None] = {}
+    floors: dict[str, Floor] = {}
     meeting = _by_vnode(files) if not shared else None
     for group in groups:
         pos = positions[group[0]]
         more = sum((extra or {}).get(v, 0) for v in group)
         candidates = files_in_vnodes(files, group) if meeting is None else meeting(group[0])
         out[group], all_taken = _pick(candidates, set(group), pos, key_order, limit + more,
-                                      lowers)
+                                      lowers, floors if shared else None)
         if all_taken:
             whole.add(group)
-    return ChunkFiles(out, lowers, frozenset(whole))
+    return ChunkFiles(out, lowers, floors, frozenset(whole))
 
 
 def _by_vnode(files: Sequence[DataFile]):
@@ -132,21 +130,28 @@ def _by_vnode(files: Sequence[DataFile]):
 
 
 class _Bounds:
-    """A file's key bounds in key order (None: unbounded on that side) and vnode span."""
+    """A file's key bounds in key order (None: unbounded on that side), its per-column box
+    (``low``, ``high``: per pk column, None where unbounded) and vnode span."""
 
     def __init__(self, f: DataFile, key_order: KeyOrder):
         self.file = f
         key = (f.path, f.size, key_order)  # a file's stats never change: computed once
         known = _BOUNDS.get(key)
         if known is None:
-            known = _BOUNDS[key] = (_key_bound(f, key_order, upper=False),
-                                    _key_bound(f, key_order, upper=True), _span(f))
+            box = _box(f, key_order)
+            exact = _exact(f, key_order)
+            lower, upper = exact or (_whole(key_order, box[0]), _whole(key_order, box[1]))
+            known = _BOUNDS[key] = (lower, upper, _span(f), box, exact is not None)
             if len(_BOUNDS) > 1_000_000:
                 _BOUNDS.pop(next(iter(_BOUNDS)))
-        self.lower, self.upper, self.span = known
+        self.lower, self.upper, self.span, self.box, self.exact = known
+
+    def floor(self, key_order: KeyOrder, pos: Key | None) -> Floor | None:
+        """The least key the file can hold after ``pos`` (None: none after it)."""
+        return floor_after(key_order, *self.box, pos, self.lower if self.exact else None)
 
 
-_BOUNDS: dict[tuple, tuple] = {}  # (path, size, key order) -> (lower, upper, vnode span)
+_BOUNDS: dict[tuple, tuple] = {}  # (path, size, key order) -> (lower, upper, span, box, exact)
 
 
 def _span(f: DataFile) -> tuple[int, int] | None:
@@ -157,63 +162,83 @@ def _span(f: DataFile) -> tuple[int, int] | None:
     return (int(lo), int(hi)) if isinstance(lo, int) and isinstance(hi, int) else None
 
 
-def _key_bound(f: DataFile, key_order: KeyOrder, upper: bool) -> Key | None:
-    """The file's exact first (last) key when its writer recorded it (``KEY_BOUNDS``), else
-    per-column bounds: exact for one column, loose for a composite key."""
+def _exact(f: DataFile, key_order: KeyOrder) -> tuple[Key, Key] | None:
+    """The file's exact first and last key when its writer recorded them (``KEY_BOUNDS``)."""
     exact = ((f.add_action or {}).get("tags") or {}).get(KEY_BOUNDS)
-    if exact is not None:
-        try:
-            return key_order.normalize(tuple(json.loads(exact)[1 if upper else 0]))
-        except (InvalidKeyValue, ValueError, TypeError, IndexError):
-            pass  # not for this key order: the stats decide
-    values = []
-    for c in key_order.columns:
-        side = "max" if upper != c.descending else "min"
-        value = _bound(f, side, c.name)
-        if value is None:
-            return None
-        values.append(value)
-    try:
-        return key_order.normalize(tuple(values))
-    except InvalidKeyValue:  # a stat of another type than the key's: not a usable bound
+    if exact is None:
         return None
+    try:
+        first, last = json.loads(exact)
+        return key_order.normalize(tuple(first)), key_order.normalize(tuple(last))
+    except (InvalidKeyValue, ValueError, TypeError):
+        return None  # not for this key order: the stats decide
+
+
+def _box(f: DataFile, key_order: KeyOrder) -> tuple[tuple, tuple]:
+    """Per pk column, the first and last value in key order the file's stats give (None where
+    they give none usable): a box around its keys, exact for one column, loose otherwise."""
+    low, high = [], []
+    for c in key_order.columns:
+        for side, out in (("min", low if not c.descending else high),
+                          ("max", high if not c.descending else low)):
+            value = _bound(f, side, c.name)
+            try:
+                out.append(None if value is None else normalize_value(c, value))
+            except InvalidKeyValue:  # a stat of another type than the key's: no bound
+                out.append(None)
+    return tuple(low), tuple(high)
+
+
+def _whole(key_order: KeyOrder, values: tuple) -> Key | None:
+    return None if any(v is None for v in values) else tuple(values)
 
 
 def _pick(files: Sequence[DataFile], group: set[int], pos: Key | None, key_order: KeyOrder,
-          limit: int, lowers: dict[str, Key | None]) -> tuple[list[DataFile], bool]:
+          limit: int, lowers: dict[str, Key | None], floors: dict[str, Floor] | None = None
+          ) -> tuple[list[DataFile], bool]:
     """The prefix of the group's files (by lower key bound) that holds the next ``limit``
     rows, and whether it is every file with rows after ``pos``; each taken file's lower
-    bound recorded in ``lowers``."""
+    bound recorded in ``lowers``. ``floors`` (a shared chunk): files are taken by the least
+    key they can hold after ``pos`` instead (core/key_floor.py), recorded there."""
     cmp = key_order.compare
     if pos is not None and key_order.is_placeholder(pos):
         return [], False
     bounds = [b for b in (_Bounds(f, key_order) for f in files)
               if pos is None or b.upper is None or cmp(b.upper, pos) > 0]
-
-    def by_lower(a: _Bounds, b: _Bounds) -> int:
-        if a.lower is None or b.lower is None:
-            return (b.lower is None) - (a.lower is None)
-        return cmp(a.lower, b.lower)
-
-    bounds.sort(key=functools.cmp_to_key(by_lower))
+    if floors is None:
+        starts = [_lower_floor(b.lower) for b in bounds]
+    else:
+        starts = [b.floor(key_order, pos) for b in bounds]
+        bounds, starts = [b for b, s in zip(bounds, starts, strict=True) if s is not None], \
+            [s for s in starts if s is not None]
+    order = sorted(range(len(bounds)), key=functools.cmp_to_key(
+        lambda a, b: compare_floors(key_order, starts[a], starts[b])))
     taken: list[DataFile] = []
     pending: list = []  # files entirely after the position, by upper bound, not yet before cut
     ready = 0  # live rows of files entirely inside (position, cut)
     upper_key = key_order.sort_key
-    for i, b in enumerate(bounds):
+    for n, i in enumerate(order):
+        b = bounds[i]
         taken.append(b.file)
         lowers[b.file.path] = b.lower
+        if floors is not None:
+            floors[b.file.path] = starts[i]
         inside = b.span is not None and all(v in group for v in range(b.span[0], b.span[1] + 1))
         if inside and b.lower is not None and b.upper is not None and (
                 pos is None or cmp(b.lower, pos) > 0):
             heapq.heappush(pending, (upper_key(b.upper), i, b.file.live_records or 0))
-        if i + 1 == len(bounds):
+        if n + 1 == len(order):
             break
-        cut = bounds[i + 1].lower
-        if cut is None:
+        cut = starts[order[n + 1]]
+        if not cut.prefix:
             continue
-        while pending and cmp(pending[0][0].obj, cut) < 0:
+        while pending and not admits_at_or_before(key_order, cut, pending[0][0].obj):
             ready += heapq.heappop(pending)[2]
         if ready >= limit:
             return taken, False
     return taken, True
+
+
+def _lower_floor(lower: Key | None) -> Floor:
+    """A lower key bound as a floor (None: the file may hold any key)."""
+    return Floor(()) if lower is None else Floor(tuple(lower))

@@ -9,6 +9,13 @@ than ``_FOLD`` chunks' worth are held. The ``limit``-th key of them all is the c
 chunk is then its rows in (position, cut], which the per-vnode Arrow chunk tasks read, project
 and write without knowing of each other (``chunk_task.ChunkReader`` with ``ranged``).
 
+Which files it reads: the run's files in the order of the least key each can hold after the
+position (its floor, core/key_floor.py), until the ``limit`` smallest keys held all sort before
+the next file's floor; no file after that can hold a key of the chunk. Over an upstream whose
+files each span a leading column's values but a narrow range of the next (regions x ingested
+ids), that is the files of the ids the chunk covers, not every file (round 19). The cut also
+names the files that hold a row of the chunk, so the tasks read only those.
+
 Memory: at most about ``_FOLD * limit`` keys plus one file per thread, whatever the remainder
 holds (over an upstream whose files span the whole key range, the remainder is every file not
 yet passed). Time: after a fold, a file's keys past the largest kept are dropped before they
@@ -18,14 +25,16 @@ sort. Sorting two chunks' keys at every fold cost 4-6 s of a 20M-row barrier (ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.key_floor import Floor, admits_at_or_before
 from backfill_assets.core.key_types import INT_RANGES
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage.key_search import after
@@ -34,25 +43,32 @@ from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import VNODE, vnode_span
 
 _THREADS = 4  # pyarrow's parquet reads and compute kernels release the GIL
-_FOLD = 4  # chunks' worth of keys held before they are folded into one
+# chunks' worth of keys held before they are folded into one: a fold also tightens the bound
+# that stops the read (``shared_cut``), so it comes every half chunk of new keys
+_FOLD = 1.5
 
 
 @dataclass(frozen=True)
 class SharedCut:
     """Where a shared chunk ends: ``key`` is its last key (None: it is every row after the
-    position, fewer than ``limit``); ``rows`` how many it holds. ``null_key``: a
-    candidate's pk is null, so no cut is computed (the Spark path names the row)."""
+    position, fewer than ``limit``); ``rows`` how many it holds; ``files`` the paths of the
+    files holding a row of it. ``null_key``: a candidate's pk is null, so no cut is
+    computed (the Spark path names the row)."""
 
     key: Key | None
     rows: int
     null_key: bool = False
+    files: frozenset[str] = frozenset()
 
 
 def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
-               vnodes: Sequence[int], pos: Key | None, limit: int) -> SharedCut:
+               vnodes: Sequence[int], pos: Key | None, limit: int,
+               floors: Mapping[str, Floor] | None = None) -> SharedCut:
     """The cut of the first ``limit`` live rows of ``vnodes`` after ``pos`` (None: from the
-    start) among ``files`` (``seek.chunk_files``' pick for the run: they hold every such
-    row; a file may also hold other vnodes' rows, which do not count)."""
+    start) among ``files`` (``seek.chunk_files``' pick for the run, in the order of
+    ``floors``, the least key each can hold after ``pos``: they hold every such row; a file
+    may also hold other vnodes' rows, which do not count). Without ``floors`` every file
+    is read."""
     rank = _IntRanks(key_order, limit) if _one_integer(key_order) \
         else _SortedRanks(key_order, limit)
     run = set(vnodes)
@@ -68,14 +84,51 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
         keys = keys.select(key_order.names)
         if any(keys.column(c).null_count for c in key_order.names):
             return None
-        return rank.kept(keys, pos)
+        kept = rank.kept(keys, pos)
+        return kept, rank.first(kept)
 
+    firsts: dict[str, Key] = {}  # per file read, its least key after the position
     with ThreadPoolExecutor(_THREADS) as pool:
-        for keys in pool.map(candidates, files):
-            if keys is None:
+        for i, (f, got) in enumerate(_in_order(pool, candidates, files)):
+            if got is None:
                 return SharedCut(None, 0, null_key=True)
-            rank.add(keys)
-    return rank.cut()
+            rank.add(got[0])
+            if got[1] is not None:
+                firsts[f.path] = got[1]
+            nxt = floors.get(files[i + 1].path) if floors and i + 1 < len(files) else None
+            bound = rank.bound_key()
+            if nxt is not None and bound is not None \
+                    and not admits_at_or_before(key_order, nxt, bound):
+                break  # no file after this one holds a key at or before the cut
+    cut = rank.cut()
+    held = {p for p, k in firsts.items()
+            if cut.key is None or key_order.compare(k, cut.key) <= 0}
+    return SharedCut(cut.key, cut.rows, files=frozenset(held))
+
+
+def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterable
+              ) -> Iterator[tuple[object, object]]:
+    """``(item, fn(item))`` in order, at most ``2 * _THREADS`` computed ahead: a caller that
+    stops early leaves the rest unread (those not started are cancelled)."""
+    ahead: deque[tuple[object, Future]] = deque()
+    rest = iter(items)
+    try:
+        while True:
+            while len(ahead) < 2 * _THREADS:
+                item = next(rest, _END)
+                if item is _END:
+                    break
+                ahead.append((item, pool.submit(fn, item)))
+            if not ahead:
+                return
+            item, future = ahead.popleft()
+            yield item, future.result()
+    finally:
+        for _, future in ahead:
+            future.cancel()
+
+
+_END = object()
 
 
 def _one_integer(key_order: KeyOrder) -> bool:
@@ -88,7 +141,7 @@ class _IntRanks:
     def __init__(self, key_order: KeyOrder, limit: int):
         self.name, self.sign = key_order.columns[0].name, -1 if key_order.columns[0].descending \
             else 1
-        self.limit, self.held, self.bound = limit, [], None
+        self.limit, self.held, self.bound, self.rows = limit, [], None, 0
 
     def kept(self, keys: pa.Table, pos: Key | None) -> np.ndarray:
         ranks = keys.column(self.name).to_numpy().astype(np.int64, copy=False) * self.sign
@@ -97,11 +150,18 @@ class _IntRanks:
         bound = self.bound  # read once: the main thread may tighten it meanwhile
         return ranks if bound is None else ranks[ranks <= bound]
 
+    def first(self, ranks: np.ndarray) -> Key | None:
+        return (int(ranks.min()) * self.sign,) if len(ranks) else None
+
+    def bound_key(self) -> Key | None:
+        return None if self.bound is None else (self.bound * self.sign,)
+
     def add(self, ranks: np.ndarray) -> None:
         self.held.append(ranks)
-        if sum(len(r) for r in self.held) > _FOLD * self.limit:
+        self.rows += len(ranks)
+        if self.rows > _FOLD * self.limit:
             kept = np.partition(np.concatenate(self.held), self.limit - 1)[:self.limit]
-            self.held, self.bound = [kept], int(kept.max())
+            self.held, self.bound, self.rows = [kept], int(kept.max()), self.limit
 
     def cut(self) -> SharedCut:
         ranks = np.concatenate(self.held) if self.held else np.zeros(0, np.int64)
@@ -116,6 +176,7 @@ class _SortedRanks:
 
     def __init__(self, key_order: KeyOrder, limit: int):
         self.key_order, self.limit, self.held, self.bound = key_order, limit, [], None
+        self.rows = 0
         self.sort_keys = [(c.name, "descending" if c.descending else "ascending")
                           for c in key_order.columns]
 
@@ -126,11 +187,22 @@ class _SortedRanks:
         return keys if bound is None else keys.filter(pc.invert(after(keys, self.key_order,
                                                                         bound)))
 
+    def first(self, keys: pa.Table) -> Key | None:
+        if not keys.num_rows:
+            return None
+        least = keys.take(pc.select_k_unstable(keys, 1, self.sort_keys))
+        return self._key(least, 0)
+
+    def bound_key(self) -> Key | None:
+        return self.bound
+
     def add(self, keys: pa.Table) -> None:
         self.held.append(keys)
-        if sum(t.num_rows for t in self.held) > _FOLD * self.limit:
+        self.rows += keys.num_rows
+        if self.rows > _FOLD * self.limit:
             kept = self._smallest()
             self.held, self.bound = [kept], self._key(kept, self.limit - 1)
+            self.rows = self.limit
 
     def cut(self) -> SharedCut:
         rows = sum(t.num_rows for t in self.held)

@@ -1,8 +1,11 @@
 """no_shuffle's shared cut (``storage.shared_cut``) is the ``limit``-th live key after the
-position among the run's vnodes, whatever the files' layout, and the chunk tasks that keep each
-vnode's rows up to it read exactly the first ``limit`` rows: checked against a sort of the rows
-the test wrote, over generated key orders (one or two columns, either direction), file sizes,
-deletion vectors, positions and runs. No Spark: the cut runs on the driver, the tasks here.
+position among the run's vnodes, whatever the files' layout, and the chunk tasks that read only
+the files it names and keep each vnode's rows up to it read exactly the first ``limit`` rows:
+checked against a sort of the rows the test wrote, over generated key orders (one or two
+columns, either direction), file sizes, layouts (our writer's key-sorted files with exact
+bounds; appended files in id order, regions mixed, as an ingesting upstream's; shuffled
+files), deletion vectors, positions and runs. No Spark: the cut runs on the driver, the tasks
+here.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import tempfile
 
 import pyarrow as pa
+from deltalake import write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,14 +55,17 @@ def _case(draw):
     deleted = draw(st.lists(st.sampled_from(keys), unique=True, max_size=len(keys) // 2))
     run = draw(st.sets(st.integers(0, VNODES - 1), min_size=1))
     pos = draw(st.none() | st.sampled_from(keys))
+    layout = draw(st.sampled_from(["keyed", "by_id", "shuffled"]))
+    if layout == "shuffled":
+        keys = draw(st.permutations(keys))
     return (KeyOrder(tuple(columns)), keys, deleted, sorted(run), pos,
-            draw(st.integers(1, 25)), draw(st.integers(1, 12)))
+            draw(st.integers(1, 25)), draw(st.integers(1, 12)), layout)
 
 
 @settings(max_examples=40, deadline=None)
 @given(_case())
 def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
-    key_order, keys, deleted, run, pos, limit, file_rows = case
+    key_order, keys, deleted, run, pos, limit, file_rows, layout = case
     names = key_order.names
 
     def key(row: tuple) -> tuple:
@@ -68,8 +75,13 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         uri = f"{tmp}/up"
         ensure_mor_table(uri, SCHEMA, None, cdf=True,
                          configuration={"backfill.vnodeCount": str(VNODES)})
-        apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 0}),
-                    KeyedRows(_rows([]), _rows(keys)), file_rows_max=file_rows)
+        if layout == "keyed":  # (vnode, key)-sorted files, their exact bounds tagged
+            apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 0}),
+                        KeyedRows(_rows([]), _rows(keys)), file_rows_max=file_rows)
+        else:  # files as an upstream appends them: stats only, a box per file
+            ordered = sorted(keys, key=lambda k: k[1]) if layout == "by_id" else keys
+            for i in range(0, len(ordered), file_rows):
+                write_deltalake(uri, _rows(ordered[i:i + file_rows]), mode="append")
         if deleted:  # deletion vectors on the files that hold them
             apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 1}),
                         KeyedRows(_rows(deleted), _rows([])))
@@ -77,10 +89,11 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         start = None if pos is None else key(pos)
         positions = {v: start for v in run}
         picked = chunk_files(snap.files, key_order, positions, limit, shared=True)
-        cut = shared_cut(snap, picked.distinct, key_order, run, start, limit)
-        # the chunk tasks, run here: each vnode keeps its rows in (position, cut]
+        cut = shared_cut(snap, picked.distinct, key_order, run, start, limit, picked.floors)
+        # the chunk tasks, run here, on the files the cut names: each vnode keeps its rows in
+        # (position, cut]
         tasks, reader = chunk_tasks(snap, SCHEMA.names, key_order, positions, limit,
-                                    picked.through(cut.key, key_order), True, cut=cut)
+                                    picked.only(lambda f: f.path in cut.files), True, cut=cut)
         read = [reader.read(json.loads(t))[0] for t in tasks]
 
     order = functools.cmp_to_key(key_order.compare)

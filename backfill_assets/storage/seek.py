@@ -23,7 +23,10 @@ in key-sorted files of that many rows with disjoint bounds, so a chunk picks abo
 ``limit + 2 * seekFileRows`` rows per vnode, and its task reads one file when the chunk
 before it ended where a file ends; an upstream whose files each span the whole key
 range (no_shuffle over an unclustered table) has no file entirely after any position, and a
-chunk reads every file not yet passed (docs/ARCHITECTURE.md, "Chunk reads").
+chunk picks every file not yet passed. A shared (no_shuffle) pick is ordered by each file's
+floor, the least key it can hold after the position (core/key_floor.py), so that the cut
+(storage/shared_cut.py) reads only the files up to the chunk's end (docs/ARCHITECTURE.md,
+"Chunk reads").
 """
 
 from __future__ import annotations

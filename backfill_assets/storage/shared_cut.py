@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backfill_assets.core.key_floor import Floor, admits_at_or_before
+from backfill_assets.core.key_floor import Floor, admits_at_or_before, compare_floors
 from backfill_assets.core.key_types import INT_RANGES
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage.key_search import after
@@ -43,9 +43,10 @@ from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.prune import VNODE, vnode_span
 
 _THREADS = 4  # pyarrow's parquet reads and compute kernels release the GIL
-# chunks' worth of keys held before they are folded into one: a fold also tightens the bound
-# that stops the read (``shared_cut``), so it comes every half chunk of new keys
-_FOLD = 1.5
+# chunks' worth of keys held before they are folded into one; _EAGER once the read may stop
+# soon (``shared_cut``): a fold tightens the bound that stops it
+_FOLD, _EAGER = 4, 1.5
+_AHEAD = 32  # files read ahead of the fold
 
 
 @dataclass(frozen=True)
@@ -92,10 +93,15 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
         for i, (f, got) in enumerate(_in_order(pool, candidates, files)):
             if got is None:
                 return SharedCut(None, 0, null_key=True)
-            rank.add(got[0])
+            nxt = floors.get(files[i + 1].path) if floors and i + 1 < len(files) else None
+            # the read can stop only where the floor rises (files of one floor hold no key
+            # before it, so they cannot lower the cut below it): only there is a fold, which
+            # tightens the bound, worth its cost early
+            here = floors.get(f.path) if floors else None
+            rank.add(got[0], eager=nxt is not None and here is not None
+                     and compare_floors(key_order, nxt, here) > 0)
             if got[1] is not None:
                 firsts[f.path] = got[1]
-            nxt = floors.get(files[i + 1].path) if floors and i + 1 < len(files) else None
             bound = rank.bound_key()
             if nxt is not None and bound is not None \
                     and not admits_at_or_before(key_order, nxt, bound):
@@ -108,13 +114,14 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
 
 def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterable
               ) -> Iterator[tuple[object, object]]:
-    """``(item, fn(item))`` in order, at most ``2 * _THREADS`` computed ahead: a caller that
-    stops early leaves the rest unread (those not started are cancelled)."""
+    """``(item, fn(item))`` in order, at most ``_AHEAD`` computed ahead (the readers go on
+    while the caller folds): a caller that stops early leaves the rest unread (those not
+    started are cancelled)."""
     ahead: deque[tuple[object, Future]] = deque()
     rest = iter(items)
     try:
         while True:
-            while len(ahead) < 2 * _THREADS:
+            while len(ahead) < _AHEAD:
                 item = next(rest, _END)
                 if item is _END:
                     break
@@ -156,10 +163,10 @@ class _IntRanks:
     def bound_key(self) -> Key | None:
         return None if self.bound is None else (self.bound * self.sign,)
 
-    def add(self, ranks: np.ndarray) -> None:
+    def add(self, ranks: np.ndarray, eager: bool = False) -> None:
         self.held.append(ranks)
         self.rows += len(ranks)
-        if self.rows > _FOLD * self.limit:
+        if self.rows > (_EAGER if eager else _FOLD) * self.limit:
             kept = np.partition(np.concatenate(self.held), self.limit - 1)[:self.limit]
             self.held, self.bound, self.rows = [kept], int(kept.max()), self.limit
 
@@ -196,10 +203,10 @@ class _SortedRanks:
     def bound_key(self) -> Key | None:
         return self.bound
 
-    def add(self, keys: pa.Table) -> None:
+    def add(self, keys: pa.Table, eager: bool = False) -> None:
         self.held.append(keys)
         self.rows += keys.num_rows
-        if self.rows > _FOLD * self.limit:
+        if self.rows > (_EAGER if eager else _FOLD) * self.limit:
             kept = self._smallest()
             self.held, self.bound = [kept], self._key(kept, self.limit - 1)
             self.rows = self.limit

@@ -668,6 +668,8 @@ class PhaseProfiler:
                   "pk check: fresh vnodes' snapshot (Spark groupBy)")
         self.wrap(step, "write_progress", "progress commit (delta-rs)")
         self.wrap(storage, "vnode_key_stats", "bulk: per-vnode key stats (read tasks, keys only)")
+        self.wrap(storage, "shared_cut", "no_shuffle cut: key columns (driver threads)")
+        self.wrap(storage, "write_chunk", "chunk tasks: read + project + write (Spark, Arrow)")
         self.wrap(snapshot_read, "_vnode_stats", "bulk: per-vnode key stats (Spark aggregate)")
         self.wrap(snapshot_read, "check_snapshot_keys", "bulk: pk check (Spark groupBy)")
         self.wrap(snapshot_mode, "estimate_rows", "bulk: slice plan (log stats)")

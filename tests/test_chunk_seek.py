@@ -1,7 +1,8 @@
 """Chunked modes read by a seek (issue 14, item 3): an arrangement barrier reads only the
 replica files that hold its chunk, however much of the vnode is left, and the MV stays exact
 under live DML (the oracle after the barriers; the e2e, exactness and crash tests run the
-same read to completion on one-file vnodes).
+same read to completion on one-file vnodes); no_shuffle's chunk tasks agree on the cut in
+one read of each file.
 
 The replica is created beforehand with 8-row files (production: at least 4,096) so that a
 200-row table already has many files per vnode to seek among.
@@ -23,8 +24,16 @@ from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv_store import MVTables
 from backfill_assets.seek_reads import replica_schema
 from backfill_assets.storage import bulk_write, replica
+from backfill_assets.upstream import UpstreamSpec
 from backfill_assets.upstream_check import checked_upstream
-from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
+from tests.support import (
+    LiveUpstream,
+    assert_verified,
+    drive,
+    simple_mv,
+    simple_row,
+    simple_spec,
+)
 
 VNODES, CHUNK, FILE_ROWS, CHANGES = 4, 10, 8, 4
 
@@ -117,3 +126,37 @@ def test_bulk_key_stats_from_the_log_equal_the_rows(spark, warehouse):
     for key in live.keys:
         expected.setdefault(live.spec.vnode_of((key,)), []).append(key)
     assert from_log == {v: (len(ks), (max(ks),), False) for v, ks in expected.items()}
+
+
+@pytest.mark.parametrize("pk", ["id", "region_id"])
+def test_no_shuffle_chunk_tasks_agree_on_the_cut_in_one_read(spark, warehouse, monkeypatch, pk):
+    """no_shuffle's chunk tasks, when the read is too large for the driver (forced here:
+    ``LOCAL_READ_ROWS`` 0), run as one Spark barrier stage that reads each file once and
+    agrees on the cut (storage/shared_agree.py), over a single and a composite pk with a
+    descending column. The MV is exact after every barrier under live DML, and every
+    barrier with snapshot rows went through the barrier stage."""
+    monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
+    stages = []
+    write_chunk = storage.write_chunk
+    monkeypatch.setattr(storage, "write_chunk",
+                        lambda *a, **k: stages.append(k.get("barrier")) or write_chunk(*a, **k))
+    if pk == "id":
+        live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(7),
+                            simple_row, lambda rng: rng.randint(1, 100_000))
+        d = simple_mv(VNODES, mode="no_shuffle", chunk_size=37)
+    else:
+        spec = UpstreamSpec(name="orders", columns={"region": "string", "id": "bigint",
+                                                    "qty": "int"},
+                            primary_key=("region", "id"), vnode_count=VNODES)
+        live = LiveUpstream(f"{warehouse}/orders", spec, random.Random(8),
+                            lambda rng, k: {"region": k[0], "id": k[1], "qty": rng.randint(0, 9)},
+                            lambda rng: (rng.choice(["eu", "us", "apac"]), rng.randint(-500, 500)))
+        d = MVDefinition.from_dict({
+            "name": "by_region", "upstream": "orders", "mode": "no_shuffle", "chunk_size": 37,
+            "primary_key": ["region", {"name": "id", "descending": True}],
+            "columns": ["region", "id", "qty"], "filter": "qty > 2",
+            "vnode_count": VNODES})
+    live.create(rows=200)
+    tables = MVTables.under(warehouse, d.name, "orders")
+    stats = drive(spark, d, tables, live, ranges=[range(VNODES)], changes_per_barrier=6)
+    assert stats["snapshot_rows"] > 150 and len(stages) >= 4 and all(stages), (stats, stages)

@@ -23,7 +23,7 @@ from backfill_assets.core.positions import chunk_tail
 from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv_store import MVTables
 from backfill_assets.seek_reads import replica_schema
-from backfill_assets.storage import bulk_write, replica
+from backfill_assets.storage import bulk_write, chunk_read, replica
 from backfill_assets.upstream import UpstreamSpec
 from backfill_assets.upstream_check import checked_upstream
 from tests.support import (
@@ -136,6 +136,7 @@ def test_no_shuffle_chunk_tasks_agree_on_the_cut_in_one_read(spark, warehouse, m
     descending column. The MV is exact after every barrier under live DML, and every
     barrier with snapshot rows went through the barrier stage."""
     monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
+    monkeypatch.setattr(chunk_read, "TASK_ROWS", 16)  # several tasks, merged to the slots
     stages = []
     write_chunk = storage.write_chunk
     monkeypatch.setattr(storage, "write_chunk",

@@ -131,10 +131,25 @@ def barrier_slots(spark: SparkSession) -> int:
 
 
 def one_task_per_partition(spark: SparkSession, tasks: list[str]) -> DataFrame:
-    """A one-column (``task``) frame with each task in a Spark partition of its own: one input
-    partition dealt round-robin gives each output partition exactly one row."""
-    frame = spark.createDataFrame(pa.table({"task": pa.array(tasks, pa.string())}))
-    return frame.coalesce(1).repartition(len(tasks))
+    """A one-column (``task``) frame with each task in a Spark partition of its own: a range
+    of one row per partition, each row's index mapped to its task. (A frame of the tasks
+    dealt round-robin by ``repartition`` put two tasks in one partition and none in the
+    other, for two and for four tasks: half the cores idle, and a barrier stage waiting
+    forever for a task that had nothing to do.)"""
+    return spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
+        _TaskOf(tasks), "task string")
+
+
+class _TaskOf:
+    """Picklable: a range row's index -> its task."""
+
+    def __init__(self, tasks: list[str]):
+        self.tasks = list(tasks)
+
+    def __call__(self, batches):
+        for batch in batches:
+            yield pa.record_batch([pa.array([self.tasks[i] for i in batch.column(0).to_pylist()],
+                                             pa.string())], names=["task"])
 
 
 def b64(raw: bytes | None) -> str | None:

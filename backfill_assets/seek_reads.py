@@ -20,9 +20,7 @@ from backfill_assets.core.names import BAD_KEY
 from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.core.positions import rows_to_see
 from backfill_assets.mv_spark import exact_projection
-from backfill_assets.storage import bulk_write, replica
-from backfill_assets.storage.key_search import searchable_key
-from backfill_assets.storage.seek import ChunkFiles
+from backfill_assets.storage import replica
 from backfill_assets.storage.spark_types import col
 
 if TYPE_CHECKING:
@@ -53,12 +51,10 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     phase of the MV commit, as a bulk step's), with the rows of the files read; None when
     the definition does not compile to Arrow, or (``shared``) a candidate's pk is null (the
     Spark path names it). TransformRefused: nothing written. ``tail``: a vnode whose whole
-    rest fits in ``limit + tail`` keeps it. ``shared`` (no_shuffle): the chunk tasks read
-    each file once and agree on where the run's ``limit`` rows end (storage/shared_agree.py:
-    a Spark barrier stage, pk types that binary-search); otherwise (a Connect session, a
-    read small enough for the driver) the driver cuts them from the candidates' key columns
-    (storage/shared_cut.py), and each vnode's task reads only the files holding a row of
-    the chunk and keeps its rows up to the cut."""
+    rest fits in ``limit + tail`` keeps it. ``shared`` (no_shuffle): the driver cuts the
+    run's ``limit`` rows from the candidates' key columns (storage/shared_cut.py), and each
+    vnode's task reads only the files holding a row of the chunk and keeps its rows up to
+    the cut."""
     projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
     if projection is None:
         return None
@@ -67,15 +63,6 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
         raise ValueError("a shared chunk reads the upstream, never a replica's change rows")
     picked = storage.chunk_files(files, key_order, positions, rows_to_see(limit, tail), shared,
                                  None if changes is None else replica.tombstones(changes))
-    names = replica_schema(ctx.upstream_schema).names
-    slots = storage.barrier_slots(ctx.spark) if shared else 0
-    if slots and picked.rows_scanned > bulk_write.LOCAL_READ_ROWS \
-            and searchable_key(key_order):  # one read of each file: the tasks agree on the cut
-        pos = next(iter(positions.values()), None)
-        tasks, reader = storage.agreed_tasks(*storage.chunk_tasks(
-            snap, names, key_order, positions, limit, picked, True, None, slots),
-            picked.floors, pos, slots)
-        return _written(ctx, tasks, reader, projection, mv, snap, picked, barrier=True)
     cut = None
     if shared:
         cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions),
@@ -83,20 +70,13 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
         if cut.null_key:
             return None
         picked = picked.only(lambda f: f.path in cut.files)
-    tasks, reader = storage.chunk_tasks(snap, names, key_order, positions, limit, picked,
-                                        shared, changes, storage.parallelism(ctx.spark), tail,
-                                        cut)
-    return _written(ctx, tasks, reader, projection, mv, snap, picked)
-
-
-def _written(ctx: SourceContext, tasks: list[str], reader, projection, mv: storage.Snapshot,
-             snap: storage.Snapshot, picked: ChunkFiles, barrier: bool = False
-             ) -> tuple[storage.BulkWritten, int]:
-    """The chunk tasks run: the chunk projected and written into ``mv`` (not committed)."""
+    tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
+                                        key_order, positions, limit, picked, shared, changes,
+                                        storage.parallelism(ctx.spark), tail, cut)
     written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
                                   mv.uri, mv.storage_options, mv.arrow_schema,
                                   max_rows_per_file=storage.file_rows_for(snap.live_rows),
-                                  rows_read=picked.rows_scanned, barrier=barrier)
+                                  rows_read=picked.rows_scanned)
     return written, picked.rows_scanned
 
 

@@ -10,9 +10,7 @@ Public surface (everything else in the package is its inside):
   statistics, chunked in the read tasks (seek.py, chunk_read.py); ``chunk_tasks`` +
   ``write_chunk``: the same chunk projected and written by Python tasks (two-phase, as
   ``write_bulk``); ``shared_cut``: where no_shuffle's shared chunk ends, from the candidates'
-  key columns on the driver (then ``chunk_tasks(cut=...)``), or ``agreed_tasks``: the chunk
-  tasks agree on it among themselves in a barrier stage of ``barrier_slots`` tasks, each file
-  read once (shared_agree.py); ``replica``: the arrangement
+  key columns on the driver (then ``chunk_tasks(cut=...)``); ``replica``: the arrangement
   replica's base and change rows (replica.py);
 - ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed (an exact Arrow
   projection) and written by Python tasks alone, which report each vnode's rows and last key;
@@ -55,9 +53,8 @@ from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes, apply_keyed, file_rows_for
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
-from backfill_assets.storage.read import barrier_slots, parallelism, read_snapshot
+from backfill_assets.storage.read import parallelism, read_snapshot
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
-from backfill_assets.storage.shared_agree import agreed_tasks
 from backfill_assets.storage.shared_cut import SharedCut, shared_cut
 from backfill_assets.storage.spark_types import col, spark_type
 from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
@@ -71,7 +68,6 @@ __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile
            "file_rows_for", "key_counts", "open_mor_table", "parallelism", "read_chunk",
            "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "shared_cut", "SharedCut",
-           "agreed_tasks", "barrier_slots",
            "spark_type", "vnode_key_stats",
            "vnode_stats_from_log", "write_bulk", "write_chunk", "write_copy"]
 

@@ -171,26 +171,24 @@ def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
 
 def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
-                schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None,
-                barrier: bool = False) -> BulkWritten:
+                schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None
+                ) -> BulkWritten:
     """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
     the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
-    tasks may read; at most ``LOCAL_READ_ROWS`` run in this process (``_local_manifest``).
-    ``barrier``: the tasks run as one Spark barrier stage (they talk to each other:
-    storage/shared_agree.py), never in this process."""
+    tasks may read; at most ``LOCAL_READ_ROWS`` run in this process (``_local_manifest``)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)
-    local = not barrier and rows_read is not None and rows_read <= LOCAL_READ_ROWS
-    manifest = _local_manifest(tasks, task) if local else _manifest(spark, tasks, task, barrier)
+    local = rows_read is not None and rows_read <= LOCAL_READ_ROWS
+    manifest = _local_manifest(tasks, task) if local else _manifest(spark, tasks, task)
     return _collected(manifest, table_uri, storage_options)
 
 
-def _manifest(spark: SparkSession, tasks: list[str], task, barrier: bool = False) -> list:
+def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
     return one_task_per_partition(spark, tasks).mapInArrow(
-        task, MANIFEST, barrier=barrier).collect() if tasks else []
+        task, MANIFEST).collect() if tasks else []
 
 
 def _local_manifest(tasks: list[str], task) -> list[dict]:

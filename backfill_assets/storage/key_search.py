@@ -47,11 +47,6 @@ def count_before(rows: pa.Table, key_order: KeyOrder, cut: Key, ordered: bool = 
 _SEARCHABLE = frozenset({*INT_RANGES, "string"})
 
 
-def searchable_key(key_order: KeyOrder) -> bool:
-    """Pk columns all of types whose Python values order as Arrow sorts them."""
-    return all(c.type in _SEARCHABLE for c in key_order.columns)
-
-
 def searchable(rows: pa.Table, key_order: KeyOrder) -> bool:
     """Pk columns of searchable types, and no null among them (a null pk is masked: the
     masks drop it, as the SQL of ``KeyOrder.sql_after`` does)."""

@@ -119,17 +119,6 @@ def parallelism(spark: SparkSession) -> int:
         return 4
 
 
-def barrier_slots(spark: SparkSession) -> int:
-    """Tasks a barrier stage may hold (they all run at once): the concurrent task slots of
-    a classic session's cluster; 0 on a Spark Connect session (no barrier stage from here)
-    or when Spark does not say."""
-    try:
-        sc = spark.sparkContext._jsc.sc()  # noqa: SLF001 - py4j: the JVM SparkContext
-        return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
-    except Exception:  # noqa: BLE001 - a Connect session has no SparkContext
-        return 0
-
-
 def one_task_per_partition(spark: SparkSession, tasks: list[str]) -> DataFrame:
     """A one-column (``task``) frame with each task in a Spark partition of its own: a range
     of one row per partition, each row's index mapped to its task. (A frame of the tasks

@@ -10,14 +10,10 @@ here.
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import functools
 import json
 import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
-from unittest import mock
 
 import pyarrow as pa
 from deltalake import write_deltalake
@@ -29,12 +25,10 @@ from backfill_assets.storage import (
     Intent,
     KeyedRows,
     Snapshot,
-    agreed_tasks,
     apply_keyed,
     chunk_files,
     chunk_tasks,
     ensure_mor_table,
-    shared_agree,
     shared_cut,
 )
 from backfill_assets.storage.chunk_task import BAD_KEY
@@ -65,13 +59,13 @@ def _case(draw):
     if layout == "shuffled":
         keys = draw(st.permutations(keys))
     return (KeyOrder(tuple(columns)), keys, deleted, sorted(run), pos,
-            draw(st.integers(1, 25)), draw(st.integers(1, 12)), layout, draw(st.integers(1, 3)))
+            draw(st.integers(1, 25)), draw(st.integers(1, 12)), layout)
 
 
 @settings(max_examples=40, deadline=None)
 @given(_case())
 def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
-    key_order, keys, deleted, run, pos, limit, file_rows, layout, slots = case
+    key_order, keys, deleted, run, pos, limit, file_rows, layout = case
     names = key_order.names
 
     def key(row: tuple) -> tuple:
@@ -101,10 +95,6 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         tasks, reader = chunk_tasks(snap, SCHEMA.names, key_order, positions, limit,
                                     picked.only(lambda f: f.path in cut.files), True, cut=cut)
         read = [reader.read(json.loads(t))[0] for t in tasks]
-        # the same chunk with no driver cut: ``slots`` tasks agree on it in one read each
-        tasks, reader = chunk_tasks(snap, SCHEMA.names, key_order, positions, limit, picked,
-                                    True, None, slots)
-        agreed = _agreed(*agreed_tasks(_per_vnode(tasks), reader, picked.floors, start, slots))
 
     order = functools.cmp_to_key(key_order.compare)
     live = sorted((key(k) for k in keys if k not in deleted and k[1] % VNODES in run), key=order)
@@ -115,54 +105,11 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         assert (cut.key, cut.rows) == (None, len(live))
     else:
         assert (cut.key, cut.rows) == (live[limit - 1], limit)
-    for tables in (read, agreed):
-        chunk = pa.concat_tables(tables) if tables else None
-        got = [] if chunk is None else [key((r["region"], r["id"])) for r in chunk.to_pylist()]
-        assert sorted(got, key=order) == live[:limit]
-        if chunk is not None:  # each task's rows in (vnode, key) order, ranked per vnode
-            assert not any(chunk.column(BAD_KEY).to_pylist())
-
-
-class _Gather:
-    """Spark's ``allGather`` among ``n`` threads: each gets every thread's message."""
-
-    def __init__(self, n: int):
-        self.sent, self.barrier = [None] * n, threading.Barrier(n)
-
-    def of(self, i: int):
-        def gather(message: str) -> list[str]:
-            self.sent[i] = message
-            self.barrier.wait()
-            out = list(self.sent)
-            self.barrier.wait()
-            return out
-
-        return gather
-
-
-def _per_vnode(tasks: list[str]) -> list[str]:
-    """A task per vnode (a table this small makes one task), each file filtered by vnode."""
-    return [json.dumps({"vnodes": [v], "files": [{**f, "one": False} for f in t["files"]]})
-            for t in map(json.loads, tasks) for v in t["vnodes"]]
-
-
-def _agreed(tasks: list[str], reader) -> list[pa.Table]:
-    """Each task run in a thread of its own, the threads' messages gathered as Spark's
-    ``allGather`` does; a range of more than two keys sends two quantiles, so that the
-    agreement takes several rounds even over a few rows."""
-    if not tasks:
-        return []
-    n, gather = len(tasks), _Gather(len(tasks))
-
-    def run(i: int) -> pa.Table:
-        mine = copy.copy(reader)
-        mine.gather = gather.of(i)
-        return mine.read(json.loads(tasks[i]))[0]
-
-    with mock.patch.object(shared_agree, "_ALL", 2), \
-            mock.patch.object(shared_agree, "_QUANTILES", 2), \
-            ThreadPoolExecutor(n) as pool:
-        return list(pool.map(run, range(n)))
+    chunk = pa.concat_tables(read) if read else None
+    got = [] if chunk is None else [key((r["region"], r["id"])) for r in chunk.to_pylist()]
+    assert sorted(got, key=order) == live[:limit]
+    if chunk is not None:  # each task's rows in (vnode, key) order, ranked per vnode
+        assert not any(chunk.column(BAD_KEY).to_pylist())
 
 
 _TYPES = {
@@ -220,38 +167,3 @@ def _width(values: list) -> int:
         numbers = [number(v) for v in values]
         return max(numbers) - min(numbers)
     return len(set(values)) - 1
-
-
-@settings(max_examples=60, deadline=None)
-@given(st.data())
-def test_the_tasks_agree_on_the_limit_th_key_of_them_all(data):
-    """``shared_agree.agree``: however the keys are split among the tasks (one to four),
-    every task returns the ``limit``-th smallest of all of them (None: fewer), over one or two
-    key columns in either direction; a range of more than two keys sends two quantiles, so
-    the agreement takes several rounds."""
-    columns = [KeyColumn("id", "bigint", descending=data.draw(st.booleans()))]
-    if data.draw(st.booleans()):
-        columns.insert(0, KeyColumn("region", "string", descending=data.draw(st.booleans())))
-    key_order = KeyOrder(tuple(columns))
-    keys = data.draw(st.lists(st.tuples(*([st.sampled_from("abc")] if len(columns) == 2
-                                          else []), st.integers(-50, 50)),
-                              min_size=0, max_size=80, unique=True))
-    n = data.draw(st.integers(1, 4))
-    owner = [data.draw(st.integers(0, n - 1)) for _ in keys]
-    limit = data.draw(st.integers(1, 90))
-    order = functools.cmp_to_key(key_order.compare)
-    parts = [sorted((k for k, o in zip(keys, owner, strict=True) if o == i), key=order)
-             for i in range(n)]
-    gather = _Gather(n)
-
-    def run(i: int):
-        table = pa.table({c.name: pa.array([k[j] for k in parts[i]],
-                                           pa.string() if c.type == "string" else pa.int64())
-                          for j, c in enumerate(columns)})
-        return shared_agree.agree(table, key_order, limit, gather.of(i))
-
-    with mock.patch.object(shared_agree, "_ALL", 2), \
-            mock.patch.object(shared_agree, "_QUANTILES", 2), ThreadPoolExecutor(n) as pool:
-        got = list(pool.map(run, range(n)))
-    everything = sorted(keys, key=order)
-    assert got == [everything[limit - 1] if len(everything) > limit else None] * n

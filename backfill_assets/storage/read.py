@@ -123,8 +123,7 @@ def one_task_per_partition(spark: SparkSession, tasks: list[str]) -> DataFrame:
     """A one-column (``task``) frame with each task in a Spark partition of its own: a range
     of one row per partition, each row's index mapped to its task. (A frame of the tasks
     dealt round-robin by ``repartition`` put two tasks in one partition and none in the
-    other, for two and for four tasks: half the cores idle, and a barrier stage waiting
-    forever for a task that had nothing to do.)"""
+    other, for two and for four tasks: half the cores idle.)"""
     return spark.range(0, len(tasks), 1, max(1, len(tasks))).mapInArrow(
         _TaskOf(tasks), "task string")
 

@@ -16,11 +16,12 @@ files each span a leading column's values but a narrow range of the next (region
 ids), that is the files of the ids the chunk covers, not every file (round 19). The cut also
 names the files that hold a row of the chunk, so the tasks read only those.
 
-Memory: at most about ``_FOLD * limit`` keys plus one file per thread, whatever the remainder
-holds (over an upstream whose files span the whole key range, the remainder is every file not
-yet passed). Time: after a fold, a file's keys past the largest kept are dropped before they
-are held. A single integer key folds by ``numpy.partition`` (linear); other keys by an Arrow
-sort. Sorting two chunks' keys at every fold cost 4-6 s of a 20M-row barrier (round 17).
+Memory: at most about ``_FOLD * limit`` keys plus ``_AHEAD`` files' keys read ahead,
+whatever the remainder holds (over an upstream whose files span the whole key range, the
+remainder is every file not yet passed). Time: after a fold, a file's keys past the largest
+kept are dropped before they are held. A single integer key folds by ``numpy.partition``
+(linear); other keys by a partition of packed ranks (``packed_ranks``), else an Arrow sort.
+Sorting two chunks' keys at every fold cost 4-6 s of a 20M-row barrier (round 17).
 """
 
 from __future__ import annotations

@@ -6,9 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres
+.PHONY: env classes test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres
 
-env: $(STAMP)
+env: $(STAMP) classes
+
+# the driver JVM's class archive (resources/class_archive.py): every later Spark session of this
+# venv starts ~4 s sooner and runs its first job ~2 s sooner; built once per pyspark version
+classes: $(STAMP)
+	@$(PY) -m resources.class_archive
 
 # the project's Dagster instance config (run monitoring, see dagster.yaml) in DAGSTER_HOME
 instance: $(DAGSTER_HOME)/dagster.yaml

@@ -28,6 +28,7 @@ from backfill_assets.progress_view import barrier_metadata, vnode_metadata
 from backfill_assets.step import Hook, StepReport, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
+from resources.spark import LazySession
 from resources.warehouse import WarehouseResource
 
 UPSTREAM = dg.AssetKey("upstream_table")
@@ -99,7 +100,8 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                                                          config.rate_limit).validated())
         span = split(vnodes)
         context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
-        report = run_barrier(spark.spark_session, d, tables, vnodes,
+        session = LazySession(lambda: spark.spark_session)  # a driver-only barrier: no JVM
+        report = run_barrier(session, d, tables, vnodes,
                              version=config.barrier_version, overrides=controls,
                              hook=_PhaseLog(context, span, d, tables, controls,
                                             hook or no_hook))

@@ -124,12 +124,17 @@ _VALIDATED: dict[tuple, pa.Schema] = {}
 
 
 def validate_expressions(spark: SparkSession, definition: MVDefinition,
-                         upstream_schema: pa.Schema) -> pa.Schema:
-    """`_validate` once per session, definition and upstream schema: a warm loop of small
-    barriers would otherwise pay a Spark analysis (~0.15 s) per barrier for the same answer."""
-    key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
+                         upstream_schema: pa.Schema,
+                         recorded: pa.Schema | None = None) -> pa.Schema:
+    """`_validate` once per process, definition and upstream schema: a warm loop of small
+    barriers would otherwise pay a Spark analysis (~0.15 s) per barrier for the same answer.
+    ``recorded``: the MV schema an earlier analysis of this definition over this schema gave
+    (the progress table's pin): taken as the answer, so a step that needs no other Spark work
+    never starts the session."""
+    key = (repr(definition), upstream_schema.serialize().to_pybytes())
     if key not in _VALIDATED:
-        _VALIDATED[key] = _validate(spark, definition, upstream_schema)
+        _VALIDATED[key] = recorded if recorded is not None else \
+            _validate(spark, definition, upstream_schema)
     return _VALIDATED[key]
 
 

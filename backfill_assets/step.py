@@ -162,11 +162,12 @@ class _Step:
         d, so = req.definition, req.tables.storage_options
         upstream = checked_upstream(req.tables, d, req.v_new)
         key_order = upstream.key_order
-        mv_schema = validate_expressions(spark, d, upstream.schema)
+        mv_schema = validate_expressions(spark, d, upstream.schema, upstream.mv_schema)
         mv = mv_store.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
                                         key_names=key_order.names, vnode_count=d.vnode_count)
+        pin = upstream.pin(d, mv_schema)
         progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
-                                               so, cdf=False, description=upstream.pin(d))
+                                               so, cdf=False, description=pin)
         vnodes = tuple(sorted(req.vnodes))
         strategy = strategy_for(req.mode) if req.mode else upstream.strategy
         if (req.mode or d.mode) == "no_shuffle":

@@ -4,11 +4,15 @@ The checks here turn user mistakes (no change feed, a dropped column, a changed 
 no-shuffle MV over an upstream arranged differently) into named errors that say what to do.
 The upstream columns the backfill uses are pinned in the progress table's description at the
 first step: later steps compare the upstream against that pin, so an added column is tolerated
-and a dropped or retyped one stops the MV with a clear message.
+and a dropped or retyped one stops the MV with a clear message. The pin also records the MV's
+schema as Spark's analysis of the definition gave it: a later step under the same definition
+takes it from there, so a step that reads no snapshot (a small catch-up on the driver) never
+starts a JVM.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from dataclasses import dataclass
@@ -44,14 +48,16 @@ class CheckedUpstream:
     schema: pa.Schema  # the pinned columns the backfill carries (upstream's own vnode excluded)
     key_order: KeyOrder
     strategy: PositionStrategy
+    mv_schema: pa.Schema | None = None  # recorded with the pin, for the same definition
 
     @property
     def key_types(self) -> tuple[str, ...]:
         return tuple(c.type for c in self.key_order.columns)
 
-    def pin(self, d: MVDefinition) -> str:
+    def pin(self, d: MVDefinition, mv_schema: pa.Schema) -> str:
         """The description stored on the progress table: what this state was built for."""
         return json.dumps({
+            "mv_schema": base64.b64encode(mv_schema.serialize().to_pybytes()).decode("ascii"),
             "upstream_columns": [[f.name, type_name(f.type)] for f in self.schema],
             "primary_key": list(self.key_order.names),
             "vnode_count": d.vnode_count,
@@ -75,15 +81,25 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
     schema = arrow_schema(table)
     carried = pa.schema([f for f in schema if f.name != "vnode"])
     pinned = _pinned(tables)
+    mv_schema = None
     if pinned is not None:  # first: a dropped column is the upstream's change, not the MV's
         carried = _against_pin(carried, pinned, d, tables)  # added columns are left out
+        mv_schema = _pinned_mv_schema(pinned)
     columns = {f.name: _type_name(f, tables.upstream) for f in carried}
     key_order = _key_order(d, columns)
     d.validate(columns)
     strategy = strategy_for(d.mode)
     if d.mode == "no_shuffle":
         _check_no_shuffle_layout(table, d, key_order, tables)
-    return CheckedUpstream(table.version(), carried, key_order, strategy)
+    return CheckedUpstream(table.version(), carried, key_order, strategy, mv_schema)
+
+
+def _pinned_mv_schema(pinned: dict) -> pa.Schema | None:
+    """The MV schema the pin recorded, when the pin's definition was checked against this one
+    (`_refuse_changed_definition`); None for state pinned before schemas were recorded."""
+    if "definition" not in pinned or "mv_schema" not in pinned:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(pinned["mv_schema"])))
 
 
 def _opened(tables: MVTables, d: MVDefinition, version: int | None):

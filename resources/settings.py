@@ -18,6 +18,10 @@ BACKFILL_SPARK_DRIVER_HOST address executors use to reach the        ``127.0.0.1
                            driver (spark.driver.host); a routable
                            one binds the driver to all interfaces
 BACKFILL_SPARK_CONF        extra Spark conf, a JSON object          ``{}``
+BACKFILL_SPARK_CLASS_ARCHIVE                                       ``share/backfill-assets/``
+                           the driver JVM's class archive, used     ``spark-<ver>-classes.jsa``
+                           when the file exists (resources/         under the venv
+                           class_archive.py); ``off``: none
 BACKFILL_STORAGE_OPTIONS   object-store options, a JSON object of   ``{}``
                            option -> *name of an environment
                            variable* holding the value (wired
@@ -49,6 +53,7 @@ from dataclasses import dataclass, field
 
 from backfill_assets.core.errors import InvalidSettings
 from backfill_assets.core.vnode import DEFAULT_VNODE_COUNT, MAX_VNODE_COUNT
+from resources.class_archive import ENV_CLASS_ARCHIVE, chosen_path
 
 DEFAULT_CHUNK_SIZE = 10_000
 DEFAULT_SPARK_MASTER = "local[*]"
@@ -61,6 +66,7 @@ ENV_SPARK_MASTER = "BACKFILL_SPARK_MASTER"
 ENV_SPARK_CONF = "BACKFILL_SPARK_CONF"
 ENV_SPARK_REMOTE = "BACKFILL_SPARK_REMOTE"
 ENV_SPARK_DRIVER_HOST = "BACKFILL_SPARK_DRIVER_HOST"
+ENV_SPARK_CLASS_ARCHIVE = ENV_CLASS_ARCHIVE
 DEFAULT_DRIVER_HOST = "127.0.0.1"
 ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
 ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
@@ -83,6 +89,7 @@ class Settings:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     spark_remote: str | None = None  # sc://host:port: a Spark Connect client
     spark_driver_host: str = DEFAULT_DRIVER_HOST
+    spark_class_archive: str | None = None  # the driver JVM's class archive (None: none)
     # storage option name -> name of the environment variable that holds its value
     storage_options_env: Mapping[str, str] = field(default_factory=dict)
     mv_config: str | None = None  # path of the MV definition YAML (None: the default)
@@ -216,6 +223,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         spark_conf=_json_object(env, ENV_SPARK_CONF),
         spark_remote=remote,
         spark_driver_host=driver_host,
+        spark_class_archive=chosen_path(env.get(ENV_SPARK_CLASS_ARCHIVE)),
         storage_options_env=storage_env,
         mv_config=_optional_path(env, ENV_MV_CONFIG),
         run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),

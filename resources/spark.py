@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
 
+from resources.class_archive import java_options
 from resources.settings import Settings, load_settings
 
 BASE_SPARK_CONF: dict[str, str] = {
@@ -52,6 +54,7 @@ BASE_SPARK_CONF: dict[str, str] = {
 }
 
 
+DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 REMOTE_KEY = "spark.remote"  # pyspark's own builder key for a Connect URL
 # pyspark sets these in os.environ for a Connect session; a classic session (or a child
 # process that inherits them) must not see them, or it tries to be a Connect client
@@ -61,7 +64,8 @@ LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The full Spark conf: platform defaults, then the master and driver address (or the
-    Connect URL), then BACKFILL_SPARK_CONF."""
+    Connect URL), then BACKFILL_SPARK_CONF, then the driver JVM's class archive when there
+    is one (resources/class_archive.py: a session starts ~4 s sooner)."""
     conf = dict(BASE_SPARK_CONF)
     if settings.spark_remote:
         conf[REMOTE_KEY] = settings.spark_remote
@@ -72,6 +76,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # a loopback driver binds loopback only; a routable one must accept remote executors
         conf["spark.driver.bindAddress"] = host if host in LOOPBACK_HOSTS else "0.0.0.0"
     conf.update(settings.spark_conf)
+    if not settings.spark_remote:  # a Connect client starts no JVM
+        mapped = java_options(settings.spark_class_archive)
+        if mapped:
+            own = conf.get(DRIVER_JAVA_OPTIONS, "")
+            conf[DRIVER_JAVA_OPTIONS] = f"{own} {mapped}".strip()
     return conf
 
 
@@ -140,6 +149,26 @@ def connect_session(url: str, conf: dict[str, Any]) -> Any:
             stacklevel=2,
         )
     return session
+
+
+class LazySession:
+    """A Spark session started on first use, for code that takes a session but may not need
+    one: a barrier small enough for the driver engine, under a definition its progress table
+    has pinned, never touches Spark, and then runs without starting a JVM (~8 s less per
+    `dagster job execute` of such a barrier, most of a small catch-up's time)."""
+
+    def __init__(self, start: Callable[[], Any]):
+        self._start = start
+        self._session: Any = None
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._session is None:
+            self._session = self._start()
+        return getattr(self._session, name)
 
 
 class PlatformSparkResource(LazyPySparkResource):

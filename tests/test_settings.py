@@ -115,3 +115,34 @@ def test_cluster_and_connect_settings():
         assert "SPARK_CONNECT_MODE_ENABLED" not in child_env({"X": "1"})
     finally:
         del os.environ["SPARK_CONNECT_MODE_ENABLED"]
+
+
+def test_class_archive_is_mapped_by_the_local_driver_only(tmp_path):
+    """The driver JVM maps the class archive when the file exists, after any options of the
+    user's own; `off` and a Connect session (no local JVM) leave the conf alone."""
+    from resources.class_archive import default_path
+    from resources.spark import DRIVER_JAVA_OPTIONS
+
+    archive = tmp_path / "classes.jsa"
+    named = {"BACKFILL_SPARK_CLASS_ARCHIVE": str(archive),
+             "BACKFILL_SPARK_CONF": '{"spark.driver.extraJavaOptions": "-Dx=1"}'}
+    assert load_settings({}).spark_class_archive == default_path()
+    assert load_settings({"BACKFILL_SPARK_CLASS_ARCHIVE": "off"}).spark_class_archive is None
+    assert spark_conf(load_settings(named))[DRIVER_JAVA_OPTIONS] == "-Dx=1"  # no file yet
+    archive.write_bytes(b"archive")
+    assert spark_conf(load_settings(named))[DRIVER_JAVA_OPTIONS] == \
+        f"-Dx=1 -XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
+    remote = spark_conf(load_settings({**named, "BACKFILL_SPARK_REMOTE": "sc://127.0.0.1:1"}))
+    assert remote[DRIVER_JAVA_OPTIONS] == "-Dx=1"
+    off = spark_conf(load_settings({**named, "BACKFILL_SPARK_CLASS_ARCHIVE": "off"}))
+    assert off[DRIVER_JAVA_OPTIONS] == "-Dx=1"
+
+
+def test_lazy_session_starts_on_first_use():
+    from resources.spark import LazySession
+
+    starts = []
+    session = LazySession(lambda: starts.append(1) or os)  # any object stands for the session
+    assert not session.started and starts == []
+    assert session.path is os.path and session.sep == os.sep
+    assert session.started and starts == [1]

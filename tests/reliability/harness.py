@@ -471,9 +471,9 @@ def _child_main(args: dict) -> int:
     from backfill_assets.controls import Controls
     from backfill_assets.faults import kill_hook
     from resources.settings import load_settings
-    from resources.spark import get_spark
+    from resources.spark import LazySession, get_spark
 
-    spark = get_spark(load_settings())
+    spark = LazySession(lambda: get_spark(load_settings()))  # as the Dagster op: started if used
     raw = args["mv"]
     d, tables = definition(raw), tables_of(args["warehouse"], raw, args.get("storage_options"))
     kill, meet = kill_hook(args.get("kill_at")), rendezvous_hook(args.get("rendezvous"))
@@ -492,7 +492,9 @@ def _child_main(args: dict) -> int:
     print(RESULT + json.dumps({"error": None, "v_new": report.v_new,
                                "snapshot_rows": report.snapshot_rows,
                                "forwarded_rows": report.forwarded_rows,
-                               "finished": report.finished}), flush=True)
+                               "finished": report.finished,
+                               "engine": report.engine,
+                               "spark_started": spark.started}), flush=True)
     return 0
 
 

@@ -189,9 +189,11 @@ class _Step:
                             key_order)
         report = StepReport(plan.v_new, vnodes, plan.chunk_limit, recovered=recovered)
         # a rerun of a barrier killed between its MV and progress commits completes that
-        # barrier (progress commit only) instead of stepping twice at the same version
-        replay = set(recovered) == set(vnodes) and all(
-            state.version(v) == plan.v_new for v in vnodes)
+        # barrier (progress commit only) instead of stepping twice at the same version; at
+        # an idle barrier (the version did not move) a vnode finished before it moved nothing
+        # and is not among the recovered, so it does not count against the replay
+        replay = bool(recovered) and all(state.version(v) == plan.v_new for v in vnodes) and \
+            all(v in recovered or isinstance(state.committed(v), Completed) for v in vnodes)
         return cls(req, ctx, plan, state, strategy, mv, progress_table, mv_schema,
                    report, hook, started, replay)
 

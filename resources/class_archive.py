@@ -28,7 +28,7 @@ from importlib.metadata import version
 
 ENV_CLASS_ARCHIVE = "BACKFILL_SPARK_CLASS_ARCHIVE"
 OFF = ("off", "0", "none", "false", "no")
-DUMP_SECONDS = 300  # the JVM writes the archive as it exits (~150 MB)
+DUMP_SECONDS = 300  # the JVM writes the archive as it exits (~190 MB)
 
 
 def default_path() -> str:

@@ -103,3 +103,40 @@ def test_kill_hook_is_free_unless_asked_for():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == -9, proc.stderr
     assert proc.stdout.split() == ["survived", "the", "first"]
+
+
+class _Killed(Exception):
+    """Stands for the SIGKILL of the crash matrix: raised at the commit boundary."""
+
+
+def _finished(chain: H.Chain) -> int:
+    from backfill_assets.core.progress import Completed
+
+    progress = H.recovered_progress(chain.d, chain.tables, range(H.VNODES))
+    return sum(1 for p, _ in progress.values() if isinstance(p, Completed))
+
+
+@pytest.mark.spark
+def test_idle_barrier_killed_after_its_mv_commit_replays_with_finished_vnodes(spark, tmp_path):
+    """Arrangement at one upstream version, barrier after barrier: once some vnodes have
+    finished, a barrier killed after its MV commit and run again must end where the
+    uninterrupted barrier ends (it read one chunk more until round 20)."""
+    warehouse = str(tmp_path / "warehouse")
+    live = H.orders(warehouse, seed=11)
+    barrier = H.Barrier(H.prewrite(live, rows=240, batches=0, changes=0)[0])
+    ref = H.Chain(spark, warehouse, H.mv_raw("ref_idle", "arrangement", 4, live.uri))
+    crash = H.Chain(spark, warehouse, H.mv_raw("crash_idle", "arrangement", 4, live.uri))
+    while not 0 < _finished(ref) < H.VNODES:  # the barrier before has finished some vnodes
+        assert not ref.run(barrier).finished, "no barrier left some vnodes unfinished"
+        crash.run(barrier)
+    ref.run(barrier)
+
+    def kill(point: str) -> None:
+        if point == "after_mv_commit":
+            raise _Killed(point)
+
+    with pytest.raises(_Killed):
+        crash.run(barrier, hook=kill)
+    crash.run(barrier)  # the rerun: the same barrier
+    H.assert_same_tables(ref.states[-1], crash.states[-1], "idle barrier rerun")
+    H.assert_oracle(spark, crash.d, crash.tables, "idle barrier rerun")

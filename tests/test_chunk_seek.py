@@ -48,13 +48,16 @@ def _arrangement_with_small_files(warehouse: str, chunk: int) -> tuple[MVDefinit
     return d, tables
 
 
-@pytest.mark.parametrize("engine", ["driver", "spark"])
+@pytest.mark.parametrize("engine", ["driver", "local_master", "spark"])
 def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehouse, engine,
                                                                  monkeypatch):
     """``engine``: where the chunk's read tasks run; a read this small runs in the driver
-    (``bulk_write.LOCAL_READ_ROWS``), a larger one in Spark tasks."""
-    if engine == "spark":
+    (``bulk_write.LOCAL_READ_ROWS``), and so does a larger one on a local master (the
+    tests' session: ``read.tasks_run_here``); elsewhere, in Spark tasks."""
+    if engine != "driver":
         monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
+    if engine == "spark":
+        monkeypatch.setattr(bulk_write, "tasks_run_here", lambda spark_: False)
     local_runs = []
     run_locally = bulk_write._local_manifest
     monkeypatch.setattr(bulk_write, "_local_manifest",
@@ -81,7 +84,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
     one_vnode = [f for f in copied.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
-    assert (len(local_runs) == 2) if engine == "driver" else not local_runs  # barriers 1, 2
+    assert (len(local_runs) == 2) if engine != "spark" else not local_runs  # barriers 1, 2
 
 
 def test_a_vnodes_last_sliver_is_read_with_its_last_chunk(spark, warehouse):
@@ -129,12 +132,14 @@ def test_bulk_key_stats_from_the_log_equal_the_rows(spark, warehouse):
 
 @pytest.mark.parametrize("pk", ["id", "region_id"])
 def test_no_shuffle_chunks_written_by_spark_tasks(spark, warehouse, monkeypatch, pk):
-    """no_shuffle's chunks through Spark tasks (forced here: ``LOCAL_READ_ROWS`` 0, and
+    """no_shuffle's chunks through Spark tasks (forced here: ``LOCAL_READ_ROWS`` 0, a master
+    taken as remote, and
     16-row tasks so that a chunk is several of them), over a single and a composite pk with
     a descending column: the driver's cut, then each task's rows up to it. The MV is exact
     after every barrier under live DML, and the barriers with snapshot rows ran Spark jobs of
     several tasks, one a partition (``read.one_task_per_partition``)."""
     monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
+    monkeypatch.setattr(bulk_write, "tasks_run_here", lambda spark_: False)
     monkeypatch.setattr(chunk_read, "TASK_ROWS", 16)
     jobs = []
     manifest = bulk_write._manifest

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import pickle
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +51,12 @@ from backfill_assets.storage.chunk_read import (
 )
 from backfill_assets.storage.chunk_task import first_of_each_vnode, ranked
 from backfill_assets.storage.log import Snapshot
-from backfill_assets.storage.read import READ_TASK_ROWS, one_task_per_partition, parallelism
+from backfill_assets.storage.read import (
+    READ_TASK_ROWS,
+    one_task_per_partition,
+    parallelism,
+    tasks_run_here,
+)
 from backfill_assets.storage.spark_types import exchange_schema
 from backfill_assets.storage.write import MANIFEST, FileWriter, NewFile, check_written
 
@@ -177,12 +183,19 @@ def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callab
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
     the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
-    tasks may read; at most ``LOCAL_READ_ROWS`` run in this process (``_local_manifest``)."""
+    tasks may read: at most ``LOCAL_READ_ROWS`` run in this process (``_local_manifest``),
+    and so does any chunk on a local master, one thread per core Spark would use
+    (``read.tasks_run_here``): a chunk is sized to a few tasks, and a job costs more than
+    its tasks' threads here."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)
-    local = rows_read is not None and rows_read <= LOCAL_READ_ROWS
-    manifest = _local_manifest(tasks, task) if local else _manifest(spark, tasks, task)
+    if rows_read is not None and rows_read <= LOCAL_READ_ROWS:
+        manifest = _local_manifest(tasks, task)  # no session needed: none is started
+    elif rows_read is not None and tasks_run_here(spark):
+        manifest = _local_manifest(tasks, task, max(LOCAL_THREADS, parallelism(spark)))
+    else:
+        manifest = _manifest(spark, tasks, task)
     return _collected(manifest, table_uri, storage_options)
 
 
@@ -191,15 +204,15 @@ def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
         task, MANIFEST).collect() if tasks else []
 
 
-def _local_manifest(tasks: list[str], task) -> list[dict]:
-    """The tasks run here, two at a time (parquet and Arrow release the GIL): a Spark job
-    costs 0.2-0.3 s to start and run its Python workers, more than reading the last few
+def _local_manifest(tasks: list[str], task, threads: int = LOCAL_THREADS) -> list[dict]:
+    """The tasks run here, ``threads`` at a time (parquet and Arrow release the GIL): a Spark
+    job costs 0.2-0.3 s to start and run its Python workers, more than reading the last few
     thousand rows of each vnode takes (a run's final barrier, a throttled run's chunks)."""
     def run(text: str) -> list[dict]:
         batch = pa.record_batch([pa.array([text], pa.string())], names=["task"])
         return [row for out in task(iter([batch])) for row in out.to_pylist()]
 
-    with ThreadPoolExecutor(LOCAL_THREADS) as pool:
+    with ThreadPoolExecutor(max(1, min(threads, len(tasks), os.cpu_count() or 1))) as pool:
         return [row for rows in pool.map(run, tasks) for row in rows]
 
 

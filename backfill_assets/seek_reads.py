@@ -6,6 +6,7 @@ Shared by the sources of sources.py, which differ only in the table and version 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -54,7 +55,8 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     rest fits in ``limit + tail`` keeps it. ``shared`` (no_shuffle): the driver cuts the
     run's ``limit`` rows from the candidates' key columns (storage/shared_cut.py), and each
     vnode's task reads only the files holding a row of the chunk and keeps its rows up to
-    the cut."""
+    the cut; when the tasks run in this process, the cut reads whole rows and holds the
+    chunk's, and the tasks take theirs from it (each file read once)."""
     projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
     if projection is None:
         return None
@@ -63,21 +65,28 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
         raise ValueError("a shared chunk reads the upstream, never a replica's change rows")
     picked = storage.chunk_files(files, key_order, positions, rows_to_see(limit, tail), shared,
                                  None if changes is None else replica.tombstones(changes))
+    columns = replica_schema(ctx.upstream_schema).names
+    write = functools.partial(storage.write_chunk, ctx.spark, transform=projection.project,
+                              refusal=NotExact, table_uri=mv.uri,
+                              storage_options=mv.storage_options, schema=mv.arrow_schema,
+                              max_rows_per_file=storage.file_rows_for(snap.live_rows),
+                              rows_read=picked.rows_scanned)
     cut = None
-    if shared:
+    if shared:  # run here, the cut holds the chunk's rows: each file is read once
+        threads = storage.local_threads(ctx.spark, picked.rows_scanned)
         cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions),
-                                 next(iter(positions.values()), None), limit, picked.floors)
+                                 next(iter(positions.values()), None), limit, picked.floors,
+                                 storage.file_reader(snap, columns) if threads else None)
         if cut.null_key:
             return None
+        if cut.held is not None:
+            held = storage.HeldChunk(cut.held, key_order)
+            return write(held.tasks(threads), held, threads=threads), picked.rows_scanned
         picked = picked.only(lambda f: f.path in cut.files)
-    tasks, reader = storage.chunk_tasks(snap, replica_schema(ctx.upstream_schema).names,
-                                        key_order, positions, limit, picked, shared, changes,
-                                        storage.parallelism(ctx.spark), tail, cut)
-    written = storage.write_chunk(ctx.spark, tasks, reader, projection.project, NotExact,
-                                  mv.uri, mv.storage_options, mv.arrow_schema,
-                                  max_rows_per_file=storage.file_rows_for(snap.live_rows),
-                                  rows_read=picked.rows_scanned)
-    return written, picked.rows_scanned
+    tasks, reader = storage.chunk_tasks(snap, columns, key_order, positions, limit, picked,
+                                        shared, changes, storage.parallelism(ctx.spark), tail,
+                                        cut)
+    return write(tasks, reader), picked.rows_scanned
 
 
 def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]

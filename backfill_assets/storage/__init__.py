@@ -43,11 +43,18 @@ from backfill_assets.storage.bulk_write import (
     BulkWritten,
     FirstChunk,
     TransformRefused,
+    local_threads,
     write_bulk,
     write_chunk,
     write_copy,
 )
-from backfill_assets.storage.chunk_read import chunk_tasks, read_chunk, vnode_key_stats
+from backfill_assets.storage.chunk_read import (
+    HeldChunk,
+    chunk_tasks,
+    file_reader,
+    read_chunk,
+    vnode_key_stats,
+)
 from backfill_assets.storage.commit import Intent
 from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
@@ -61,11 +68,12 @@ from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "FirstChunk",
            "Intent",
-           "KeyedRows", "Snapshot", "TransformRefused",
+           "HeldChunk", "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "change_rows_by_vnode", "apply_keyed", "chunk_files",
            "chunk_tasks",
            "ensure_mor_table",
-           "file_rows_for", "key_counts", "open_mor_table", "parallelism", "read_chunk",
+           "file_reader", "file_rows_for", "key_counts", "local_threads", "open_mor_table",
+           "parallelism", "read_chunk",
            "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "shared_cut", "SharedCut",
            "spark_type", "vnode_key_stats",

@@ -177,26 +177,34 @@ def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
 
 def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
-                schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None
-                ) -> BulkWritten:
+                schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None,
+                threads: int | None = None) -> BulkWritten:
     """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
     the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
-    tasks may read: at most ``LOCAL_READ_ROWS`` run in this process (``_local_manifest``),
-    and so does any chunk on a local master, one thread per core Spark would use
-    (``read.tasks_run_here``): a chunk is sized to a few tasks, and a job costs more than
-    its tasks' threads here."""
+    tasks may read, which decide where they run (``local_threads``); ``threads``: run them in
+    this process on that many (a reader holding its rows, ``chunk_read.HeldChunk``)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)
-    if rows_read is not None and rows_read <= LOCAL_READ_ROWS:
-        manifest = _local_manifest(tasks, task)  # no session needed: none is started
-    elif rows_read is not None and tasks_run_here(spark):
-        manifest = _local_manifest(tasks, task, max(LOCAL_THREADS, parallelism(spark)))
-    else:
-        manifest = _manifest(spark, tasks, task)
+    threads = threads or local_threads(spark, rows_read)
+    manifest = _local_manifest(tasks, task, threads) if threads else \
+        _manifest(spark, tasks, task)
     return _collected(manifest, table_uri, storage_options)
+
+
+def local_threads(spark: SparkSession, rows_read: int | None) -> int | None:
+    """How many threads of this process run a chunk read of ``rows_read`` rows, or None: in
+    Spark tasks. At most ``LOCAL_READ_ROWS`` run here (no session is started for them), and
+    so does any chunk on a local master, one thread per core Spark would use
+    (``read.tasks_run_here``): a chunk is sized to a few tasks, and a job costs more than
+    its tasks' threads here."""
+    if rows_read is None:
+        return None
+    if rows_read <= LOCAL_READ_ROWS:
+        return LOCAL_THREADS
+    return max(LOCAL_THREADS, parallelism(spark)) if tasks_run_here(spark) else None
 
 
 def _manifest(spark: SparkSession, tasks: list[str], task) -> list:

@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import math
 import pickle
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.core.keys import Key, KeyOrder
@@ -32,6 +34,7 @@ from backfill_assets.storage.chunk_task import (
     RN,
     VNODE,
     ChunkReader,
+    file_table,
     last_of_each_vnode,
     read_task_rows,
     take_chunk,
@@ -179,9 +182,7 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
         # only the files meeting the task's vnodes (a no_shuffle group's list is the run's)
         files = {f.path: f for f in files_in_vnodes(
             list({f.path: f for v in vnodes for f in per_vnode[v]}.values()), vnodes)}
-        entries = [{"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
-                    "dv": f.deletion_vector, "one": _one_vnode(f),
-                    "parts": b64(partition_row(f, parts, out))} for f in files.values()]
+        entries = [_entry(snap, f, parts, out) for f in files.values()]
         task: dict = {"vnodes": vnodes, "files": entries,
                       "whole": [v for v in vnodes if (v,) in picked.whole]}
         if picked.lowers and all(len(g) == 1 for g in picked.groups):
@@ -197,6 +198,58 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
             continue
         tasks.append(json.dumps(task))
     return tasks
+
+
+def _entry(snap: Snapshot, f: DataFile, parts: list[str], out: pa.Schema) -> dict:
+    """A task's entry for one file (what ``chunk_task.file_table`` reads)."""
+    return {"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
+            "dv": f.deletion_vector, "one": _one_vnode(f),
+            "parts": b64(partition_row(f, parts, out))}
+
+
+def file_reader(snap: Snapshot, columns: Sequence[str]) -> Callable[[DataFile], pa.Table]:
+    """One file's live rows of ``columns``, as a chunk task reads them (exchange types, DVs
+    applied, row count checked, partition values from the log): what a one-read shared cut
+    holds (storage/shared_cut.py)."""
+    schema = snap.arrow_schema
+    base = exchange_schema(pa.schema([schema.field(c) for c in columns]))
+    parts = [c for c in columns if c in snap.partition_columns]
+    physical = {c: snap.physical_names.get(c, c) for c in columns if c not in parts}
+
+    def read(f: DataFile) -> pa.Table:
+        return file_table(snap.uri, snap.storage_options, physical, base,
+                          _entry(snap, f, parts, base))
+
+    return read
+
+
+class HeldChunk:
+    """The task side of a chunk the shared cut already holds (``SharedCut.held``): a task's
+    vnodes' rows, sorted by (vnode, key) and ranked, as ``ChunkReader.read`` gives a ranged
+    chunk (run in this process only: it holds the rows)."""
+
+    def __init__(self, rows: pa.Table, key_order: KeyOrder):
+        self.rows, self.key_order = rows, key_order
+
+    def tasks(self, slots: int) -> list[str]:
+        """The chunk's vnodes in ``slots`` contiguous ranges of about equal rows."""
+        vnodes = self.rows.column(VNODE).to_numpy(zero_copy_only=False)
+        if not len(vnodes):
+            return []
+        ranges: list[list[int]] = [[]]
+        counts = np.bincount(vnodes - vnodes.min())
+        target, held = len(vnodes) / max(1, slots), 0
+        for offset in np.flatnonzero(counts):
+            if ranges[-1] and held >= target * len(ranges) and len(ranges) < slots:
+                ranges.append([])
+            ranges[-1].append(int(offset + vnodes.min()))
+            held += int(counts[offset])
+        return [json.dumps({"vnodes": r}) for r in ranges]
+
+    def read(self, task: dict) -> tuple[pa.Table, set[int]]:
+        wanted = pa.array(task["vnodes"], self.rows.schema.field(VNODE).type)
+        rows = self.rows.filter(pc.is_in(self.rows.column(VNODE), value_set=wanted))
+        return take_chunk(rows, self.key_order, {}, 1 << 62, False), set()
 
 
 def _one_vnode(f: DataFile) -> bool:

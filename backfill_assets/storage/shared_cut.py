@@ -16,6 +16,15 @@ files each span a leading column's values but a narrow range of the next (region
 ids), that is the files of the ids the chunk covers, not every file (round 19). The cut also
 names the files that hold a row of the chunk, so the tasks read only those.
 
+One read, when the chunk's tasks run in this process (``read_rows``, storage/bulk_write.py:
+a local master). Over a writer's copy-on-write layout every file holds rows of every chunk, so
+the key read above and the tasks' read of every column are two whole-table reads a barrier
+(round 21: 1.2 s and 1.6 s of a 3.2 s barrier at 20M rows, composite pk). Given a reader of
+whole rows, the cut holds the candidate rows themselves, folded as the keys are (every row at
+the bound kept: a repeated pk must still reach the chunk's key check), and ``SharedCut.held``
+is the chunk: each vnode's rows in (position, cut]. A cluster's tasks cannot share what the
+driver holds, so there the cut reads keys and the tasks read the files again.
+
 Memory: at most about ``_FOLD * limit`` keys plus ``_AHEAD`` files' keys read ahead,
 whatever the remainder holds (over an upstream whose files span the whole key range, the
 remainder is every file not yet passed). Time: after a fold, a file's keys past the largest
@@ -48,6 +57,7 @@ _THREADS = 4  # pyarrow's parquet reads and compute kernels release the GIL
 # soon (``shared_cut``): a fold tightens the bound that stops it
 _FOLD, _EAGER = 4, 1.5
 _AHEAD = 32  # files read ahead of the fold
+_FOLD_ROWS, _AHEAD_ROWS = 2, 8  # the same when whole rows are held (they weigh more)
 
 
 @dataclass(frozen=True)
@@ -61,29 +71,37 @@ class SharedCut:
     rows: int
     null_key: bool = False
     files: frozenset[str] = frozenset()
+    held: pa.Table | None = None  # read with whole rows, a file or more: the chunk's rows
 
 
 def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
                vnodes: Sequence[int], pos: Key | None, limit: int,
-               floors: Mapping[str, Floor] | None = None) -> SharedCut:
+               floors: Mapping[str, Floor] | None = None,
+               read_rows: Callable[[DataFile], pa.Table] | None = None) -> SharedCut:
     """The cut of the first ``limit`` live rows of ``vnodes`` after ``pos`` (None: from the
     start) among ``files`` (``seek.chunk_files``' pick for the run, in the order of
     ``floors``, the least key each can hold after ``pos``: they hold every such row; a file
     may also hold other vnodes' rows, which do not count). Without ``floors`` every file
-    is read."""
-    rank = _IntRanks(key_order, limit) if _one_integer(key_order) \
-        else _SortedRanks(key_order, limit)
+    is read. ``read_rows``: a file's live rows, with the key and vnode columns; the cut then
+    holds the chunk's rows (``held``: module docstring)."""
+    whole = read_rows is not None
+    rank = _IntRanks(key_order, limit) if _one_integer(key_order) and not whole \
+        else _SortedRanks(key_order, limit, whole)
     run = set(vnodes)
     wanted = pa.array(sorted(run), snap.arrow_schema.field(VNODE).type)
 
     def candidates(f: DataFile):
         lo, hi = vnode_span(f)
-        if lo is not None and hi is not None and all(v in run for v in range(lo, hi + 1)):
-            keys = read_keys(snap, f, key_order.names, live=True)  # all its rows count
-        else:  # the vnode column too: a third of the read of one integer key
-            keys = read_keys(snap, f, [*key_order.names, VNODE], live=True)
+        inside = lo is not None and hi is not None and all(v in run for v in range(lo, hi + 1))
+        if read_rows is not None:
+            keys = read_rows(f)
+        else:  # the vnode column only where it filters: a third of the read of one int key
+            keys = read_keys(snap, f, [*key_order.names, *(() if inside else (VNODE,))],
+                             live=True)
+        if not inside:
             keys = keys.filter(pc.is_in(keys.column(VNODE), value_set=wanted))
-        keys = keys.select(key_order.names)
+        if not whole:
+            keys = keys.select(key_order.names)
         if any(keys.column(c).null_count for c in key_order.names):
             return None
         kept = rank.kept(keys, pos)
@@ -91,7 +109,8 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
 
     firsts: dict[str, Key] = {}  # per file read, its least key after the position
     with ThreadPoolExecutor(_THREADS) as pool:
-        for i, (f, got) in enumerate(_in_order(pool, candidates, files)):
+        for i, (f, got) in enumerate(_in_order(pool, candidates, files,
+                                               _AHEAD_ROWS if whole else _AHEAD)):
             if got is None:
                 return SharedCut(None, 0, null_key=True)
             nxt = floors.get(files[i + 1].path) if floors and i + 1 < len(files) else None
@@ -110,19 +129,20 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
     cut = rank.cut()
     held = {p for p, k in firsts.items()
             if cut.key is None or key_order.compare(k, cut.key) <= 0}
-    return SharedCut(cut.key, cut.rows, files=frozenset(held))
+    rows = rank.held_upto(cut.key) if whole else None
+    return SharedCut(cut.key, cut.rows, files=frozenset(held), held=rows)
 
 
-def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterable
+def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, ahead_n: int
               ) -> Iterator[tuple[object, object]]:
-    """``(item, fn(item))`` in order, at most ``_AHEAD`` computed ahead (the readers go on
+    """``(item, fn(item))`` in order, at most ``ahead_n`` computed ahead (the readers go on
     while the caller folds): a caller that stops early leaves the rest unread (those not
     started are cancelled)."""
     ahead: deque[tuple[object, Future]] = deque()
     rest = iter(items)
     try:
         while True:
-            while len(ahead) < _AHEAD:
+            while len(ahead) < ahead_n:
                 item = next(rest, _END)
                 if item is _END:
                     break
@@ -180,11 +200,12 @@ class _IntRanks:
 
 
 class _SortedRanks:
-    """Any key as Arrow key columns, folded by a sort in key order."""
+    """Any key as Arrow key columns, folded by a sort in key order (``whole``: the tables
+    held are whole rows, and a fold keeps every row at the bound)."""
 
-    def __init__(self, key_order: KeyOrder, limit: int):
+    def __init__(self, key_order: KeyOrder, limit: int, whole: bool = False):
         self.key_order, self.limit, self.held, self.bound = key_order, limit, [], None
-        self.rows = 0
+        self.rows, self.whole = 0, whole
         self.sort_keys = [(c.name, "descending" if c.descending else "ascending")
                           for c in key_order.columns]
 
@@ -207,10 +228,11 @@ class _SortedRanks:
     def add(self, keys: pa.Table, eager: bool = False) -> None:
         self.held.append(keys)
         self.rows += keys.num_rows
-        if self.rows > (_EAGER if eager else _FOLD) * self.limit:
+        if self.rows > (_EAGER if eager else _FOLD_ROWS if self.whole else _FOLD) * self.limit:
             kept = self._smallest()
-            self.held, self.bound = [kept], self._key(kept, self.limit - 1)
-            self.rows = self.limit
+            self.bound = self._key(kept, self.limit - 1)
+            self.held = [self.held_upto(self.bound) if self.whole else kept]
+            self.rows = self.held[0].num_rows
 
     def cut(self) -> SharedCut:
         rows = sum(t.num_rows for t in self.held)
@@ -218,10 +240,19 @@ class _SortedRanks:
             return SharedCut(None, rows)
         return SharedCut(self._key(self._smallest(), self.limit - 1), self.limit)
 
+    def held_upto(self, key: Key | None) -> pa.Table | None:
+        """Every row held at or before ``key`` (None: all of them); None when no file was
+        read."""
+        if not self.held:
+            return None
+        rows = pa.concat_tables(self.held)
+        return rows if key is None else rows.filter(pc.invert(after(rows, self.key_order,
+                                                                     key)))
+
     def _smallest(self) -> pa.Table:
-        """The ``limit`` smallest held keys, the largest of them last: by a partition of
-        packed ranks when they fit (``packed_ranks``), else by a sort."""
-        keys = pa.concat_tables(self.held)
+        """The ``limit`` smallest held keys (key columns only), the largest of them last: by
+        a partition of packed ranks when they fit (``packed_ranks``), else by a sort."""
+        keys = pa.concat_tables([t.select(self.key_order.names) for t in self.held])
         packed = packed_ranks(keys, self.key_order) if keys.num_rows > self.limit else None
         if packed is None:
             return keys.take(pc.sort_indices(keys, self.sort_keys)[:self.limit])

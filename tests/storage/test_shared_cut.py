@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.storage import (
+    HeldChunk,
     Intent,
     KeyedRows,
     Snapshot,
@@ -29,6 +30,7 @@ from backfill_assets.storage import (
     chunk_files,
     chunk_tasks,
     ensure_mor_table,
+    file_reader,
     shared_cut,
 )
 from backfill_assets.storage.chunk_task import BAD_KEY
@@ -95,6 +97,12 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         tasks, reader = chunk_tasks(snap, SCHEMA.names, key_order, positions, limit,
                                     picked.only(lambda f: f.path in cut.files), True, cut=cut)
         read = [reader.read(json.loads(t))[0] for t in tasks]
+        # the one-read cut (tasks run in this process): whole rows held, the chunk taken
+        # from them in vnode ranges, with no second read of a file
+        whole = shared_cut(snap, picked.distinct, key_order, run, start, limit, picked.floors,
+                           file_reader(snap, SCHEMA.names))
+        held = HeldChunk(whole.held, key_order) if whole.held is not None else None
+        held_read = [held.read(json.loads(t))[0] for t in held.tasks(2)] if held else []
 
     order = functools.cmp_to_key(key_order.compare)
     live = sorted((key(k) for k in keys if k not in deleted and k[1] % VNODES in run), key=order)
@@ -105,11 +113,42 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         assert (cut.key, cut.rows) == (None, len(live))
     else:
         assert (cut.key, cut.rows) == (live[limit - 1], limit)
+    assert (whole.key, whole.rows, whole.null_key) == (cut.key, cut.rows, False)
+
+    def rows(tables: list[pa.Table]) -> list[dict]:
+        return sorted((r for t in tables for r in t.to_pylist()),
+                      key=lambda r: (r["vnode"], r["region"], r["id"]))
+
+    assert rows(held_read) == rows(read)  # every column, the ranks and key flags too
     chunk = pa.concat_tables(read) if read else None
     got = [] if chunk is None else [key((r["region"], r["id"])) for r in chunk.to_pylist()]
     assert sorted(got, key=order) == live[:limit]
     if chunk is not None:  # each task's rows in (vnode, key) order, ranked per vnode
         assert not any(chunk.column(BAD_KEY).to_pylist())
+
+
+def test_the_one_read_cut_keeps_every_row_at_its_bound(tmp_path):
+    """A pk held twice at the bound of a fold (the cut holding whole rows keeps the first
+    ``limit`` keys after each fold) reaches the chunk twice, so its key check flags it: a
+    fold keeping exactly ``limit`` rows would drop one copy, and the next chunk would start
+    after that key, losing the row unseen."""
+    uri = str(tmp_path / "up")
+    ensure_mor_table(uri, SCHEMA, None, cdf=True,
+                     configuration={"backfill.vnodeCount": str(VNODES)})
+    write_deltalake(uri, _rows([*(("a", i) for i in range(1, 11)), ("a", 5)]), mode="append")
+    write_deltalake(uri, _rows([("a", i) for i in range(11, 21)]), mode="append")
+    snap = Snapshot.load(uri)
+    key_order = KeyOrder((KeyColumn("id", "bigint"),))
+    run = list(range(VNODES))
+    positions = dict.fromkeys(run)
+    picked = chunk_files(snap.files, key_order, positions, 5, shared=True)
+    whole = shared_cut(snap, picked.distinct, key_order, run, None, 5, picked.floors,
+                       file_reader(snap, SCHEMA.names))
+    assert whole.key == (5,)
+    held = HeldChunk(whole.held, key_order)
+    chunk = pa.concat_tables([held.read(json.loads(t))[0] for t in held.tasks(2)])
+    assert sorted(chunk.column("id").to_pylist()) == [1, 2, 3, 4, 5, 5]
+    assert chunk.column(BAD_KEY).to_pylist().count(True) == 1
 
 
 _TYPES = {

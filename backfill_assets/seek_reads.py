@@ -69,8 +69,7 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     write = functools.partial(storage.write_chunk, ctx.spark, transform=projection.project,
                               refusal=NotExact, table_uri=mv.uri,
                               storage_options=mv.storage_options, schema=mv.arrow_schema,
-                              max_rows_per_file=storage.file_rows_for(snap.live_rows),
-                              rows_read=picked.rows_scanned)
+                              max_rows_per_file=storage.file_rows_for(snap.live_rows))
     cut = None
     if shared:  # run here, the cut holds the chunk's rows: each file is read once
         threads = storage.local_threads(ctx.spark, picked.rows_scanned)
@@ -79,14 +78,14 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                                  storage.file_reader(snap, columns) if threads else None)
         if cut.null_key:
             return None
+        picked = picked.only(lambda f: f.path in cut.files)  # those holding a chunk row
         if cut.held is not None:
             held = storage.HeldChunk(cut.held, key_order)
             return write(held.tasks(threads), held, threads=threads), picked.rows_scanned
-        picked = picked.only(lambda f: f.path in cut.files)
     tasks, reader = storage.chunk_tasks(snap, columns, key_order, positions, limit, picked,
                                         shared, changes, storage.parallelism(ctx.spark), tail,
                                         cut)
-    return write(tasks, reader), picked.rows_scanned
+    return write(tasks, reader, rows_read=picked.rows_scanned), picked.rows_scanned
 
 
 def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]

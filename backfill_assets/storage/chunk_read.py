@@ -28,13 +28,12 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.core.keys import Key, KeyOrder
-from backfill_assets.storage import replica
+from backfill_assets.storage import dv, replica
 from backfill_assets.storage.chunk_task import (
     BAD_KEY,
     RN,
     VNODE,
     ChunkReader,
-    file_table,
     last_of_each_vnode,
     read_task_rows,
     take_chunk,
@@ -44,6 +43,7 @@ from backfill_assets.storage.prune import files_in_vnodes, vnode_span
 from backfill_assets.storage.read import (
     READ_TASK_ROWS,
     b64,
+    file_rows,
     ipc_bytes,
     one_task_per_partition,
     parallelism,
@@ -217,8 +217,12 @@ def file_reader(snap: Snapshot, columns: Sequence[str]) -> Callable[[DataFile], 
     physical = {c: snap.physical_names.get(c, c) for c in columns if c not in parts}
 
     def read(f: DataFile) -> pa.Table:
-        return file_table(snap.uri, snap.storage_options, physical, base,
-                          _entry(snap, f, parts, base))
+        deleted = dv.load(snap.uri, f.deletion_vector, snap.storage_options) \
+            if f.deletion_vector else None
+        partition = pa.table({c: pa.array([f.partition_values.get(c)]).cast(base.field(c).type)
+                              for c in parts}) if parts else None
+        return file_rows(snap.file_uri(f.path), snap.storage_options, physical, base,
+                         rows=f.num_records, deleted=deleted, partition=partition)
 
     return read
 

@@ -210,11 +210,14 @@ class _SortedRanks:
                           for c in key_order.columns]
 
     def kept(self, keys: pa.Table, pos: Key | None) -> pa.Table:
-        if pos is not None:
-            keys = keys.filter(after(keys, self.key_order, pos))
-        bound = self.bound
-        return keys if bound is None else keys.filter(pc.invert(after(keys, self.key_order,
-                                                                        bound)))
+        """The rows after ``pos`` and at or before the bound: one mask, one filter (a
+        filter copies every column, and whole rows after the position are most of a file)."""
+        bound = self.bound  # read once: the main thread may tighten it meanwhile
+        masks = ([] if pos is None else [after(keys, self.key_order, pos)]) + \
+            ([] if bound is None else [pc.invert(after(keys, self.key_order, bound))])
+        if not masks:
+            return keys
+        return keys.filter(masks[0] if len(masks) == 1 else pc.and_kleene(*masks))
 
     def first(self, keys: pa.Table) -> Key | None:
         if not keys.num_rows:

@@ -100,7 +100,8 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                                                          config.rate_limit).validated())
         span = split(vnodes)
         context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
-        session = LazySession(lambda: spark.spark_session)  # a driver-only barrier: no JVM
+        session = LazySession(lambda: spark.spark_session,  # a driver-only barrier: no JVM
+                              spark.spark_config)
         report = run_barrier(session, d, tables, vnodes,
                              version=config.barrier_version, overrides=controls,
                              hook=_PhaseLog(context, span, d, tables, controls,

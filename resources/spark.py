@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
@@ -157,13 +157,24 @@ class LazySession:
     has pinned, never touches Spark, and then runs without starting a JVM (~8 s less per
     `dagster job execute` of such a barrier, most of a small catch-up's time)."""
 
-    def __init__(self, start: Callable[[], Any]):
+    def __init__(self, start: Callable[[], Any], conf: Mapping[str, str] | None = None):
         self._start = start
         self._session: Any = None
+        self._conf = dict(conf or {})
 
     @property
     def started(self) -> bool:
         return self._session is not None
+
+    @property
+    def planned_master(self) -> str | None:
+        """Where the session's tasks will run, from the conf it starts with, before it has
+        started: its master, ``"remote"`` for a Connect session, None when not known. The
+        storage layer asks this to run a chunk's tasks in this process on a local master
+        (``storage.read.tasks_run_here``) without starting a JVM to learn it."""
+        if REMOTE_KEY in self._conf:
+            return "remote"
+        return self._conf.get("spark.master")
 
     def __getattr__(self, name: str) -> Any:
         if self._session is None:

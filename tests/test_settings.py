@@ -146,3 +146,26 @@ def test_lazy_session_starts_on_first_use():
     assert not session.started and starts == []
     assert session.path is os.path and session.sep == os.sep
     assert session.started and starts == [1]
+
+
+def test_a_lazy_session_says_where_its_tasks_run_without_starting():
+    """``storage.read.tasks_run_here`` asks a session not started yet where it will run (its
+    conf's master): a local master runs a chunk's tasks in the driver's threads, a cluster
+    or a Connect session in Spark, and asking starts nothing. Without a conf the answer
+    needs the session (started here: any object with a local SparkContext stands for it)."""
+    from types import SimpleNamespace
+
+    from backfill_assets.storage.read import tasks_run_here
+    from resources.spark import LazySession, spark_conf
+
+    starts = []
+    for conf, here in ((spark_conf(load_settings({"BACKFILL_SPARK_MASTER": "local[2]"})), True),
+                       ({"spark.master": "spark://127.0.0.1:7077"}, False),
+                       (spark_conf(load_settings({"BACKFILL_SPARK_REMOTE": "sc://127.0.0.1:1"})),
+                        False)):
+        session = LazySession(lambda: starts.append(1), conf)
+        assert tasks_run_here(session) is here and not session.started
+    assert starts == []
+    unknown = LazySession(lambda: starts.append(1) or SimpleNamespace(
+        sparkContext=SimpleNamespace(master="local[*]")))
+    assert tasks_run_here(unknown) and unknown.started and starts == [1]

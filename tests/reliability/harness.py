@@ -471,9 +471,10 @@ def _child_main(args: dict) -> int:
     from backfill_assets.controls import Controls
     from backfill_assets.faults import kill_hook
     from resources.settings import load_settings
-    from resources.spark import LazySession, get_spark
+    from resources.spark import LazySession, get_spark, spark_conf
 
-    spark = LazySession(lambda: get_spark(load_settings()))  # as the Dagster op: started if used
+    settings = load_settings()  # as the Dagster op: started if used
+    spark = LazySession(lambda: get_spark(settings), spark_conf(settings))
     raw = args["mv"]
     d, tables = definition(raw), tables_of(args["warehouse"], raw, args.get("storage_options"))
     kill, meet = kill_hook(args.get("kill_at")), rendezvous_hook(args.get("rendezvous"))

@@ -41,12 +41,10 @@ from pyspark.sql import functions as F
 from backfill_assets.storage.bulk_write import (
     BulkRows,
     BulkWritten,
-    FirstChunk,
     TransformRefused,
     local_threads,
     write_bulk,
     write_chunk,
-    write_copy,
 )
 from backfill_assets.storage.chunk_read import (
     HeldChunk,
@@ -61,6 +59,7 @@ from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes, apply_keyed, file_rows_for
 from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
 from backfill_assets.storage.read import parallelism, read_snapshot
+from backfill_assets.storage.replica_copy import FirstChunk, write_copy
 from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
 from backfill_assets.storage.shared_cut import SharedCut, shared_cut
 from backfill_assets.storage.spark_types import col, spark_type

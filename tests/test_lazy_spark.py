@@ -45,5 +45,3 @@ def test_driver_barriers_in_a_new_process_start_no_jvm(spark, tmp_path, mode):
     changed = {**raw, "filter": "qty > 3"}  # refused by the pin, before any Spark work
     child = H.light_backfill(H.light_args(warehouse, changed, None, range(H.VNODES)))
     assert child.error == "MVDefinitionChanged", child.output[-3000:]
-
-

@@ -473,8 +473,8 @@ def _child_main(args: dict) -> int:
     from resources.settings import load_settings
     from resources.spark import LazySession, get_spark, spark_conf
 
-    settings = load_settings()  # as the Dagster op: started if used
-    spark = LazySession(lambda: get_spark(settings), spark_conf(settings))
+    settings = load_settings()
+    spark = LazySession(lambda: get_spark(settings), spark_conf(settings))  # as the op's
     raw = args["mv"]
     d, tables = definition(raw), tables_of(args["warehouse"], raw, args.get("storage_options"))
     kill, meet = kill_hook(args.get("kill_at")), rendezvous_hook(args.get("rendezvous"))

@@ -24,7 +24,7 @@ from backfill_assets.controls import Controls
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
 from backfill_assets.partitions import split, vnode_key, vnode_partitions, vnodes_of
-from backfill_assets.progress_view import barrier_metadata, vnode_metadata
+from backfill_assets.progress_view import barrier_metadata, read_cost, vnode_metadata
 from backfill_assets.step import Hook, StepReport, no_hook
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -107,6 +107,9 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                              hook=_PhaseLog(context, span, d, tables, controls,
                                             hook or no_hook))
         figs = figures(d, tables, controls, report.v_new)
+        cost = read_cost(report, figs, d.mode)
+        if cost is not None and cost.layout_bound:  # no_shuffle over an unclustered upstream
+            context.log.warning(cost.statement())
         if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
             context.log.warning(f"change feed gone, re-snapshot: {report.extra['resnapshots']}")
             context.log_event(dg.AssetObservation(MV, metadata={

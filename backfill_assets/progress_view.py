@@ -12,6 +12,7 @@ import dagster as dg
 from backfill_assets.controls import Controls
 from backfill_assets.core.figures import MVFigures, state_ranges
 from backfill_assets.core.progress import Completed, InProgress
+from backfill_assets.core.read_cost import ReadCost
 from backfill_assets.step import StepReport
 
 
@@ -85,6 +86,22 @@ def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
         "step_seconds": dg.MetadataValue.float(round(report.seconds, 3)),
         **{k: _value(v) for k, v in report.extra.items()},  # e.g. snapshot mode's slices
     }
+
+
+def read_cost(report: StepReport, figures: MVFigures, mode: str) -> ReadCost | None:
+    """The barrier's snapshot read against its chunk (None: it read no files by a seek), with
+    its figure added to the barrier's metadata and, when the upstream's layout bounds it, the
+    statement of that bound (``read_bound_by_layout``)."""
+    scanned = report.extra.get("snapshot_rows_scanned")
+    if scanned is None:
+        return None
+    cost = ReadCost(mode, report.snapshot_rows, int(scanned),
+                    max(0, figures.upstream_rows - figures.snapshot_rows_done),
+                    report.chunk_limit, figures.upstream_rows)
+    report.extra["snapshot_read_amplification"] = round(cost.amplification, 1)
+    if cost.layout_bound:
+        report.extra["read_bound_by_layout"] = cost.statement()
+    return cost
 
 
 def _value(v: object) -> dg.MetadataValue:

@@ -23,12 +23,15 @@ from backfill_assets.storage import Snapshot
 
 def read_all(snap: Snapshot, columns: list[str] | None, threads: int) -> int:
     """Rows read: every live file of ``snap``, whole (DVs are not applied: the read is the
-    cost, and the platform's upstream has none)."""
+    cost, and the platform's upstream has none). A file is opened as the storage layer opens
+    it (``pq.ParquetFile``, then one read of the columns): ``pq.read_table`` builds a dataset
+    per call, which over the writer's 1,860 small files took 0.6 s of a 1.8 s read (round 22)."""
     physical = None if columns is None else [snap.physical_names.get(c, c) for c in columns
                                              if c not in snap.partition_columns]
 
     def one(path: str) -> int:
-        return pq.read_table(snap.file_uri(path), columns=physical, use_threads=False).num_rows
+        return pq.ParquetFile(snap.file_uri(path)).read(columns=physical,
+                                                        use_threads=False).num_rows
 
     with ThreadPoolExecutor(threads) as pool:
         return sum(pool.map(one, [f.path for f in snap.files]))

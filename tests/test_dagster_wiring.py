@@ -102,6 +102,7 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
     assert barrier["rows_read_from_snapshot"].value == 40
     assert 0 < barrier["percent_done"].value < 100 and barrier["state"].value == "backfilling"
     assert barrier["vnode_states"].value == "in progress 3; not started 0..2, 4..7"
+    assert "read_bound_by_layout" not in barrier  # its replica is laid out for the seek
     # never observed: Dagster would then fetch its data versions, and an unranged run fails
     assert ("upstream_table", None) not in observed
     progress_check = result.get_asset_check_evaluations()[0]  # a warning until all finished
@@ -113,6 +114,38 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
                                       "warehouse": warehouse_resource(settings)})
     evaluation = check.get_asset_check_evaluations()[0]
     assert evaluation.passed and evaluation.metadata["vnodes_compared"].value == VNODES
+
+
+def test_materialize_says_when_the_upstream_layout_bounds_no_shuffle(spark, tmp_path, warehouse,
+                                                                     monkeypatch):
+    """no_shuffle over an upstream whose files each span their vnode's key range (one insert,
+    then copy-on-write merges) reads every file for every chunk: the barrier says so, with
+    the figures, in its metadata and log (core/read_cost.py; its row floor lowered to this
+    table's size)."""
+    from backfill_assets.core import read_cost
+
+    monkeypatch.setattr(read_cost, "MIN_SCANNED_ROWS", 0)
+    run_load(f"{warehouse}/upstream", LoadParams(seed=4, initial_rows=2000, versions=2,
+                                                 changes_per_version=20), vnode_count=VNODES)
+    monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
+    settings = load_settings()
+    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=100, mode="no_shuffle"))
+    result = dg.materialize(build_assets(d, settings), instance=dg.DagsterInstance.ephemeral(),
+                            tags={"dagster/asset_partition_range_start": "0",  # one run: all
+                                  "dagster/asset_partition_range_end": str(VNODES - 1)},
+                            resources={"spark": spark_resource(settings),
+                                       "warehouse": warehouse_resource(settings)})
+    assert result.success
+    barrier = next(o.metadata for o in (
+        e.event_specific_data.asset_observation for e in result.all_events
+        if e.event_type_value == "ASSET_OBSERVATION") if o.partition is None)
+    assert barrier["rows_read_from_snapshot"].value == 100
+    scanned = barrier["snapshot_rows_scanned"].value
+    assert scanned > 1000 and barrier["snapshot_read_amplification"].value == round(
+        scanned / 100, 1)
+    statement = barrier["read_bound_by_layout"].value
+    assert f"decoded {scanned:,} upstream rows to take a chunk of 100" in statement
+    assert "Mode 'arrangement'" in statement
 
 
 def test_barrier_sensor_turns_versions_into_ranged_runs(tmp_path, warehouse, monkeypatch):

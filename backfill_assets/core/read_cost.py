@@ -1,0 +1,80 @@
+"""What a chunked barrier's snapshot read cost against what it took, and what that predicts.
+
+A chunk read seeks: it decodes only the files whose key bounds can hold the chunk
+(storage/seek.py). Over files sorted by key with narrow bounds (arrangement's replica, or an
+upstream kept clustered by its pk) that is the chunk plus a file or two per vnode. no_shuffle
+reads the upstream's own files, and when they are not clustered by the pk (a copy-on-write
+writer rewrites a vnode's rows into one file in no key order; a composite pk's leading column
+spans every file) every file can hold a row of every chunk. Each barrier then decodes about the
+whole table to take ``chunk_limit`` rows of it, so the backfill reads about
+``table_rows ** 2 / chunk_limit`` rows and its time per row grows with the table: a cost of
+the layout that no engine avoids without a sorted copy of the upstream (which is arrangement's
+replica). Nothing here is wrong, so the barrier does not stop; it says so, with the numbers,
+once the read is large enough to matter (docs/BENCHMARKS.md, round 22).
+
+Pure arithmetic: the adapters hand in the counts a barrier already reports.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# a read that decodes this many times the rows it takes, and at least this many rows, is
+# bounded by the layout (a clustered read decodes the chunk plus a file or two per vnode)
+AMPLIFICATION = 4.0
+MIN_SCANNED_ROWS = 100_000
+
+
+@dataclass(frozen=True)
+class ReadCost:
+    """One barrier's snapshot read: ``chunk_rows`` taken, ``rows_scanned`` decoded (the rows
+    of the files the seek picked), ``rows_left`` still after the positions (whole MV)."""
+
+    mode: str
+    chunk_rows: int
+    rows_scanned: int
+    rows_left: int
+    chunk_limit: int
+    table_rows: int
+
+    @property
+    def amplification(self) -> float:
+        """Rows decoded per row taken (1.0 when the read took nothing it decoded)."""
+        return self.rows_scanned / self.chunk_rows if self.chunk_rows else 1.0
+
+    @property
+    def layout_bound(self) -> bool:
+        """Whether this read cost what the upstream's layout imposes rather than the chunk:
+        a no_shuffle read (the only mode that reads files it does not lay out) that decoded
+        ``AMPLIFICATION`` times its rows and rows enough to matter, with more chunks to come."""
+        return (self.mode == "no_shuffle" and self.rows_left > 0
+                and self.rows_scanned >= MIN_SCANNED_ROWS
+                and self.amplification >= AMPLIFICATION)
+
+    @property
+    def barriers_left(self) -> int:
+        return math.ceil(self.rows_left / self.chunk_limit) if self.chunk_limit > 0 else 0
+
+    @property
+    def projected_rows(self) -> int:
+        """Rows the rest of the backfill will decode if every barrier reads what this one
+        did (over files that each span the key range, the files not yet passed are all of
+        them: the read does not shrink as the position moves)."""
+        return self.barriers_left * self.rows_scanned
+
+    def statement(self) -> str:
+        """What bounds the read and what to do about it, for the run's log and metadata."""
+        times = self.projected_rows / self.table_rows if self.table_rows else 0.0
+        return (
+            f"no_shuffle decoded {self.rows_scanned:,} upstream rows to take a chunk of "
+            f"{self.chunk_rows:,} ({self.amplification:.0f}x): the upstream's files are not "
+            "clustered by its primary key, so every file can hold a row of every chunk and "
+            "each barrier reads about the whole table. At this chunk size the "
+            f"{self.barriers_left:,} barriers left will decode about "
+            f"{self.projected_rows:,} rows ({times:.0f}x the table): the backfill costs "
+            "table_rows^2 / chunk_size rows read, not the table. Mode 'arrangement' reads only "
+            "each chunk from its own key-sorted replica (one copy of the table, made once); "
+            "a larger chunk_size divides the reads by as much; an upstream kept in key-sorted "
+            "files with narrow key ranges per vnode lets no_shuffle read about the chunk alone."
+        )

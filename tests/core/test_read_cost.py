@@ -1,0 +1,49 @@
+"""A chunk read's cost against its chunk: when the upstream's layout bounds no_shuffle, and
+what the statement of that bound predicts (core/read_cost.py)."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from backfill_assets.core import read_cost
+from backfill_assets.core.read_cost import ReadCost
+
+
+def _cost(**kw) -> ReadCost:
+    base = dict(mode="no_shuffle", chunk_rows=1_000_000, rows_scanned=20_000_000,
+                rows_left=18_000_000, chunk_limit=1_000_000, table_rows=20_000_000)
+    return ReadCost(**{**base, **kw})
+
+
+def test_a_read_of_the_whole_table_for_a_chunk_is_bound_by_the_layout():
+    """Round 21's 20M composite barrier: 20M rows decoded for a chunk of 1M, 18 chunks left."""
+    cost = _cost()
+    assert cost.amplification == 20.0 and cost.layout_bound
+    assert cost.barriers_left == 18 and cost.projected_rows == 360_000_000
+    text = cost.statement()
+    for figure in ("20,000,000", "1,000,000", "(20x)", "18 barriers left", "360,000,000",
+                   "(18x the table)", "'arrangement'", "chunk_size"):
+        assert figure in text, (figure, text)
+
+
+def test_a_clustered_read_small_tables_other_modes_and_the_last_chunk_are_not():
+    assert not _cost(rows_scanned=1_500_000).layout_bound  # a chunk and a file or two
+    assert not _cost(mode="arrangement").layout_bound  # its replica is ours, sorted
+    assert not _cost(chunk_rows=100, rows_scanned=4_000, rows_left=900).layout_bound  # small
+    assert not _cost(rows_left=0).layout_bound  # the read that finished the backfill
+    assert _cost(chunk_rows=0).amplification == 1.0  # nothing taken: no ratio to invent
+
+
+@given(chunk=st.integers(1, 10**7), scanned=st.integers(0, 10**9), left=st.integers(0, 10**9),
+       limit=st.integers(1, 10**7), mode=st.sampled_from(["no_shuffle", "arrangement"]))
+def test_the_bound_is_said_exactly_when_its_conditions_hold(chunk, scanned, left, limit, mode):
+    cost = ReadCost(mode, chunk, scanned, left, limit, max(1, left + chunk))
+    expected = (mode == "no_shuffle" and left > 0 and scanned >= read_cost.MIN_SCANNED_ROWS
+                and scanned >= read_cost.AMPLIFICATION * chunk)
+    assert cost.layout_bound == expected
+    assert cost.barriers_left == math.ceil(left / limit)
+    assert cost.projected_rows == cost.barriers_left * scanned
+    assert f"{cost.projected_rows:,}" in cost.statement()

@@ -81,11 +81,13 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
         picked = picked.only(lambda f: f.path in cut.files)  # those holding a chunk row
         if cut.held is not None:
             held = storage.HeldChunk(cut.held, key_order)
-            return write(held.tasks(threads), held, threads=threads), picked.rows_scanned
+            return write(held.tasks(threads), held, threads=threads), cut.rows_read
     tasks, reader = storage.chunk_tasks(snap, columns, key_order, positions, limit, picked,
                                         shared, changes, storage.parallelism(ctx.spark), tail,
                                         cut)
-    return write(tasks, reader, rows_read=picked.rows_scanned), picked.rows_scanned
+    # reported: the rows of every file read, the cut's (key columns) included
+    scanned = picked.rows_scanned if cut is None else cut.rows_read
+    return write(tasks, reader, rows_read=picked.rows_scanned), scanned
 
 
 def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]

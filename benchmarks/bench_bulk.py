@@ -32,6 +32,7 @@ import time
 
 from benchmarks import baselines as B
 from benchmarks import common as C
+from benchmarks.bulk_report import print_report
 from benchmarks.memory_trace import RssTrace, reset_peak
 
 MODES = ("snapshot", "arrangement", "no_shuffle")
@@ -95,6 +96,7 @@ def worker_backfill(args) -> dict:
     import pyarrow as pa
 
     from backfill_assets.barrier import run_barrier
+    from backfill_assets.core.read_cost import ReadCost
     from backfill_assets.mv_store import MVTables
 
     mem = C.Memory()
@@ -118,6 +120,7 @@ def worker_backfill(args) -> dict:
     audit = C.CpuAudit()
     vnodes = list(range(args.vnodes))
     barriers: list[dict] = []
+    stated: list[int] = []  # the barrier whose read the upstream's layout bound, once said
     phases: dict = {}
     total = 0.0
     partial = False
@@ -144,6 +147,13 @@ def worker_backfill(args) -> dict:
             "extra": {k: v for k, v in report.extra.items() if k != "slices"},
         })
         scanned = report.extra.get("snapshot_rows_scanned")
+        if scanned is not None and not stated:  # what the barrier's Dagster run would warn
+            done = sum(b["snapshot_rows"] for b in barriers)
+            cost = ReadCost(args.mode, report.snapshot_rows, scanned,
+                            max(0, args.rows - done), chunk, args.rows)
+            if cost.layout_bound:
+                stated.append(n)
+                print(f"  barrier {n} bound by the layout: {cost.statement()}", flush=True)
         print(f"  {args.mode} {C.human_rows(args.rows)} {args.pk} barrier {n}: {took:.2f}s "
               f"snapshot {report.snapshot_rows:,} "
               f"{'' if scanned is None else f'(files read {scanned:,} rows) '}"
@@ -277,53 +287,6 @@ def run(args) -> dict:
     print_report(out)
     print(f"\nresults: {path}")
     return out
-
-
-def _best(base: dict, key: str) -> float | None:
-    vals = base.get(key) or []
-    return min(vals) if vals else None
-
-
-def print_report(out: dict) -> None:
-    bases = {(b["rows"], b["pk"]): b for b in out["baselines"]}
-    print("\nBaselines (best of repeats, seconds; rows/s on the upstream rows)")
-    C.print_table(
-        ["rows", "pk", "spark copy s", "pyarrow copy s", "full refresh s",
-         "clustered refresh s", "spark copy rows/s"],
-        [[C.human_rows(b["rows"]), b["pk"], _best(b, "spark_copy"), _best(b, "pyarrow_copy"),
-          _best(b, "full_refresh"), _best(b, "clustered_refresh"),
-          b["rows"] / _best(b, "spark_copy")] for b in out["baselines"]])
-    print("\nBackfill to completion under a steady change stream")
-    rows = []
-    for r in out["runs"]:
-        if "failed" in r:
-            rows.append([C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], "FAILED",
-                         "", "", "", "", "", "", "", "", ""])
-            continue
-        b = bases.get((r["rows"], r["pk"]), {})
-        sc, pa_, fr, cr = (_best(b, k) for k in ("spark_copy", "pyarrow_copy", "full_refresh",
-                                                  "clustered_refresh"))
-        rows.append([
-            C.human_rows(r["rows"]), r["pk"], r["mode"], r["vnodes"], r["barriers"],
-            r["seconds"], r["rows_per_second"],
-            f"{r['seconds'] / sc:.2f}x" if sc else "-",
-            f"{r['seconds'] / pa_:.2f}x" if pa_ else "-",
-            f"{r['seconds'] / fr:.2f}x" if fr else "-",
-            f"{r['seconds'] / cr:.2f}x" if cr else "-",
-            r["driver_peak_mib"], r["jvm_peak_mib"],
-            f"{100 * r.get('foreign_cpu_share', 0):.0f}%",
-        ])
-    C.print_table(["rows", "pk", "mode", "vnodes", "barriers", "seconds", "rows/s",
-                   "vs spark copy", "vs pyarrow copy", "vs full refresh",
-                   "vs clustered refresh", "driver peak MiB", "JVM peak MiB", "foreign CPU"], rows)
-    print("\nWhere the time goes (seconds: wall / driver CPU / JVM CPU, summed over barriers)")
-    for r in out["runs"]:
-        if "failed" in r:
-            continue
-        print(f"-- {C.human_rows(r['rows'])} {r['pk']} {r['mode']} ({r['seconds']:.1f}s)")
-        C.print_table(["phase", "wall s", "share", "driver cpu s", "jvm cpu s"],
-                      [[k, v[0], f"{100 * v[0] / r['seconds']:.0f}%", v[1], v[2]]
-                       for k, v in r["phases"].items() if v[0] >= 0.01])
 
 
 def main(argv=None) -> None:

@@ -72,6 +72,7 @@ class SharedCut:
     null_key: bool = False
     files: frozenset[str] = frozenset()
     held: pa.Table | None = None  # read with whole rows, a file or more: the chunk's rows
+    rows_read: int = 0  # live rows of the files the cut read (what the barrier decoded)
 
 
 def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
@@ -108,11 +109,13 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
         return kept, rank.first(kept)
 
     firsts: dict[str, Key] = {}  # per file read, its least key after the position
+    rows_read = 0
     with ThreadPoolExecutor(_THREADS) as pool:
         for i, (f, got) in enumerate(_in_order(pool, candidates, files,
                                                _AHEAD_ROWS if whole else _AHEAD)):
             if got is None:
                 return SharedCut(None, 0, null_key=True)
+            rows_read += f.live_records or 0
             nxt = floors.get(files[i + 1].path) if floors and i + 1 < len(files) else None
             # the read can stop only where the floor rises (files of one floor hold no key
             # before it, so they cannot lower the cut below it): only there is a fold, which
@@ -130,7 +133,7 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
     held = {p for p, k in firsts.items()
             if cut.key is None or key_order.compare(k, cut.key) <= 0}
     rows = rank.held_upto(cut.key) if whole else None
-    return SharedCut(cut.key, cut.rows, files=frozenset(held), held=rows)
+    return SharedCut(cut.key, cut.rows, files=frozenset(held), held=rows, rows_read=rows_read)
 
 
 def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, ahead_n: int

@@ -114,6 +114,10 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
     else:
         assert (cut.key, cut.rows) == (live[limit - 1], limit)
     assert (whole.key, whole.rows, whole.null_key) == (cut.key, cut.rows, False)
+    # what the barrier reports it read: every file the cut read, at least those it names
+    live_of = {f.path: f.live_records or 0 for f in picked.distinct}
+    for c in (cut, whole):
+        assert sum(live_of[p] for p in c.files) <= c.rows_read <= sum(live_of.values())
 
     def rows(tables: list[pa.Table]) -> list[dict]:
         return sorted((r for t in tables for r in t.to_pylist()),
@@ -149,6 +153,27 @@ def test_the_one_read_cut_keeps_every_row_at_its_bound(tmp_path):
     chunk = pa.concat_tables([held.read(json.loads(t))[0] for t in held.tasks(2)])
     assert sorted(chunk.column("id").to_pylist()) == [1, 2, 3, 4, 5, 5]
     assert chunk.column(BAD_KEY).to_pylist().count(True) == 1
+
+
+def test_the_cut_reports_every_file_it_read_not_only_those_holding_the_chunk(tmp_path):
+    """Two files of one floor, (a, 1): the chunk, (a, 1), lies in the first, but nothing
+    lets the cut stop between files of one floor, and the second's rows, (a, 50) and (b, 1),
+    only sort after it once read (its box of regions x ids admits (a, 1)). The barrier
+    decoded both: what it reports (``rows_read``, the barrier's ``snapshot_rows_scanned``)
+    counts both in either mode, while ``files`` names only the first."""
+    uri = str(tmp_path / "up")
+    ensure_mor_table(uri, SCHEMA, None, cdf=True,
+                     configuration={"backfill.vnodeCount": str(VNODES)})
+    write_deltalake(uri, _rows([("a", 1), ("a", 2)]), mode="append")
+    write_deltalake(uri, _rows([("a", 50), ("b", 1)]), mode="append")
+    snap = Snapshot.load(uri)
+    key_order = KeyOrder((KeyColumn("region", "string"), KeyColumn("id", "bigint")))
+    run = list(range(VNODES))
+    picked = chunk_files(snap.files, key_order, dict.fromkeys(run), 1, shared=True)
+    for reader in (None, file_reader(snap, SCHEMA.names)):
+        cut = shared_cut(snap, picked.distinct, key_order, run, None, 1, picked.floors, reader)
+        assert cut.key == ("a", 1) and len(cut.files) == 1
+        assert cut.rows_read == 4, reader
 
 
 _TYPES = {

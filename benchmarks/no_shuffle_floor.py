@@ -135,7 +135,8 @@ def main() -> None:
 
     with open(args.results) as f:
         results = json.load(f)
-    run = next(r for r in results["runs"] if r["mode"] == "no_shuffle")
+    run = max((r for r in results["runs"] if r["mode"] == "no_shuffle"),
+              key=lambda r: r["rows"])  # the largest run of the file
     base = next(b for b in results["baselines"]
                 if b["rows"] == run["rows"] and b["pk"] == run["pk"])
     scanned = sum(b["extra"].get("snapshot_rows_scanned") or 0 for b in run["per_barrier"])

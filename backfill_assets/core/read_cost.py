@@ -28,8 +28,9 @@ MIN_SCANNED_ROWS = 100_000
 
 @dataclass(frozen=True)
 class ReadCost:
-    """One barrier's snapshot read: ``chunk_rows`` taken, ``rows_scanned`` decoded (the rows
-    of the files the seek picked), ``rows_left`` still after the positions (whole MV)."""
+    """One barrier's snapshot read: ``chunk_rows`` taken, ``rows_scanned`` decoded (the live
+    rows of every file the read opened: the barrier's ``snapshot_rows_scanned``),
+    ``rows_left`` still after the positions (whole MV)."""
 
     mode: str
     chunk_rows: int

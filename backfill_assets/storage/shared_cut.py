@@ -35,10 +35,11 @@ Sorting two chunks' keys at every fold cost 4-6 s of a 20M-row barrier (round 17
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -58,6 +59,7 @@ _THREADS = 4  # pyarrow's parquet reads and compute kernels release the GIL
 _FOLD, _EAGER = 4, 1.5
 _AHEAD = 32  # files read ahead of the fold
 _FOLD_ROWS, _AHEAD_ROWS = 2, 8  # the same when whole rows are held (they weigh more)
+_CAP = 2.0  # chunks an estimated first bound leaves room for (``_SortedRanks.estimate``)
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,8 @@ class SharedCut:
 def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
                vnodes: Sequence[int], pos: Key | None, limit: int,
                floors: Mapping[str, Floor] | None = None,
-               read_rows: Callable[[DataFile], pa.Table] | None = None) -> SharedCut:
+               read_rows: Callable[[DataFile], pa.Table] | None = None,
+               estimate: bool = True) -> SharedCut:
     """The cut of the first ``limit`` live rows of ``vnodes`` after ``pos`` (None: from the
     start) among ``files`` (``seek.chunk_files``' pick for the run, in the order of
     ``floors``, the least key each can hold after ``pos``: they hold every such row; a file
@@ -121,6 +124,11 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
             # before it, so they cannot lower the cut below it): only there is a fold, which
             # tightens the bound, worth its cost early
             here = floors.get(f.path) if floors else None
+            if i == 0 and estimate and isinstance(rank, _SortedRanks) and nxt is not None \
+                    and here is not None and compare_floors(key_order, nxt, here) == 0:
+                rank.estimate(got[0], f.live_records or 0,
+                              sum(g.live_records or 0 for g in files
+                                  if compare_floors(key_order, floors[g.path], here) == 0))
             rank.add(got[0], eager=nxt is not None and here is not None
                      and compare_floors(key_order, nxt, here) > 0)
             if got[1] is not None:
@@ -130,6 +138,13 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
                     and not admits_at_or_before(key_order, nxt, bound):
                 break  # no file after this one holds a key at or before the cut
     cut = rank.cut()
+    if isinstance(rank, _SortedRanks) and rank.capped and (
+            cut.key is None or key_order.compare(cut.key, rank.bound) > 0):
+        # fewer than ``limit`` rows lie under the estimated cap, and rows past it were not
+        # held: the cut is done again without it (counted: both reads were paid)
+        again = shared_cut(snap, files, key_order, vnodes, pos, limit, floors, read_rows,
+                           estimate=False)
+        return replace(again, rows_read=again.rows_read + rows_read)
     held = {p for p, k in firsts.items()
             if cut.key is None or key_order.compare(k, cut.key) <= 0}
     rows = rank.held_upto(cut.key) if whole else None
@@ -209,6 +224,7 @@ class _SortedRanks:
     def __init__(self, key_order: KeyOrder, limit: int, whole: bool = False):
         self.key_order, self.limit, self.held, self.bound = key_order, limit, [], None
         self.rows, self.whole = 0, whole
+        self.capped = False  # the bound is an estimate, not yet the k-th of ``limit`` rows
         self.sort_keys = [(c.name, "descending" if c.descending else "ascending")
                           for c in key_order.columns]
 
@@ -231,12 +247,29 @@ class _SortedRanks:
     def bound_key(self) -> Key | None:
         return self.bound
 
+    def estimate(self, first: pa.Table, file_rows: int, floor_rows: int) -> None:
+        """Cap the rows held by an estimate, from the first file read, of the key below which
+        ``_CAP`` chunks lie: over files of one floor (each spans the key range) the chunk's
+        share of that file's rows after the position is its share of all of them. Without a
+        cap every row after the position is held until folds tighten the bound (about five
+        chunks of rows and four folds a barrier at 20M rows, round 22)."""
+        after_pos = first.num_rows
+        expected = after_pos / max(1, file_rows) * floor_rows  # rows after it, all files
+        k = math.ceil(_CAP * self.limit * after_pos / max(1.0, expected))
+        if after_pos and k < after_pos:
+            keys = first.select(self.key_order.names)
+            self.bound, self.capped = self._key(self._smallest_of(keys, k), k - 1), True
+
     def add(self, keys: pa.Table, eager: bool = False) -> None:
         self.held.append(keys)
         self.rows += keys.num_rows
         if self.rows > (_EAGER if eager else _FOLD_ROWS if self.whole else _FOLD) * self.limit:
             kept = self._smallest()
-            self.bound = self._key(kept, self.limit - 1)
+            kth = self._key(kept, self.limit - 1)
+            # the k-th of ``limit`` held rows bounds the cut; under an estimated cap only
+            # once it is at or below the cap (rows past the cap were not held)
+            if not self.capped or self.key_order.compare(kth, self.bound) <= 0:
+                self.bound, self.capped = kth, False
             self.held = [self.held_upto(self.bound) if self.whole else kept]
             self.rows = self.held[0].num_rows
 
@@ -256,14 +289,18 @@ class _SortedRanks:
                                                                      key)))
 
     def _smallest(self) -> pa.Table:
-        """The ``limit`` smallest held keys (key columns only), the largest of them last: by
-        a partition of packed ranks when they fit (``packed_ranks``), else by a sort."""
-        keys = pa.concat_tables([t.select(self.key_order.names) for t in self.held])
-        packed = packed_ranks(keys, self.key_order) if keys.num_rows > self.limit else None
+        """The ``limit`` smallest held keys (key columns only), the largest of them last."""
+        return self._smallest_of(
+            pa.concat_tables([t.select(self.key_order.names) for t in self.held]), self.limit)
+
+    def _smallest_of(self, keys: pa.Table, k: int) -> pa.Table:
+        """The ``k`` smallest of ``keys``, the largest of them last: by a partition of packed
+        ranks when they fit (``packed_ranks``), else by a sort."""
+        packed = packed_ranks(keys, self.key_order) if keys.num_rows > k else None
         if packed is None:
-            return keys.take(pc.sort_indices(keys, self.sort_keys)[:self.limit])
-        # the (limit - 1)-th lands in its sorted place, every smaller rank before it
-        return keys.take(pa.array(np.argpartition(packed, self.limit - 1)[:self.limit]))
+            return keys.take(pc.sort_indices(keys, self.sort_keys)[:k])
+        # the (k - 1)-th lands in its sorted place, every smaller rank before it
+        return keys.take(pa.array(np.argpartition(packed, k - 1)[:k]))
 
     def _key(self, keys: pa.Table, i: int) -> Key:
         return tuple(keys.column(c)[i].as_py() for c in self.key_order.names)

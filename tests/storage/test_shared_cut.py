@@ -16,6 +16,7 @@ import json
 import tempfile
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -174,6 +175,80 @@ def test_the_cut_reports_every_file_it_read_not_only_those_holding_the_chunk(tmp
         cut = shared_cut(snap, picked.distinct, key_order, run, None, 1, picked.floors, reader)
         assert cut.key == ("a", 1) and len(cut.files) == 1
         assert cut.rows_read == 4, reader
+
+
+def test_a_first_bound_estimated_too_tight_is_read_again_without_it(tmp_path):
+    """Four files of one floor, (a, 0): the first holds (a, 1..21) but (a, 9), which a
+    second holds among (a, 1000..). The cap estimated from the first file (its rows' share
+    of the chunk, ``_CAP`` chunks of room) lands at (a, 8), under which only 8 rows lie,
+    fewer than the 15 of the chunk, and (a, 9) was not held: the cut is read again without
+    a cap and is exact ((a, 15), not (a, 16)), and both reads are reported."""
+    uri = str(tmp_path / "up")
+    ensure_mor_table(uri, SCHEMA, None, cdf=True,
+                     configuration={"backfill.vnodeCount": str(VNODES)})
+    write_deltalake(uri, _rows([*(("a", i) for i in range(1, 22) if i != 9), ("b", 0)]),
+                    mode="append")
+    for n, region in enumerate("cde"):
+        base = 1000 + 100 * n
+        low = [("a", 9)] if region == "c" else [("a", base + 19)]
+        write_deltalake(uri, _rows([*(("a", base + i) for i in range(19)), *low, (region, 0)]),
+                        mode="append")
+    snap = Snapshot.load(uri)
+    key_order = KeyOrder((KeyColumn("region", "string"), KeyColumn("id", "bigint")))
+    run = list(range(VNODES))
+    picked = chunk_files(snap.files, key_order, dict.fromkeys(run), 15, shared=True)
+    assert len({str(v) for v in picked.floors.values()}) == 1  # one floor: the cap applies
+    # files of one floor are read in any order: the misleading one first
+    files = sorted(picked.distinct, key=lambda f: 1 not in pq.read_table(
+        snap.file_uri(f.path), columns=["id"]).column("id").to_pylist())
+    for reader in (None, file_reader(snap, SCHEMA.names)):
+        cut = shared_cut(snap, files, key_order, run, None, 15, picked.floors, reader)
+        assert (cut.key, cut.rows) == (("a", 15), 15)
+        assert cut.rows_read == 2 * 84, reader  # the capped read, then the read without
+        if reader is not None:
+            assert sorted(cut.held.column("id").to_pylist()) == list(range(1, 16))
+    assert any(9 in pq.read_table(snap.file_uri(f.path), columns=["id"]).column(
+        "id").to_pylist() for f in files[1:])  # (a, 9) lies past the first file
+
+
+@st.composite
+def _one_floor(draw):
+    """Files that each span the key range, all holding a key at or before the position, so
+    they share one floor (the writer's copy-on-write layout): where the estimated cap
+    applies."""
+    ids = draw(st.lists(st.integers(0, 400), min_size=4, max_size=80, unique=True))
+    files = draw(st.integers(2, 6))
+    parts = [ids[i::files] for i in range(files)]
+    parts = [p for p in parts if p]
+    pos = max(min(p) for p in parts)
+    return parts, pos, draw(st.integers(1, 30))
+
+
+@settings(max_examples=60, deadline=None)
+@given(_one_floor())
+def test_a_cut_over_files_of_one_floor_is_exact_with_or_without_its_cap(case):
+    parts, pos, limit = case
+    key_order = KeyOrder((KeyColumn("region", "string"), KeyColumn("id", "bigint")))
+    with tempfile.TemporaryDirectory() as tmp:
+        uri = f"{tmp}/up"
+        ensure_mor_table(uri, SCHEMA, None, cdf=True,
+                         configuration={"backfill.vnodeCount": str(VNODES)})
+        for part in parts:
+            write_deltalake(uri, _rows([("a", i) for i in part]), mode="append")
+        snap = Snapshot.load(uri)
+        run = list(range(VNODES))
+        start = ("a", pos)
+        picked = chunk_files(snap.files, key_order, dict.fromkeys(run, start), limit,
+                             shared=True)
+        cuts = [shared_cut(snap, picked.distinct, key_order, run, start, limit, picked.floors,
+                           reader) for reader in (None, file_reader(snap, SCHEMA.names))]
+    live = sorted(i for p in parts for i in p if i > pos)
+    want = (("a", live[limit - 1]), limit) if len(live) >= limit else (None, len(live))
+    for cut in cuts:
+        assert (cut.key, cut.rows) == want
+    held = cuts[1].held
+    got = [] if held is None else sorted(held.column("id").to_pylist())
+    assert got == live[:limit]
 
 
 _TYPES = {

@@ -126,9 +126,10 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
             here = floors.get(f.path) if floors else None
             if i == 0 and estimate and isinstance(rank, _SortedRanks) and nxt is not None \
                     and here is not None and compare_floors(key_order, nxt, here) == 0:
+                same = [g for g in files if floors.get(g.path) is not None
+                        and compare_floors(key_order, floors[g.path], here) == 0]
                 rank.estimate(got[0], f.live_records or 0,
-                              sum(g.live_records or 0 for g in files
-                                  if compare_floors(key_order, floors[g.path], here) == 0))
+                              sum(g.live_records or 0 for g in same))
             rank.add(got[0], eager=nxt is not None and here is not None
                      and compare_floors(key_order, nxt, here) > 0)
             if got[1] is not None:

@@ -2,7 +2,8 @@
 
 Why moto: it is a pip wheel (nothing to download at test time), speaks the S3 REST API that
 pyarrow, obstore and deltalake use, and honours ``If-None-Match: *`` on PUT (412 when the key
-exists), which the commit protocol relies on. It keeps objects in memory: one server per test
+exists), which the commit protocol relies on; tests/infra/moto_atomic.py makes that check and
+the write one step, as on S3. It keeps objects in memory: one server per test
 session, one bucket, a fresh prefix per test.
 """
 
@@ -20,6 +21,7 @@ ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 REGION = "us-east-1"
 BUCKET = "backfill-test"
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass
@@ -64,9 +66,9 @@ def start_s3_server(work_dir: str) -> S3Server:
     """Start moto's server on a free loopback port and create the test bucket in it."""
     port = procs.free_port()
     endpoint = f"http://{procs.LOOPBACK}:{port}"
-    moto = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    server = procs.start("moto-s3", [moto, "-H", procs.LOOPBACK, "-p", str(port)],
-                         os.path.join(work_dir, "moto.log"))
+    server = procs.start("moto-s3", [sys.executable, "-m", "tests.infra.moto_atomic",
+                                     "-H", procs.LOOPBACK, "-p", str(port)],
+                         os.path.join(work_dir, "moto.log"), cwd=_REPO)
     server.wait_until(lambda: _ready(endpoint), timeout=60)
     options = {
         "AWS_ENDPOINT_URL": endpoint,

@@ -39,23 +39,27 @@ def test_put_if_absent_never_overwrites(root):
 
 
 def test_put_if_absent_race_has_one_winner(root):
+    """Eight writers race for one name, 25 times: each time exactly one wins and its bytes stay.
+    (Against moto's plain server, which checks then writes, this failed under load.)"""
     base, opts = root
-    uri = f"{base}/_delta_log/00000000000000000001.json"
-    results: list[tuple[int, bool]] = []
-    barrier = threading.Barrier(4)
+    for attempt in range(25):
+        uri = f"{base}/_delta_log/{attempt:020d}.json"
+        results: list[tuple[int, bool]] = []
+        barrier = threading.Barrier(8)
 
-    def writer(i: int) -> None:
-        barrier.wait()
-        results.append((i, objects.put_if_absent(uri, f"writer {i}".encode(), opts)))
+        def writer(i: int, uri: str = uri, results: list = results,
+                   barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            results.append((i, objects.put_if_absent(uri, f"writer {i}".encode(), opts)))
 
-    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    winners = [i for i, won in results if won]
-    assert len(results) == 4 and len(winners) == 1
-    assert objects.read_bytes(uri, opts) == f"writer {winners[0]}".encode()
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        winners = [i for i, won in results if won]
+        assert len(results) == 8 and len(winners) == 1, (attempt, results)
+        assert objects.read_bytes(uri, opts) == f"writer {winners[0]}".encode()
 
 
 def test_bytes_roundtrip_list_and_delete(root):

@@ -41,6 +41,7 @@ class Chunk:
     clustered: bool = False  # each Spark partition one vnode range in (vnode, key) order
     written: storage.BulkWritten | None = None  # written in Arrow, not committed (arrow_chunk)
     engine: str | None = None  # how a bulk chunk was projected: "arrow", or "spark" (and why)
+    window_rows: int = 0  # rows a no_shuffle read holds for the next barriers (cut_window)
 
 
 def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
@@ -108,11 +109,13 @@ def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: Backfil
                              plan.chunk_tail, plan.shared_read)
     if out is None:
         return None
-    written, scanned = out
+    written, read = out
     if written.bad_keys:
         written.discard()
         return None
-    return _written_chunk(written, list(positions), scanned)
+    chunk = _written_chunk(written, list(positions), read.scanned)
+    chunk.window_rows = read.window_rows
+    return chunk
 
 
 def _in_arrow(write) -> tuple[Chunk | None, str | None]:

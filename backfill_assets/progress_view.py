@@ -97,7 +97,8 @@ def read_cost(report: StepReport, figures: MVFigures, mode: str) -> ReadCost | N
         return None
     cost = ReadCost(mode, report.snapshot_rows, int(scanned),
                     max(0, figures.upstream_rows - figures.snapshot_rows_done),
-                    report.chunk_limit, figures.upstream_rows)
+                    report.chunk_limit, figures.upstream_rows,
+                    int(report.extra.get("snapshot_window_rows", 0)))
     report.extra["snapshot_read_amplification"] = round(cost.amplification, 1)
     if cost.layout_bound:
         report.extra["read_bound_by_layout"] = cost.statement()

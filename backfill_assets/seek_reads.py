@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -44,10 +45,19 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
 
 
+@dataclass(frozen=True)
+class SeekRead:
+    """What a chunk's read decoded: the live rows of every file it read, and the rows it
+    holds for the next barriers (a no_shuffle window, storage/cut_window.py; 0: none)."""
+
+    scanned: int
+    window_rows: int = 0
+
+
 def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                      positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
                      d: MVDefinition, mv: storage.Snapshot, tail: int = 0, shared: bool = False
-                     ) -> tuple[storage.BulkWritten, int] | None:
+                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
     """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the first
     phase of the MV commit, as a bulk step's), with the rows of the files read; None when
     the definition does not compile to Arrow, or (``shared``) a candidate's pk is null (the
@@ -73,21 +83,31 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     cut = None
     if shared:  # run here, the cut holds the chunk's rows: each file is read once
         threads = storage.local_threads(ctx.spark, picked.rows_scanned)
-        cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions),
-                                 next(iter(positions.values()), None), limit, picked.floors,
-                                 storage.file_reader(snap, columns) if threads else None)
+        pos = next(iter(positions.values()), None)
+        if threads:  # whole rows held here, across barriers (storage/cut_window.py)
+            def pick(n: int) -> tuple[list[storage.DataFile], dict]:
+                more = picked if n == limit else storage.chunk_files(
+                    files, key_order, positions, rows_to_see(n, tail), shared)
+                return more.distinct, more.floors
+
+            cut = storage.windowed_cut(snap, key_order, list(positions), pos, limit, pick,
+                                       storage.file_reader(snap, columns), columns)
+        else:
+            cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions), pos,
+                                     limit, picked.floors)
         if cut.null_key:
             return None
         picked = picked.only(lambda f: f.path in cut.files)  # those holding a chunk row
         if cut.held is not None:
             held = storage.HeldChunk(cut.held, key_order)
-            return write(held.tasks(threads), held, threads=threads), cut.rows_read
+            return write(held.tasks(threads), held, threads=threads), \
+                SeekRead(cut.rows_read, cut.window_rows)
     tasks, reader = storage.chunk_tasks(snap, columns, key_order, positions, limit, picked,
                                         shared, changes, storage.parallelism(ctx.spark), tail,
                                         cut)
     # reported: the rows of every file read, the cut's (key columns) included
     scanned = picked.rows_scanned if cut is None else cut.rows_read
-    return write(tasks, reader, rows_read=picked.rows_scanned), scanned
+    return write(tasks, reader, rows_read=picked.rows_scanned), SeekRead(scanned)
 
 
 def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]

@@ -31,7 +31,7 @@ from backfill_assets.core.names import OP
 from backfill_assets.key_checks import check_snapshot_keys
 from backfill_assets.mv_spark import exact_projection
 from backfill_assets.mv_store import MVTables
-from backfill_assets.seek_reads import replica_schema, seek_chunk, write_seek_chunk
+from backfill_assets.seek_reads import SeekRead, replica_schema, seek_chunk, write_seek_chunk
 from backfill_assets.storage import replica
 from backfill_assets.storage.spark_types import col
 from backfill_assets.upstream_layout import same_vnodes
@@ -173,7 +173,7 @@ class ReplicaSource:
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
                     key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
                     tail: int = 0, shared: bool = False
-                    ) -> tuple[storage.BulkWritten, int] | None:
+                    ) -> tuple[storage.BulkWritten, SeekRead] | None:
         return write_seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, d,
                                 mv, tail, shared)
 
@@ -208,7 +208,7 @@ class UpstreamSource:
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
                     key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
                     tail: int = 0, shared: bool = False
-                    ) -> tuple[storage.BulkWritten, int] | None:
+                    ) -> tuple[storage.BulkWritten, SeekRead] | None:
         return write_seek_chunk(ctx, ctx.tables.upstream, ctx.v_new, positions, key_order,
                                 limit, d, mv, tail, shared)
 

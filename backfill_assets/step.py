@@ -234,6 +234,8 @@ class _Step:
                 report.engine = "driver"
             if chunk.scanned is not None:
                 report.extra["snapshot_rows_scanned"] = chunk.scanned
+            if chunk.window_rows:
+                report.extra["snapshot_window_rows"] = chunk.window_rows
             if chunk.engine is not None:
                 report.extra["bulk_engine"] = chunk.engine
             forward = forward if report.forwarded_rows else None

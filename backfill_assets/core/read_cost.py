@@ -38,6 +38,12 @@ class ReadCost:
     rows_left: int
     chunk_limit: int
     table_rows: int
+    window_rows: int = 0  # rows the read holds for the barriers after it (0: none)
+
+    @property
+    def chunks_per_read(self) -> float:
+        """Barriers one read serves: 1, or the chunks of a window (storage/cut_window.py)."""
+        return max(1.0, self.window_rows / self.chunk_limit) if self.chunk_limit > 0 else 1.0
 
     @property
     def amplification(self) -> float:
@@ -59,10 +65,10 @@ class ReadCost:
 
     @property
     def projected_rows(self) -> int:
-        """Rows the rest of the backfill will decode if every barrier reads what this one
+        """Rows the rest of the backfill will decode if every read decodes what this one
         did (over files that each span the key range, the files not yet passed are all of
-        them: the read does not shrink as the position moves)."""
-        return self.barriers_left * self.rows_scanned
+        them: the read does not shrink as the position moves), one read per window."""
+        return math.ceil(self.barriers_left / self.chunks_per_read) * self.rows_scanned
 
     def statement(self) -> str:
         """What bounds the read and what to do about it, for the run's log and metadata."""
@@ -71,11 +77,22 @@ class ReadCost:
             f"no_shuffle decoded {self.rows_scanned:,} upstream rows to take a chunk of "
             f"{self.chunk_rows:,} ({self.amplification:.0f}x): the upstream's files are not "
             "clustered by its primary key, so every file can hold a row of every chunk and "
-            "each barrier reads about the whole table. At this chunk size the "
+            f"{self._reads()} reads about the whole table. At this chunk size the "
             f"{self.barriers_left:,} barriers left will decode about "
             f"{self.projected_rows:,} rows ({times:.0f}x the table): the backfill costs "
-            "table_rows^2 / chunk_size rows read, not the table. Mode 'arrangement' reads only "
+            f"table_rows^2 / {self._per_read()} rows read, not the table. Mode 'arrangement' "
+            "reads only "
             "each chunk from its own key-sorted replica (one copy of the table, made once); "
             "a larger chunk_size divides the reads by as much; an upstream kept in key-sorted "
             "files with narrow key ranges per vnode lets no_shuffle read about the chunk alone."
         )
+
+    def _reads(self) -> str:
+        if self.chunks_per_read <= 1:
+            return "each barrier"
+        return (f"this read holds the next {self.chunks_per_read:.1f} chunks "
+                f"({self.window_rows:,} rows, kept at each barrier's version by the change "
+                "feed), so a barrier in that many")
+
+    def _per_read(self) -> str:
+        return "chunk_size" if self.chunks_per_read <= 1 else "(chunk_size x the window's chunks)"

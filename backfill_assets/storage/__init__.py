@@ -10,7 +10,9 @@ Public surface (everything else in the package is its inside):
   statistics, chunked in the read tasks (seek.py, chunk_read.py); ``chunk_tasks`` +
   ``write_chunk``: the same chunk projected and written by Python tasks (two-phase, as
   ``write_bulk``); ``shared_cut``: where no_shuffle's shared chunk ends, from the candidates'
-  key columns on the driver (then ``chunk_tasks(cut=...)``); ``replica``: the arrangement
+  key columns on the driver (then ``chunk_tasks(cut=...)``); ``windowed_cut``: the same, with
+  the chunk's rows, from a window of the next chunks held between barriers and kept at each
+  barrier's version by the change feed (cut_window.py); ``replica``: the arrangement
   replica's base and change rows (replica.py);
 - ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed (an exact Arrow
   projection) and written by Python tasks alone, which report each vnode's rows and last key;
@@ -54,6 +56,7 @@ from backfill_assets.storage.chunk_read import (
     vnode_key_stats,
 )
 from backfill_assets.storage.commit import Intent
+from backfill_assets.storage.cut_window import windowed_cut
 from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.merge import Applied, append, apply_changes, apply_keyed, file_rows_for
@@ -76,7 +79,7 @@ __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile
            "read_snapshot",
            "read_version", "replace_keyed", "seek_file_rows", "shared_cut", "SharedCut",
            "spark_type", "vnode_key_stats",
-           "vnode_stats_from_log", "write_bulk", "write_chunk", "write_copy"]
+           "vnode_stats_from_log", "windowed_cut", "write_bulk", "write_chunk", "write_copy"]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,

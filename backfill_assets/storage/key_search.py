@@ -122,3 +122,13 @@ def after(table: pa.Table, key_order: KeyOrder, pos: Key) -> pa.ChunkedArray:
         expr = beyond if expr is None else pc.or_kleene(
             beyond, pc.and_kleene(pc.equal(column, scalar), expr))
     return expr
+
+
+def within(table: pa.Table, key_order: KeyOrder, pos: Key | None, top: Key | None) -> pa.Table:
+    """The rows whose key lies in (``pos``, ``top``] (None: unbounded on that side): one mask,
+    one filter (a filter copies every column, and whole rows are most of a file)."""
+    masks = ([] if pos is None else [after(table, key_order, pos)]) + \
+        ([] if top is None else [pc.invert(after(table, key_order, top))])
+    if not masks or not table.num_rows:
+        return table
+    return table.filter(masks[0] if len(masks) == 1 else pc.and_kleene(*masks))

@@ -36,9 +36,8 @@ Sorting two chunks' keys at every fold cost 4-6 s of a 20M-row barrier (round 17
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -48,9 +47,11 @@ import pyarrow.compute as pc
 from backfill_assets.core.key_floor import Floor, admits_at_or_before, compare_floors
 from backfill_assets.core.key_types import INT_RANGES
 from backfill_assets.core.keys import Key, KeyOrder
-from backfill_assets.storage.key_search import after
+from backfill_assets.storage.key_ranks import KeySpace, packed_ranks
+from backfill_assets.storage.key_search import after, within
 from backfill_assets.storage.keyed import read_keys
 from backfill_assets.storage.log import DataFile, Snapshot
+from backfill_assets.storage.ordered import in_order
 from backfill_assets.storage.prune import VNODE, vnode_span
 
 _THREADS = 4  # pyarrow's parquet reads and compute kernels release the GIL
@@ -75,22 +76,28 @@ class SharedCut:
     files: frozenset[str] = frozenset()
     held: pa.Table | None = None  # read with whole rows, a file or more: the chunk's rows
     rows_read: int = 0  # live rows of the files the cut read (what the barrier decoded)
+    # with ``held``: its keys' ranks in ``space`` (row for row), when they pack (a window
+    # sorts the rows by them, storage/cut_window.py)
+    held_ranks: np.ndarray | None = None
+    space: KeySpace | None = None
+    window_rows: int = 0  # rows a window read at this barrier holds (storage/cut_window.py)
 
 
 def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
                vnodes: Sequence[int], pos: Key | None, limit: int,
                floors: Mapping[str, Floor] | None = None,
                read_rows: Callable[[DataFile], pa.Table] | None = None,
-               estimate: bool = True) -> SharedCut:
+               estimate: bool = True, cap: float = _CAP) -> SharedCut:
     """The cut of the first ``limit`` live rows of ``vnodes`` after ``pos`` (None: from the
     start) among ``files`` (``seek.chunk_files``' pick for the run, in the order of
     ``floors``, the least key each can hold after ``pos``: they hold every such row; a file
     may also hold other vnodes' rows, which do not count). Without ``floors`` every file
     is read. ``read_rows``: a file's live rows, with the key and vnode columns; the cut then
-    holds the chunk's rows (``held``: module docstring)."""
+    holds the chunk's rows (``held``: module docstring). ``cap``: the chunks of room an
+    estimated first bound leaves (``_SortedRanks.estimate``)."""
     whole = read_rows is not None
     rank = _IntRanks(key_order, limit) if _one_integer(key_order) and not whole \
-        else _SortedRanks(key_order, limit, whole)
+        else _SortedRanks(key_order, limit, whole, cap)
     run = set(vnodes)
     wanted = pa.array(sorted(run), snap.arrow_schema.field(VNODE).type)
 
@@ -114,7 +121,7 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
     firsts: dict[str, Key] = {}  # per file read, its least key after the position
     rows_read = 0
     with ThreadPoolExecutor(_THREADS) as pool:
-        for i, (f, got) in enumerate(_in_order(pool, candidates, files,
+        for i, (f, got) in enumerate(in_order(pool, candidates, files,
                                                _AHEAD_ROWS if whole else _AHEAD)):
             if got is None:
                 return SharedCut(None, 0, null_key=True)
@@ -144,38 +151,15 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
         # fewer than ``limit`` rows lie under the estimated cap, and rows past it were not
         # held: the cut is done again without it (counted: both reads were paid)
         again = shared_cut(snap, files, key_order, vnodes, pos, limit, floors, read_rows,
-                           estimate=False)
+                           estimate=False, cap=cap)
         return replace(again, rows_read=again.rows_read + rows_read)
     held = {p for p, k in firsts.items()
             if cut.key is None or key_order.compare(k, cut.key) <= 0}
-    rows = rank.held_upto(cut.key) if whole else None
-    return SharedCut(cut.key, cut.rows, files=frozenset(held), held=rows, rows_read=rows_read)
-
-
-def _in_order(pool: ThreadPoolExecutor, fn: Callable, items: Iterable, ahead_n: int
-              ) -> Iterator[tuple[object, object]]:
-    """``(item, fn(item))`` in order, at most ``ahead_n`` computed ahead (the readers go on
-    while the caller folds): a caller that stops early leaves the rest unread (those not
-    started are cancelled)."""
-    ahead: deque[tuple[object, Future]] = deque()
-    rest = iter(items)
-    try:
-        while True:
-            while len(ahead) < ahead_n:
-                item = next(rest, _END)
-                if item is _END:
-                    break
-                ahead.append((item, pool.submit(fn, item)))
-            if not ahead:
-                return
-            item, future = ahead.popleft()
-            yield item, future.result()
-    finally:
-        for _, future in ahead:
-            future.cancel()
-
-
-_END = object()
+    if whole:  # the rows at or before the cut, ranked in one pass
+        rows, ranks, space = rank.final(cut.key)
+        return SharedCut(cut.key, cut.rows, files=frozenset(held), held=rows,
+                         rows_read=rows_read, held_ranks=ranks, space=space)
+    return SharedCut(cut.key, cut.rows, files=frozenset(held), rows_read=rows_read)
 
 
 def _one_integer(key_order: KeyOrder) -> bool:
@@ -222,22 +206,19 @@ class _SortedRanks:
     """Any key as Arrow key columns, folded by a sort in key order (``whole``: the tables
     held are whole rows, and a fold keeps every row at the bound)."""
 
-    def __init__(self, key_order: KeyOrder, limit: int, whole: bool = False):
+    def __init__(self, key_order: KeyOrder, limit: int, whole: bool = False,
+                 cap: float = _CAP):
         self.key_order, self.limit, self.held, self.bound = key_order, limit, [], None
-        self.rows, self.whole = 0, whole
+        self.rows, self.whole, self.cap = 0, whole, cap
+        self.ranked: tuple | None = None  # the held rows ranked by ``cut`` (whole rows)
         self.capped = False  # the bound is an estimate, not yet the k-th of ``limit`` rows
         self.sort_keys = [(c.name, "descending" if c.descending else "ascending")
                           for c in key_order.columns]
 
     def kept(self, keys: pa.Table, pos: Key | None) -> pa.Table:
-        """The rows after ``pos`` and at or before the bound: one mask, one filter (a
-        filter copies every column, and whole rows after the position are most of a file)."""
-        bound = self.bound  # read once: the main thread may tighten it meanwhile
-        masks = ([] if pos is None else [after(keys, self.key_order, pos)]) + \
-            ([] if bound is None else [pc.invert(after(keys, self.key_order, bound))])
-        if not masks:
-            return keys
-        return keys.filter(masks[0] if len(masks) == 1 else pc.and_kleene(*masks))
+        """The rows after ``pos`` and at or before the bound (read once: the main thread
+        may tighten it meanwhile)."""
+        return within(keys, self.key_order, pos, self.bound)
 
     def first(self, keys: pa.Table) -> Key | None:
         if not keys.num_rows:
@@ -256,7 +237,7 @@ class _SortedRanks:
         chunks of rows and four folds a barrier at 20M rows, round 22)."""
         after_pos = first.num_rows
         expected = after_pos / max(1, file_rows) * floor_rows  # rows after it, all files
-        k = math.ceil(_CAP * self.limit * after_pos / max(1.0, expected))
+        k = math.ceil(self.cap * self.limit * after_pos / max(1.0, expected))
         if after_pos and k < after_pos:
             keys = first.select(self.key_order.names)
             self.bound, self.capped = self._key(self._smallest_of(keys, k), k - 1), True
@@ -265,6 +246,8 @@ class _SortedRanks:
         self.held.append(keys)
         self.rows += keys.num_rows
         if self.rows > (_EAGER if eager else _FOLD_ROWS if self.whole else _FOLD) * self.limit:
+            if self.whole and self._fold_whole():
+                return
             kept = self._smallest()
             kth = self._key(kept, self.limit - 1)
             # the k-th of ``limit`` held rows bounds the cut; under an estimated cap only
@@ -278,7 +261,55 @@ class _SortedRanks:
         rows = sum(t.num_rows for t in self.held)
         if rows < self.limit:
             return SharedCut(None, rows)
+        if self.whole:  # ranked once here, reused by ``final``
+            self.ranked = self._ranked()
+            if self.ranked[1] is not None:
+                return SharedCut(self._kth(self.ranked[0], self.ranked[1])[0], self.limit)
         return SharedCut(self._key(self._smallest(), self.limit - 1), self.limit)
+
+    def _fold_whole(self) -> bool:
+        """The fold of whole rows in one pass of packed ranks: the ``limit`` smallest rows
+        and every row at the bound (or, under an estimated cap below them, the rows at or
+        before the cap). False when the keys do not pack (the caller sorts instead)."""
+        rows, ranks, space = self._ranked()
+        if ranks is None:
+            return False
+        kth = self._kth(rows, ranks)
+        if self.capped and self.key_order.compare(kth[0], self.bound) > 0:
+            rows = rows.filter(pc.invert(after(rows, self.key_order, self.bound)))
+        else:
+            self.bound, self.capped = kth[0], False
+            rows = rows.filter(pa.array(ranks <= kth[1]))
+        self.held, self.rows = [rows], rows.num_rows
+        return True
+
+    def final(self, key: Key | None) -> tuple[pa.Table | None, np.ndarray | None,
+                                              KeySpace | None]:
+        """The rows held at or before ``key`` (the cut; None: all), with their ranks and
+        space when the keys pack (one pass: no second sort or mask)."""
+        if not self.held:
+            return None, None, None
+        rows, ranks, space = self.ranked or self._ranked()
+        if ranks is None:
+            return self.held_upto(key), None, None
+        if key is not None:
+            at = pa.table({c: pa.array([v], rows.schema.field(c).type)
+                           for c, v in zip(self.key_order.names, key, strict=True)})
+            keep = ranks <= space.encode(at)[0][0]
+            rows, ranks = rows.filter(pa.array(keep)), ranks[keep]
+        return rows, ranks, space
+
+    def _ranked(self) -> tuple[pa.Table, np.ndarray | None, KeySpace | None]:
+        rows = pa.concat_tables(self.held)
+        space = KeySpace.of(rows.select(self.key_order.names), self.key_order)
+        if space is None:
+            return rows, None, None
+        return rows, space.encode(rows.select(self.key_order.names))[0], space
+
+    def _kth(self, rows: pa.Table, ranks: np.ndarray) -> tuple[Key, int]:
+        """The ``limit``-th smallest key of ``rows`` and its rank."""
+        kth = int(np.partition(ranks, self.limit - 1)[self.limit - 1])
+        return self._key(rows, int(np.flatnonzero(ranks == kth)[0])), kth
 
     def held_upto(self, key: Key | None) -> pa.Table | None:
         """Every row held at or before ``key`` (None: all of them); None when no file was
@@ -305,44 +336,3 @@ class _SortedRanks:
 
     def _key(self, keys: pa.Table, i: int) -> Key:
         return tuple(keys.column(c)[i].as_py() for c in self.key_order.names)
-
-
-_INTEGER_LIKE = (pa.types.is_integer, pa.types.is_date, pa.types.is_timestamp)
-
-
-def packed_ranks(keys: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
-    """One int64 per row that orders the rows as their keys do (columns in turn, each in its
-    direction), or None when they do not fit 62 bits. An integer, date or timestamp column
-    packs as its offset from the smallest value held; others (strings, decimals) as the
-    dense rank of their value among the distinct values held. Ranks are relative to
-    ``keys``: they compare rows of this table only, which is all a fold needs. A composite
-    key then folds by ``numpy`` partition like one integer key: the Arrow sort of the
-    (region, id) keys of a 20M-row upstream took 15 s a barrier (round 18)."""
-    packed = np.zeros(keys.num_rows, np.int64)
-    bits = 0
-    for c in key_order.columns:
-        column = keys.column(c.name)
-        if column.null_count:
-            return None
-        if any(test(column.type) for test in _INTEGER_LIKE):
-            if pa.types.is_date32(column.type):  # no direct cast to int64
-                column = column.cast(pa.int32())
-            values = column.cast(pa.int64()).to_numpy()
-            low = int(values.min()) if len(values) else 0
-            width = (int(values.max()) - low) if len(values) else 0
-            if width.bit_length() > 62:
-                return None
-            codes = values - low
-        else:
-            distinct = pc.unique(column)
-            distinct = distinct.take(pc.sort_indices(distinct))
-            codes = pc.index_in(column, value_set=distinct).to_numpy().astype(np.int64)
-            width = len(distinct) - 1
-        if c.descending:
-            codes = width - codes
-        shift = max(1, width.bit_length())
-        bits += shift
-        if bits > 62:
-            return None
-        packed = (packed << shift) | codes
-    return packed

@@ -47,3 +47,17 @@ def test_the_bound_is_said_exactly_when_its_conditions_hold(chunk, scanned, left
     assert cost.barriers_left == math.ceil(left / limit)
     assert cost.projected_rows == cost.barriers_left * scanned
     assert f"{cost.projected_rows:,}" in cost.statement()
+
+
+def test_a_window_divides_the_reads_left_by_its_chunks():
+    """A read that holds the next 4.25 chunks (no_shuffle's window, storage/cut_window.py): the
+    18 barriers left make 5 reads of what this one decoded, and the statement says why."""
+    cost = _cost(window_rows=4_250_000)
+    assert cost.layout_bound and cost.chunks_per_read == 4.25
+    assert cost.projected_rows == 5 * 20_000_000
+    text = cost.statement()
+    for figure in ("holds the next 4.2 chunks", "4,250,000 rows", "change feed",
+                   "100,000,000", "(5x the table)"):
+        assert figure in text, (figure, text)
+    assert _cost(window_rows=500_000).chunks_per_read == 1.0  # less than a chunk: no window
+

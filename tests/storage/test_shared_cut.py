@@ -35,7 +35,7 @@ from backfill_assets.storage import (
     shared_cut,
 )
 from backfill_assets.storage.chunk_task import BAD_KEY
-from backfill_assets.storage.shared_cut import packed_ranks
+from backfill_assets.storage.key_ranks import packed_ranks
 
 SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("name", pa.string()),
                     ("vnode", pa.int32())])
@@ -48,11 +48,18 @@ def _rows(keys) -> pa.Table:
 
 
 @st.composite
-def _case(draw):
-    composite = draw(st.booleans())
+def key_orders(draw) -> KeyOrder:
+    """(id) or (region, id), each column in either direction."""
     columns = [KeyColumn("id", "bigint", descending=draw(st.booleans()))]
-    if composite:
+    if draw(st.booleans()):
         columns.insert(0, KeyColumn("region", "string", descending=draw(st.booleans())))
+    return KeyOrder(tuple(columns))
+
+
+@st.composite
+def _case(draw):
+    key_order = draw(key_orders())
+    composite = len(key_order.columns) == 2
     keys = draw(st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 200)), min_size=1,
                          max_size=60, unique_by=(lambda k: k) if composite else (lambda k: k[1])))
     deleted = draw(st.lists(st.sampled_from(keys), unique=True, max_size=len(keys) // 2))
@@ -61,7 +68,7 @@ def _case(draw):
     layout = draw(st.sampled_from(["keyed", "by_id", "shuffled"]))
     if layout == "shuffled":
         keys = draw(st.permutations(keys))
-    return (KeyOrder(tuple(columns)), keys, deleted, sorted(run), pos,
+    return (key_order, keys, deleted, sorted(run), pos,
             draw(st.integers(1, 25)), draw(st.integers(1, 12)), layout)
 
 

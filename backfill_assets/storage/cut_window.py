@@ -164,19 +164,19 @@ def _take_from(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
     if 0 < end < len(w.ranks):  # every row of the last key taken
         end = int(np.searchsorted(w.ranks, w.ranks[end - 1], side="right"))
     top = w.hi if end == len(w.ranks) else _key(w.rows, end - 1, key_order)
-    keep = np.arange(start, end)
-    if len(removed):
-        keep = keep[~np.isin(keep, removed)]
-    candidates = w.rows.take(pa.array(keep))
+    kept = np.ones(end - start, bool)  # the window's rows in (pos, top], minus changed keys
+    kept[removed[(removed >= start) & (removed < end)] - start] = False
+    added = w.rows.schema.empty_table()
     if netted is not None and netted.after.num_rows:
-        added = within(netted.after, key_order, pos, top)
-        candidates = pa.concat_tables([candidates, added.select(w.rows.schema.names)
-                                       .cast(w.rows.schema)])
-    if candidates.num_rows < limit:
+        added = within(netted.after, key_order, pos, top).select(w.rows.schema.names) \
+            .cast(w.rows.schema)
+    if int(kept.sum()) + added.num_rows < limit:
         if top is not None:
             return None  # the chunk passes the window's end: read a new one
-        return SharedCut(None, candidates.num_rows, held=candidates, rows_read=w.last_read)
-    cut, chunk = _limit_th(candidates, key_order, limit)
+        chunk = pa.concat_tables([w.rows.slice(start, end - start).filter(pa.array(kept)),
+                                  added])
+        return SharedCut(None, chunk.num_rows, held=chunk, rows_read=w.last_read)
+    cut, chunk = _limit_th(w, start, end, kept, added, key_order, limit)
     return SharedCut(cut, limit, held=chunk, rows_read=w.last_read)
 
 
@@ -259,18 +259,33 @@ def _first_after(w: _Window, key_order: KeyOrder, pos: Key | None) -> int:
     return int(np.argmax(mask)) if mask.any() else len(mask)
 
 
-def _limit_th(rows: pa.Table, key_order: KeyOrder, limit: int) -> tuple[Key, pa.Table]:
-    """The ``limit``-th smallest key of ``rows`` and every row at or before it."""
-    keys = rows.select(key_order.names)
-    ranks = packed_ranks(keys, key_order)
-    if ranks is None:
-        order = pc.sort_indices(keys, [(c.name, "descending" if c.descending else "ascending")
-                                       for c in key_order.columns])
-        cut = _key(keys, order[limit - 1].as_py(), key_order)
-        return cut, rows.filter(pc.invert(after(rows, key_order, cut)))
-    kth = np.partition(ranks, limit - 1)[limit - 1]
-    cut = _key(keys, int(np.flatnonzero(ranks == kth)[0]), key_order)
-    return cut, rows.filter(pa.array(ranks <= kth))
+def _limit_th(w: _Window, start: int, end: int, kept: np.ndarray, added: pa.Table,
+              key_order: KeyOrder, limit: int) -> tuple[Key, pa.Table]:
+    """The ``limit``-th smallest key of the window's rows [start, end) still ``kept`` and the
+    ``added`` rows, and every one of those rows at or before it: by the window's ranks, which
+    hold the added keys too unless one has a value the window never saw (then by ranks of
+    these rows alone)."""
+    ranks, inside = w.space.encode(added.select(key_order.names))
+    if not inside.all():
+        rows = pa.concat_tables([w.rows.slice(start, end - start).filter(pa.array(kept)),
+                                 added])
+        fresh = packed_ranks(rows.select(key_order.names), key_order)
+        if fresh is None:  # beyond 62 bits: a sort
+            order = pc.sort_indices(rows, [(c.name, "descending" if c.descending else
+                                            "ascending") for c in key_order.columns])
+            cut = _key(rows, order[limit - 1].as_py(), key_order)
+            return cut, rows.filter(pc.invert(after(rows, key_order, cut)))
+        kth = np.partition(fresh, limit - 1)[limit - 1]
+        return _key(rows, int(np.flatnonzero(fresh == kth)[0]), key_order), \
+            rows.filter(pa.array(fresh <= kth))
+    held = w.ranks[start:end]
+    kth = int(np.partition(np.concatenate([held[kept], ranks]), limit - 1)[limit - 1])
+    take_held, take_added = kept & (held <= kth), ranks <= kth
+    at = np.flatnonzero(held == kth)
+    cut = _key(w.rows, start + int(at[0]), key_order) if len(at) else \
+        _key(added, int(np.flatnonzero(ranks == kth)[0]), key_order)
+    return cut, pa.concat_tables([w.rows.slice(start, end - start).filter(pa.array(take_held)),
+                                  added.filter(pa.array(take_added))])
 
 
 def _key(rows: pa.Table, i: int, key_order: KeyOrder) -> Key:

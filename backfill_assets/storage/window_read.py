@@ -38,6 +38,9 @@ _SAMPLE_FILES = 8  # the largest files, read first: the bound is estimated from 
 _THREADS = 4  # parquet reads and compute kernels release the GIL
 _MOST = 3  # windows of rows held at most while reading (a bound estimated too loose)
 _AHEAD = 16  # files read ahead of the one being kept
+# a rest this many windows past the bound is read with it: a last window of a few rows would
+# cost a read of every file (at 20M rows, 1.75 s for the last million)
+_TAIL = 0.5
 
 
 def read_all(files: Sequence[DataFile], key_order: KeyOrder, vnodes: Sequence[int],
@@ -97,10 +100,13 @@ def read_all(files: Sequence[DataFile], key_order: KeyOrder, vnodes: Sequence[in
 def _estimate(sample: pa.Table, sample_rows: int, total_rows: int, size: int,
               key_order: KeyOrder) -> Key | None:
     """The key under which about ``WINDOW_CAP`` windows of rows lie, from a sample of the
-    files (their rows after the position, in the run): None when that is every row."""
+    files (their rows after the position, in the run): None when that is every row, or
+    leaves less than ``_TAIL`` window after it (that is read with this window)."""
     expected = sample.num_rows / max(1, sample_rows) * total_rows
+    if not sample.num_rows or expected <= (WINDOW_CAP + _TAIL) * size:
+        return None
     k = math.ceil(WINDOW_CAP * size * sample.num_rows / max(1.0, expected))
-    if not sample.num_rows or k >= sample.num_rows:
+    if k >= sample.num_rows:
         return None
     keys = sample.select(key_order.names)
     ranks = packed_ranks(keys, key_order)

@@ -262,6 +262,19 @@ class ArrowProjection:
         self.columns, self.mv_schema = columns, mv_schema
         self.keep_op, self.computed_ops = keep_op, computed_ops
 
+    @property
+    def inputs(self) -> frozenset[str]:
+        """The upstream columns the projection reads: those it selects and those its filter
+        and computed columns name (a reader may leave the others unread)."""
+        names, ops = set(self.columns), [self.keep_op, *self.computed_ops.values()]
+        while ops:
+            op = ops.pop()
+            if op is not None:
+                if op.kind == "col":
+                    names.add(op.value)
+                ops.extend(op.args)
+        return frozenset(names)
+
     def keep(self, table: pa.Table) -> pa.Array:
         """The filter per row (bool), a null counting as rejected as in SQL's WHERE; all
         True without a filter. Raises `NotExact`."""

@@ -90,8 +90,10 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                     files, key_order, positions, rows_to_see(n, tail), shared)
                 return more.distinct, more.floors
 
+            needed = [c for c in columns if c in projection.inputs or c in key_order.names
+                      or c == storage.VNODE]  # what the window holds: the MV's input only
             cut = storage.windowed_cut(snap, key_order, list(positions), pos, limit, pick,
-                                       storage.file_reader(snap, columns), columns)
+                                       storage.file_reader(snap, needed), needed)
         else:
             cut = storage.shared_cut(snap, picked.distinct, key_order, list(positions), pos,
                                      limit, picked.floors)

@@ -192,7 +192,12 @@ def _arrow_rows(definition, table, mv_schema):
         return False, None
     exact = pickle.loads(pickle.dumps(exact))  # it is shipped to Spark's Python workers
     try:
-        return True, exact.project(table)
+        rows = exact.project(table)
+        # what it reads is all it needs: no_shuffle's window holds only these columns
+        narrow = table.select([c for c in table.column_names if c in exact.inputs
+                               or c == "vnode"])
+        assert exact.project(narrow).equals(rows)
+        return True, rows
     except NotExact as e:
         assert "overflow" in str(e) or "non-ASCII" in str(e), e  # never a kernel we lack
         return True, None

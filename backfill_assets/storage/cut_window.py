@@ -45,8 +45,8 @@ from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.storage.change_log import change_log
 from backfill_assets.storage.changes import metadata_changed, read_change_range
-from backfill_assets.storage.key_ranks import KeySpace, packed_ranks
-from backfill_assets.storage.key_search import after, within
+from backfill_assets.storage.key_ranks import KeySpace, kth_smallest, packed_ranks
+from backfill_assets.storage.key_search import after, key_at, within
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.shared_cut import SharedCut, shared_cut
 from backfill_assets.storage.window_read import WINDOW_CAP, read_all
@@ -163,7 +163,7 @@ def _take_from(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
     end = min(len(w.ranks), start + limit + len(removed))
     if 0 < end < len(w.ranks):  # every row of the last key taken
         end = int(np.searchsorted(w.ranks, w.ranks[end - 1], side="right"))
-    top = w.hi if end == len(w.ranks) else _key(w.rows, end - 1, key_order)
+    top = w.hi if end == len(w.ranks) else key_at(w.rows, end - 1, key_order)
     kept = np.ones(end - start, bool)  # the window's rows in (pos, top], minus changed keys
     kept[removed[(removed >= start) & (removed < end)] - start] = False
     added = w.rows.schema.empty_table()
@@ -204,6 +204,8 @@ def _advance(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
         raw = read_change_range(snap, w.version, last, w.rows.schema.names, w.vnodes)
     except HistoryUnavailable:
         return False
+    if any(raw.column(c).null_count for c in key_order.names):
+        return False  # a null pk: the files are read, where the cut stops on it (not dropped)
     w.last_read = raw.num_rows
     raw = within(raw, key_order, pos, w.hi)
     if w.changes is not None:
@@ -273,20 +275,15 @@ def _limit_th(w: _Window, start: int, end: int, kept: np.ndarray, added: pa.Tabl
         if fresh is None:  # beyond 62 bits: a sort
             order = pc.sort_indices(rows, [(c.name, "descending" if c.descending else
                                             "ascending") for c in key_order.columns])
-            cut = _key(rows, order[limit - 1].as_py(), key_order)
+            cut = key_at(rows, order[limit - 1].as_py(), key_order)
             return cut, rows.filter(pc.invert(after(rows, key_order, cut)))
-        kth = np.partition(fresh, limit - 1)[limit - 1]
-        return _key(rows, int(np.flatnonzero(fresh == kth)[0]), key_order), \
-            rows.filter(pa.array(fresh <= kth))
+        kth, at = kth_smallest(fresh, limit)
+        return key_at(rows, at, key_order), rows.filter(pa.array(fresh <= kth))
     held = w.ranks[start:end]
-    kth = int(np.partition(np.concatenate([held[kept], ranks]), limit - 1)[limit - 1])
+    kth = kth_smallest(np.concatenate([held[kept], ranks]), limit)[0]
     take_held, take_added = kept & (held <= kth), ranks <= kth
     at = np.flatnonzero(held == kth)
-    cut = _key(w.rows, start + int(at[0]), key_order) if len(at) else \
-        _key(added, int(np.flatnonzero(ranks == kth)[0]), key_order)
+    cut = key_at(w.rows, start + int(at[0]), key_order) if len(at) else \
+        key_at(added, int(np.flatnonzero(ranks == kth)[0]), key_order)
     return cut, pa.concat_tables([w.rows.slice(start, end - start).filter(pa.array(take_held)),
                                   added.filter(pa.array(take_added))])
-
-
-def _key(rows: pa.Table, i: int, key_order: KeyOrder) -> Key:
-    return tuple(rows.column(c)[i].as_py() for c in key_order.names)

@@ -98,6 +98,13 @@ def packed_ranks(keys: pa.Table, key_order: KeyOrder) -> np.ndarray | None:
     return None if space is None else space.encode(keys)[0]
 
 
+def kth_smallest(ranks: np.ndarray, k: int) -> tuple[int, int]:
+    """The ``k``-th smallest of ``ranks`` (1-based) and the index of a row holding it: a
+    partition, linear in the rows."""
+    kth = int(np.partition(ranks, k - 1)[k - 1])
+    return kth, int(np.flatnonzero(ranks == kth)[0])
+
+
 def _integer_like(t: pa.DataType) -> bool:
     return any(test(t) for test in _INTEGER_LIKE)
 

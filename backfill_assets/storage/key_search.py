@@ -132,3 +132,8 @@ def within(table: pa.Table, key_order: KeyOrder, pos: Key | None, top: Key | Non
     if not masks or not table.num_rows:
         return table
     return table.filter(masks[0] if len(masks) == 1 else pc.and_kleene(*masks))
+
+
+def key_at(rows: pa.Table, i: int, key_order: KeyOrder) -> Key:
+    """Row ``i``'s key, as Python values."""
+    return tuple(rows.column(c)[i].as_py() for c in key_order.names)

@@ -47,8 +47,8 @@ import pyarrow.compute as pc
 from backfill_assets.core.key_floor import Floor, admits_at_or_before, compare_floors
 from backfill_assets.core.key_types import INT_RANGES
 from backfill_assets.core.keys import Key, KeyOrder
-from backfill_assets.storage.key_ranks import KeySpace, packed_ranks
-from backfill_assets.storage.key_search import after, within
+from backfill_assets.storage.key_ranks import KeySpace, kth_smallest, packed_ranks
+from backfill_assets.storage.key_search import after, key_at, within
 from backfill_assets.storage.keyed import read_keys
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.ordered import in_order
@@ -308,8 +308,8 @@ class _SortedRanks:
 
     def _kth(self, rows: pa.Table, ranks: np.ndarray) -> tuple[Key, int]:
         """The ``limit``-th smallest key of ``rows`` and its rank."""
-        kth = int(np.partition(ranks, self.limit - 1)[self.limit - 1])
-        return self._key(rows, int(np.flatnonzero(ranks == kth)[0])), kth
+        kth, at = kth_smallest(ranks, self.limit)
+        return self._key(rows, at), kth
 
     def held_upto(self, key: Key | None) -> pa.Table | None:
         """Every row held at or before ``key`` (None: all of them); None when no file was
@@ -335,4 +335,4 @@ class _SortedRanks:
         return keys.take(pa.array(np.argpartition(packed, k - 1)[:k]))
 
     def _key(self, keys: pa.Table, i: int) -> Key:
-        return tuple(keys.column(c)[i].as_py() for c in self.key_order.names)
+        return key_at(keys, i, self.key_order)

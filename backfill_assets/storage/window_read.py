@@ -19,13 +19,12 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.core.keys import Key, KeyOrder
-from backfill_assets.storage.key_ranks import KeySpace, packed_ranks
-from backfill_assets.storage.key_search import within
+from backfill_assets.storage.key_ranks import KeySpace, kth_smallest, packed_ranks
+from backfill_assets.storage.key_search import key_at, within
 from backfill_assets.storage.log import DataFile
 from backfill_assets.storage.ordered import in_order
 from backfill_assets.storage.prune import VNODE, vnode_span
@@ -60,10 +59,13 @@ def read_all(files: Sequence[DataFile], key_order: KeyOrder, vnodes: Sequence[in
         if lo_v is None or hi_v is None or not all(v in run for v in range(lo_v, hi_v + 1)):
             rows = rows.filter(pc.is_in(rows.column(VNODE), value_set=wanted.cast(
                 rows.schema.field(VNODE).type)))
+        if any(rows.column(c).null_count for c in key_order.names):
+            raise _NullKey  # before the key masks, which would drop the row unseen
         return within(rows, key_order, pos, hi)
 
     by_size = sorted(files, key=lambda f: -(f.live_records or 0))
     sample, rest = by_size[:_SAMPLE_FILES], by_size[_SAMPLE_FILES:]
+    read = sum(f.live_records or 0 for f in files)
     pool = ThreadPoolExecutor(_THREADS)
     try:
         first = pa.concat_tables(list(pool.map(lambda f: run_rows(f, None), sample)))
@@ -76,12 +78,11 @@ def read_all(files: Sequence[DataFile], key_order: KeyOrder, vnodes: Sequence[in
             held += got.num_rows
             if held > _MOST * size:  # the sample misled: the exact cut folds as it reads
                 return None
+    except _NullKey:  # no cut: the Spark path names the row
+        return SharedCut(None, 0, null_key=True, rows_read=read)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     rows = pa.concat_tables(pieces)
-    read = sum(f.live_records or 0 for f in files)
-    if any(rows.column(c).null_count for c in key_order.names):
-        return SharedCut(None, 0, null_key=True, rows_read=read)
     if rows.num_rows < limit and hi is not None:
         return None
     space = KeySpace.of(rows.select(key_order.names), key_order)
@@ -89,12 +90,16 @@ def read_all(files: Sequence[DataFile], key_order: KeyOrder, vnodes: Sequence[in
         return None
     ranks = space.encode(rows.select(key_order.names))[0]
     if rows.num_rows > 2 * size:  # the estimate was loose: keep the window's size
-        kth = int(np.partition(ranks, size - 1)[size - 1])
+        kth, at = kth_smallest(ranks, size)
+        hi = key_at(rows, at, key_order)
         keep = ranks <= kth
         rows, ranks = rows.filter(pa.array(keep)), ranks[keep]
-        hi = _key(rows, int(np.flatnonzero(ranks == kth)[0]), key_order)
     return SharedCut(hi, rows.num_rows, held=rows, rows_read=read, held_ranks=ranks,
                      space=space)
+
+
+class _NullKey(Exception):
+    """A row of the run whose pk is null: the read stops (no cut is computed for it)."""
 
 
 def _estimate(sample: pa.Table, sample_rows: int, total_rows: int, size: int,
@@ -112,9 +117,4 @@ def _estimate(sample: pa.Table, sample_rows: int, total_rows: int, size: int,
     ranks = packed_ranks(keys, key_order)
     if ranks is None:
         return None
-    kth = int(np.partition(ranks, k - 1)[k - 1])
-    return _key(keys, int(np.flatnonzero(ranks == kth)[0]), key_order)
-
-
-def _key(rows: pa.Table, i: int, key_order: KeyOrder) -> Key:
-    return tuple(rows.column(c)[i].as_py() for c in key_order.names)
+    return key_at(keys, kth_smallest(ranks, k)[1], key_order)

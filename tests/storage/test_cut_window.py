@@ -194,3 +194,23 @@ def test_a_window_serves_the_next_chunks_without_reading_files(tmp_path):
     assert files_read[:4] == [1, 0, 0, 0]
     assert any(files_read[4:])  # a window of 4 to 5 chunks ends: the files are read again
     assert [r for _, r in taken[1:4]] == [2, 2, 2]  # the feed's rows, not the files'
+
+
+def test_a_null_pk_stops_the_cut_whether_the_files_or_the_feed_bring_it(tmp_path):
+    """A row of the run with a null pk (a foreign writer's append) yields no cut, so the Spark
+    path names it: when a window read meets it in the files, and when the feed brings it to
+    a window already held. The key masks (rows after the position) would drop it unseen."""
+    key_order = KeyOrder((KeyColumn("id", "bigint"),))
+    run = list(range(VNODES))
+    for null_first in (True, False):
+        up = _Upstream(str(tmp_path / f"up{null_first}"), key_order)
+        up.append([_row("a", i) for i in range(1, 41)])
+        null_row = {"region": "a", "id": None, "name": "null pk", "vnode": 1}
+        if null_first:
+            write_deltalake(up.uri, _table([null_row]), mode="append")
+            assert _barrier(up, run, (10,), 5, []).null_key  # a read past the position
+            continue
+        cut = _barrier(up, run, None, 5, [])
+        assert cut.key == (5,) and not cut.null_key  # the window holds the next chunks
+        write_deltalake(up.uri, _table([null_row]), mode="append")
+        assert _barrier(up, run, cut.key, 5, []).null_key

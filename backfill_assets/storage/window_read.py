@@ -130,30 +130,19 @@ def _discarded(spill: Spill | None) -> None:
 def _split(rows: pa.Table, key_order: KeyOrder, pos: Key | None,
            bounds: Sequence[Key | None]) -> list[pa.Table]:
     """``rows`` after ``pos`` by bucket: piece i holds the keys in (bound i-1, bound i] (the
-    last bound None: to the end; rows past a last bound that is not None are dropped). The
-    rows and the bounds are ranked in one space and each row's bucket found by a binary
-    search (a mask per bound where the keys do not pack), then one filter per bucket."""
+    last bound None: to the end; rows past a last bound that is not None are dropped). One
+    mask per bound (a bucket's bounds are few), then one filter per bucket."""
     if pos is None and list(bounds) == [None]:
         return [rows]
-    ids = _bucket_ids(rows, key_order, [b for b in bounds if b is not None])
+    ids = np.zeros(rows.num_rows, np.int16)
+    for hi in (b for b in bounds if b is not None):
+        ids += pc.fill_null(after(rows, key_order, hi), False).to_numpy(zero_copy_only=False)
     if pos is not None:
         ids[~pc.fill_null(after(rows, key_order, pos), False).to_numpy(zero_copy_only=False)] \
             = -1
+    if len(bounds) == 1:
+        return [rows.filter(pa.array(ids == 0))]
     return [rows.filter(pa.array(ids == i)) for i in range(len(bounds))]
-
-
-def _bucket_ids(rows: pa.Table, key_order: KeyOrder, bounds: list[Key]) -> np.ndarray:
-    """Per row, how many of the ascending ``bounds`` its key sorts after."""
-    keys = rows.select(key_order.names)
-    at = pa.table({c: pa.array([b[i] for b in bounds], keys.schema.field(c).type)
-                   for i, c in enumerate(key_order.names)})
-    space = KeySpace.of(pa.concat_tables([keys, at]), key_order)
-    if space is not None:
-        return np.searchsorted(space.encode(at)[0], space.encode(keys)[0], side="left")
-    ids = np.zeros(rows.num_rows, np.int64)
-    for hi in bounds:
-        ids += pc.fill_null(after(rows, key_order, hi), False).to_numpy(zero_copy_only=False)
-    return ids
 
 
 def _bounds(sample: pa.Table, sample_rows: int, total_rows: int, size: int,

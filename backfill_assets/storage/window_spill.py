@@ -90,8 +90,9 @@ class Spill:
         bucket = self.buckets.pop(0)
         if not bucket.rows:
             return bucket.hi, self.schema.empty_table()
-        with pa.OSFile(bucket.path) as source:  # read into memory: the file goes now
-            rows = pa.ipc.open_file(source).read_all()
+        # mapped, not copied: the window copies it once, as it sorts it (the mapping outlives
+        # the file's name)
+        rows = pa.ipc.open_file(pa.memory_map(bucket.path)).read_all()
         os.unlink(bucket.path)
         return bucket.hi, rows
 

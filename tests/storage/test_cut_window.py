@@ -28,12 +28,12 @@ from backfill_assets.storage import (
     Snapshot,
     apply_keyed,
     chunk_files,
+    cut_window,
     ensure_mor_table,
     file_reader,
     window_read,
     windowed_cut,
 )
-from backfill_assets.storage import cut_window
 from backfill_assets.storage.window_spill import Spill
 from tests.storage.test_shared_cut import SCHEMA, VNODES, key_orders  # the same upstream
 

@@ -160,25 +160,23 @@ def _end(w: _Window) -> Key | None:
 
 def _extend(w: _Window, key_order: KeyOrder, start: int) -> bool:
     """Load the spill's next bucket after the window's rows from ``start`` on (those before
-    are at or before the position): the window then ends at the bucket's bound. The keys
-    are ranked again in a space holding both (a bucket holds values the window never saw).
-    False when there is no bucket, or its keys do not pack."""
+    are at or before the position): the window then ends at the bucket's bound. Both are
+    ranked again in one space (a bucket holds values the window never saw) and sorted into
+    new buffers (a slice would keep the old window's alive). False when there is no bucket,
+    or the keys do not pack."""
     popped = None if w.spill is None else w.spill.pop()
     if popped is None:
         return False
     hi, bucket = popped
     rest = w.rows.slice(start)
-    names = key_order.names
-    space = KeySpace.of(pa.concat_tables([rest.select(names),
-                                          bucket.select(names).cast(rest.select(names).schema)]),
-                        key_order)
+    rows = pa.concat_tables([rest, bucket.select(rest.schema.names).cast(rest.schema)])
+    keys = rows.select(key_order.names)
+    space = KeySpace.of(keys, key_order)
     if space is None:
         return False
-    ranks = space.encode(bucket.select(names))[0]
+    ranks = space.encode(keys)[0]
     order = np.argsort(ranks, kind="stable")
-    w.rows = pa.concat_tables([rest, bucket.take(pa.array(order)).cast(rest.schema)])
-    w.ranks = np.concatenate([space.encode(rest.select(names))[0], ranks[order]])
-    w.space, w.hi = space, hi
+    w.rows, w.ranks, w.space, w.hi = rows.take(pa.array(order)), ranks[order], space, hi
     if not w.spill.buckets:
         w.spill = None
     return True

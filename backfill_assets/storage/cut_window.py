@@ -50,7 +50,6 @@ from backfill_assets.storage.key_search import after, key_at, within
 from backfill_assets.storage.log import DataFile, Snapshot
 from backfill_assets.storage.shared_cut import SharedCut, shared_cut
 from backfill_assets.storage.window_read import WINDOW_CAP, read_all
-from backfill_assets.storage.window_spill import Spill
 
 # chunks a window holds: a barrier in this many reads the upstream's files (a quarter chunk
 # more: the writer's deletes in the window must not leave its last chunk short)
@@ -75,7 +74,6 @@ class _Window:
     changes: pa.Table | None = None
     trimmed: Key | None = None  # change rows at or before it were dropped
     last_read: int = 0  # change rows the last advance read
-    spill: Spill | None = None  # the rows past ``hi`` as of the read's version, if kept
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -108,22 +106,19 @@ def windowed_cut(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos
     _forget(key)  # the old window's rows go before the new ones come (memory)
     size = max(limit, min(int(WINDOW_CHUNKS * limit), WINDOW_MAX_ROWS))
     files, floors = pick(size)
-    read, spill = None, None
+    read = None
     if files and len(files) == len(pick(sys.maxsize)[0]):  # every file can hold a window row
-        read, spill = read_all(files, key_order, vnodes, pos, size, limit, read_rows) or \
-            (None, None)
+        read = read_all(files, key_order, vnodes, pos, size, limit, read_rows)
     if read is None:
         read = shared_cut(snap, files, key_order, vnodes, pos, size, floors, read_rows,
                           cap=WINDOW_CAP)
     if read.null_key or read.held is None:  # a null pk (the Spark path names it), no file
         return read
-    rows_read, spilled = read.rows_read, read.window_rows - read.rows
-    window = _new_window(snap.version, tuple(sorted(vnodes)), pos, read, spill)
+    rows_read, window = read.rows_read, _new_window(snap.version, tuple(sorted(vnodes)), pos,
+                                                    read)
     del read  # its rows, unsorted: the window holds them sorted
     taken = None if window is None else _take_from(window, snap, key_order, pos, limit)
     if taken is None:  # keys that do not pack in 62 bits: the plain cut, every barrier
-        if window is not None and window.spill is not None:
-            window.spill.discard()
         return shared_cut(snap, files, key_order, vnodes, pos, limit, floors, read_rows)
     if taken.key is not None:
         with _REGISTRY:
@@ -131,55 +126,22 @@ def windowed_cut(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos
             while len(_WINDOWS) > _KEPT:
                 _WINDOWS.popitem(last=False)
     return SharedCut(taken.key, taken.rows, held=taken.held, rows_read=rows_read,
-                     window_rows=len(window.ranks) + max(0, spilled))
+                     window_rows=len(window.ranks))
 
 
 def _forget(key: tuple) -> None:
     with _REGISTRY:
-        window = _WINDOWS.pop(key, None)
-    if window is not None and window.spill is not None:
-        window.spill.discard()
+        _WINDOWS.pop(key, None)
 
 
 def _new_window(version: int, vnodes: tuple[int, ...], lo: Key | None,
-                read: SharedCut, spill: Spill | None) -> _Window | None:
+                read: SharedCut) -> _Window | None:
     """The window of a cut's rows, sorted by the ranks it gave them."""
     if read.held_ranks is None or read.space is None:
-        if spill is not None:
-            spill.discard()
         return None
     order = np.argsort(read.held_ranks, kind="stable")
     return _Window(version, vnodes, lo, read.key, read.held.take(pa.array(order)), read.space,
-                   read.held_ranks[order], trimmed=lo, spill=spill)
-
-
-def _end(w: _Window) -> Key | None:
-    """Where the rows ``w`` can give end: its spill's end when it has one, else ``hi``."""
-    return w.hi if w.spill is None else w.spill.end
-
-
-def _extend(w: _Window, key_order: KeyOrder, start: int) -> bool:
-    """Load the spill's next bucket after the window's rows from ``start`` on (those before
-    are at or before the position): the window then ends at the bucket's bound. Both are
-    ranked again in one space (a bucket holds values the window never saw) and sorted into
-    new buffers (a slice would keep the old window's alive). False when there is no bucket,
-    or the keys do not pack."""
-    popped = None if w.spill is None else w.spill.pop()
-    if popped is None:
-        return False
-    hi, bucket = popped
-    rest = w.rows.slice(start)
-    rows = pa.concat_tables([rest, bucket.select(rest.schema.names).cast(rest.schema)])
-    keys = rows.select(key_order.names)
-    space = KeySpace.of(keys, key_order)
-    if space is None:
-        return False
-    ranks = space.encode(keys)[0]
-    order = np.argsort(ranks, kind="stable")
-    w.rows, w.ranks, w.space, w.hi = rows.take(pa.array(order)), ranks[order], space, hi
-    if not w.spill.buckets:
-        w.spill = None
-    return True
+                   read.held_ranks[order], trimmed=lo)
 
 
 def _take_from(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
@@ -191,27 +153,10 @@ def _take_from(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
     w.last_read = 0
     if snap.version > w.version and not _advance(w, snap, key_order, pos, limit):
         return None
-    while True:
-        taken = _chunk(w, key_order, pos, limit)
-        if taken is not _PAST_END:
-            return taken
-        if not _extend(w, key_order, _first_after(w, key_order, pos)):
-            return None  # the chunk passes the window's end: read a new one
-
-
-_PAST_END = object()
-
-
-def _chunk(w: _Window, key_order: KeyOrder, pos: Key | None, limit: int):
-    """The chunk from ``w``'s rows (at ``w.version`` with its change rows), or ``_PAST_END``
-    when it passes the rows ``w`` holds, or None when the feed and the window disagree."""
-    changes = w.changes
-    if changes is not None and w.spill is not None:  # rows up to the spill's end
-        changes = within(changes, key_order, None, w.hi)
-    netted = net_with_prior(changes, key_order.names) if changes is not None else None
+    netted = net_with_prior(w.changes, key_order.names) if w.changes is not None else None
     removed = np.zeros(0, np.int64)
     if netted is not None:
-        removed = _held_indices(w, changes, netted, key_order)
+        removed = _held_indices(w, netted, key_order)
         if removed is None:
             return None
     start = _first_after(w, key_order, pos)
@@ -227,7 +172,7 @@ def _chunk(w: _Window, key_order: KeyOrder, pos: Key | None, limit: int):
             .cast(w.rows.schema)
     if int(kept.sum()) + added.num_rows < limit:
         if top is not None:
-            return _PAST_END
+            return None  # the chunk passes the window's end: read a new one
         chunk = pa.concat_tables([w.rows.slice(start, end - start).filter(pa.array(kept)),
                                   added])
         return SharedCut(None, chunk.num_rows, held=chunk, rows_read=w.last_read)
@@ -242,8 +187,7 @@ def _covers(w: _Window, key_order: KeyOrder, pos: Key | None) -> bool:
         return w.trimmed is None
     if w.trimmed is not None and key_order.compare(pos, w.trimmed) < 0:
         return False
-    end = _end(w)
-    return end is None or key_order.compare(pos, end) < 0
+    return w.hi is None or key_order.compare(pos, w.hi) < 0
 
 
 def _advance(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
@@ -263,27 +207,26 @@ def _advance(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
     if any(raw.column(c).null_count for c in key_order.names):
         return False  # a null pk: the files are read, where the cut stops on it (not dropped)
     w.last_read = raw.num_rows
-    raw = within(raw, key_order, pos, _end(w))
+    raw = within(raw, key_order, pos, w.hi)
     if w.changes is not None:
-        raw = pa.concat_tables([within(w.changes, key_order, pos, _end(w)), raw])
+        raw = pa.concat_tables([within(w.changes, key_order, pos, w.hi), raw])
     if raw.num_rows > limit:
         return False
     w.changes, w.trimmed, w.version = raw, pos, last
     return True
 
 
-def _held_indices(w: _Window, changes: pa.Table, netted, key_order: KeyOrder
-                  ) -> np.ndarray | None:
+def _held_indices(w: _Window, netted, key_order: KeyOrder) -> np.ndarray | None:
     """Where the window holds the keys the feed changed (their rows leave the chunk), or None
     when the feed and the window disagree. Per key, the rows held plus the feed's inserts
     minus its deletes must leave one row when its last change is an insert and none when a
     delete (a writer that inserts a second row for a pk fails this), and a key the feed says
     existed must be held exactly once."""
     names = key_order.names
-    upsert = pc.is_in(changes.column(CHANGE_TYPE), pa.array(UPSERT_TYPES))
-    version = changes.column(VERSION).to_numpy(zero_copy_only=False).astype(np.int64)
+    upsert = pc.is_in(w.changes.column(CHANGE_TYPE), pa.array(UPSERT_TYPES))
+    version = w.changes.column(VERSION).to_numpy(zero_copy_only=False).astype(np.int64)
     flag = upsert.to_numpy(zero_copy_only=False).astype(np.int64)
-    per_key = changes.select(names).append_column("delta", pa.array(2 * flag - 1)) \
+    per_key = w.changes.select(names).append_column("delta", pa.array(2 * flag - 1)) \
         .append_column("last", pa.array(2 * version + flag)) \
         .group_by(names, use_threads=False).aggregate([("delta", "sum"), ("last", "max")])
     held = _counts(w, per_key.select(names))[1]

@@ -4,16 +4,15 @@ composite keys at numpy speed.
 An Arrow sort of the (region, id) keys of a 20M-row upstream took 15 s a barrier (round 18);
 numpy's partition of packed ranks does the same selection in a fraction of it. A ``KeySpace``
 is built from one table of keys: an integer, date or timestamp column packs as its offset from
-below its smallest value (its range widened to three times while the bits allow, so keys
-inserted since still rank), a string or decimal column as the dense rank of its value among the
+the smallest value, a string or decimal column as the dense rank of its value among the
 distinct values, columns in turn, each in its direction. Ranks compare keys of that space only;
-``encode`` places other keys in it, and says which it cannot place (a string the space never
-saw, or an integer past its range, has no rank).
+``encode`` places other keys in it, and says which it cannot place (a value the space never saw
+has no rank, so a key holding one is not a key of the table the space was built from).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -64,7 +63,7 @@ class KeySpace:
             if bits > _BITS:
                 return None
             columns.append(_Column(c.name, c.descending, low, distinct, width, shift))
-        return cls(tuple(_with_room(columns, _BITS - bits)))
+        return cls(tuple(columns))
 
     def encode(self, keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """(ranks, inside): each row's rank in this space, and whether it has one (a value
@@ -89,28 +88,6 @@ class KeySpace:
             inside &= valid
             packed = (packed << c.shift) | codes
         return np.where(inside, packed, 0), inside
-
-
-def _with_room(columns: list[_Column], spare: int) -> list[_Column]:
-    """Integer-like columns widened to three times their range (as many values below and
-    above) while the spare bits allow: a key a writer inserted since (a fresh id past the
-    largest) then has a rank, and a window ranks it with the rest instead of ranking every
-    row again (storage/cut_window.py)."""
-    widened = []
-    for col in columns:
-        if col.low is not None:
-            pad = col.width + 1
-            low = max(_INT64[0], col.low - pad)
-            width = min(_INT64[1], col.low + col.width + pad) - low
-            shift = max(1, width.bit_length())
-            if shift - col.shift <= spare:
-                spare -= shift - col.shift
-                col = replace(col, low=low, width=width, shift=shift)
-        widened.append(col)
-    return widened
-
-
-_INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
 def packed_ranks(keys: pa.Table, key_order: KeyOrder) -> np.ndarray | None:

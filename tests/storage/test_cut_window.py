@@ -11,9 +11,6 @@ a held pk (a plain append). No Spark: the window runs on the driver.
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 import tempfile
 
 import pyarrow as pa
@@ -28,13 +25,11 @@ from backfill_assets.storage import (
     Snapshot,
     apply_keyed,
     chunk_files,
-    cut_window,
     ensure_mor_table,
     file_reader,
     window_read,
     windowed_cut,
 )
-from backfill_assets.storage.window_spill import Spill
 from tests.storage.test_shared_cut import SCHEMA, VNODES, key_orders  # the same upstream
 
 
@@ -107,38 +102,19 @@ def _sorted_rows(rows) -> list[tuple]:
 
 
 @st.composite
-def _case(draw, spilling: bool = False):
-    """A run's upstream, writer and window knobs; ``spilling``: a window of few rows over a
-    run of many, every file sampled: its read spills the rest in buckets, and the run loads
-    them (storage/window_spill.py)."""
+def _case(draw):
     key_order = draw(key_orders())
-    ids = draw(st.lists(st.integers(0, 300), min_size=30 if spilling else 1, max_size=80,
-                        unique=True))
+    ids = draw(st.lists(st.integers(0, 300), min_size=1, max_size=80, unique=True))
     keys = [(draw(st.sampled_from("abc")), i) for i in ids]
-    files = draw(st.integers(1, 3))
-    if spilling:  # files that each span the key range (a writer's layout): dealt round-robin
-        def key(k: tuple) -> tuple:
-            return tuple({"region": k[0], "id": k[1]}[c] for c in key_order.names)
-
-        keys.sort(key=functools.cmp_to_key(lambda a, b: key_order.compare(key(a), key(b))))
-        keys = [k for i in range(files) for k in draw(st.permutations(keys[i::files]))]
-    run = list(range(VNODES)) if spilling else \
-        sorted(draw(st.sets(st.integers(0, VNODES - 1), min_size=1)))
+    run = sorted(draw(st.sets(st.integers(0, VNODES - 1), min_size=1)))
     ops = st.tuples(st.sampled_from(["insert", "update", "delete", "pk_change", "duplicate"]),
                     st.integers(0, 10**6), st.sampled_from("abcd"), st.integers(301, 400))
-    # (spilling: fewer change rows than a chunk a barrier, which would read the files again)
-    changes = draw(st.lists(st.lists(ops, max_size=1 if spilling else 4), min_size=1,
-                            max_size=12))
-    # how the window reads: files sampled for its bound, the room that bound leaves (0.5: too
-    # tight, the exact cut reads instead; 3: loose, the window is cut to its size), and its
-    # chunks (few: the run's rest spills in more buckets, storage/window_spill.py)
-    knobs = (draw(st.sampled_from([1, 3, 100])), draw(st.sampled_from([0.5, 1.25, 3.0])),
-             draw(st.sampled_from([1.25, 4.25])))
-    if spilling:
-        knobs = (100, draw(st.sampled_from([0.5, 1.25])), 1.25)
-    return (key_order, keys, run, draw(st.integers(3, 5) if spilling else st.integers(1, 5)),
-            -(-len(keys) // files) if spilling else draw(st.integers(1, 15)),
-            spilling or draw(st.booleans()), changes, knobs)
+    changes = draw(st.lists(st.lists(ops, max_size=4), min_size=1, max_size=12))
+    # how the window reads: files sampled for its bound, and the room that bound leaves (0.5:
+    # too tight, the exact cut reads instead; 3: loose, the window is cut to its size)
+    knobs = (draw(st.integers(1, 3)), draw(st.sampled_from([0.5, 1.25, 3.0])))
+    return (key_order, keys, run, draw(st.integers(1, 5)),
+            draw(st.integers(1, 15)), draw(st.booleans()), changes, knobs)
 
 
 def _apply(up: _Upstream, ops: list[tuple]) -> None:
@@ -163,27 +139,12 @@ def _apply(up: _Upstream, ops: list[tuple]) -> None:
 @given(_case())
 def test_every_chunk_equals_the_upstream_at_its_version(case):
     key_order, keys, run, limit, file_rows, shuffled, changes, knobs = case
-    saved = window_read._SAMPLE_FILES, window_read.WINDOW_CAP, cut_window.WINDOW_CHUNKS
-    window_read._SAMPLE_FILES, window_read.WINDOW_CAP, cut_window.WINDOW_CHUNKS = knobs
+    saved = window_read._SAMPLE_FILES, window_read.WINDOW_CAP
+    window_read._SAMPLE_FILES, window_read.WINDOW_CAP = knobs
     try:
         _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes)
     finally:
-        window_read._SAMPLE_FILES, window_read.WINDOW_CAP, cut_window.WINDOW_CHUNKS = saved
-    assert not _spill_dirs()
-
-
-@settings(max_examples=30, deadline=None)
-@given(_case(spilling=True))
-def test_every_chunk_equals_the_upstream_when_the_run_spills(case):
-    """As above, over runs whose window read spills: every bucket loaded is brought to the
-    barrier's version by the feed kept since the read (the feed's rows past the window)."""
-    loaded, extend = [], cut_window._extend
-    cut_window._extend = lambda *a: loaded.append(extend(*a)) or loaded[-1]
-    try:
-        test_every_chunk_equals_the_upstream_at_its_version.hypothesis.inner_test(case)
-    finally:
-        cut_window._extend = extend
-    assert any(loaded)
+        window_read._SAMPLE_FILES, window_read.WINDOW_CAP = saved
 
 
 def _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes) -> None:
@@ -195,7 +156,7 @@ def _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes) -> 
         for i in range(0, len(rows), file_rows):
             up.append(rows[i:i + file_rows])
         pos, reads = None, []
-        for barrier in range(120):
+        for barrier in range(40):
             cut = _barrier(up, run, pos, limit, reads)
             want_cut, want_rows = up.expected(run, pos, limit)
             assert not cut.null_key
@@ -209,14 +170,15 @@ def _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes) -> 
             raise AssertionError("the run did not finish")
 
 
-def _count_reads(tmp_path, name: str) -> list[tuple[int, int]]:
-    """40 rows, chunks of 5, a pre- and a post-image between barriers: per barrier, (files
-    read, rows it decoded), each chunk checked against the model."""
+def test_a_window_serves_the_next_chunks_without_reading_files(tmp_path):
+    """40 rows, chunks of 5: the first barrier reads the files and holds four chunks or more;
+    the next three take theirs from the window, with the writer's changes between them
+    applied from the feed (read: its change rows only); a later one reads the files again."""
     key_order = KeyOrder((KeyColumn("id", "bigint"),))
-    up = _Upstream(str(tmp_path / name), key_order)
+    up = _Upstream(str(tmp_path / "up"), key_order)
     up.append([_row("a", i) for i in range(40, 0, -1)])
     run, pos, reads, taken = list(range(VNODES)), None, [], []
-    for _ in range(10):
+    for _ in range(9):
         before = len(reads)
         cut = _barrier(up, run, pos, 5, reads)
         assert (cut.key, _sorted_rows(cut.held)) == \
@@ -226,44 +188,12 @@ def _count_reads(tmp_path, name: str) -> list[tuple[int, int]]:
             break
         pos = cut.key
         held = next((r for r in up.rows if r["id"] == pos[0] + 3), None)
-        if held is not None:
+        if held is not None:  # a pre- and a post-image
             up.change([held], [{**held, "name": "changed"}])
-    return taken
-
-
-def _spill_dirs() -> list[str]:
-    return [d for d in os.listdir(tempfile.gettempdir())
-            if d.startswith(f"backfill-window-{os.getpid()}-")]
-
-
-def test_a_window_and_its_spill_serve_the_run_from_one_read(tmp_path):
-    """The first barrier reads the files once: it holds four chunks or more and spills the
-    rest to local disk in buckets; every later barrier takes its chunk from the window, then
-    from the buckets it loads, with the writer's changes applied from the feed (read: its
-    change rows only). The spill's files are gone when the run ends."""
-    taken = _count_reads(tmp_path, "up")
-    assert len(taken) == 9 and [n for n, _ in taken] == [1] + [0] * 8
-    assert all(r == 2 for _, r in taken[1:-1])  # the feed's rows, not the files'
-    assert not _spill_dirs()
-
-
-def test_without_room_to_spill_the_files_are_read_again(tmp_path, monkeypatch):
-    """A spill with no room (``SPILL_MAX_BYTES``): the window alone, and a barrier past it
-    reads the files again."""
-    monkeypatch.setattr(window_read, "SPILL_MAX_BYTES", 1)
-    files_read = [n for n, _ in _count_reads(tmp_path, "up")]
-    assert files_read[:4] == [1, 0, 0, 0] and any(files_read[4:])
-
-
-def test_a_killed_process_spill_is_removed_by_the_next(tmp_path):
-    """A process killed with a window held leaves its spill directory; the next spill (any
-    process) removes it."""
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                           capture_output=True, text=True, check=True)
-    orphan = os.path.join(tempfile.gettempdir(), f"backfill-window-{child.stdout.strip()}-x")
-    os.makedirs(orphan)
-    Spill(SCHEMA, [None]).discard()
-    assert not os.path.exists(orphan)
+    files_read = [n for n, _ in taken]
+    assert files_read[:4] == [1, 0, 0, 0]
+    assert any(files_read[4:])  # a window of 4 to 5 chunks ends: the files are read again
+    assert [r for _, r in taken[1:4]] == [2, 2, 2]  # the feed's rows, not the files'
 
 
 def test_a_null_pk_stops_the_cut_whether_the_files_or_the_feed_bring_it(tmp_path):

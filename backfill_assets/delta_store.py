@@ -298,7 +298,7 @@ def read_raw_changes(
     # the configuration at start + 1 is the one at `end` unless a later version of the range
     # changed the metadata: only then is that version loaded
     first = (open_head(uri, start_exclusive + 1, storage_options)
-             if metadata_changed(uri, start_exclusive + 2, end, storage_options) else dt)
+             if metadata_changed(uri, start_exclusive + 2, end, storage_options, dt) else dt)
     if not change_feed_enabled(first.metadata().configuration):
         raise ChangeFeedDisabled(
             f"{uri} had its change data feed off at version {start_exclusive + 1}: changes "

@@ -310,3 +310,26 @@ def test_a_vnode_read_opens_only_its_vnodes_files(warehouse):
         delta_store.read_raw_changes(uri, 0, 8)
     alone = delta_store.read_raw_changes(uri, 0, 8, vnodes=keep)
     assert alone.num_rows == sum(1 for v in full.column("vnode").to_pylist() if v in keep) > 0
+
+
+def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
+    """A no_shuffle barrier reads its change range for the changes it forwards, then for its
+    window (``reuse``): the second read takes the rows the first read, not the files. Other
+    reads always go to the files: a range whose files are gone fails there."""
+    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage.changes import read_change_range
+
+    uri = os.path.join(warehouse, "reuse")
+    _plain_table(uri, cdf=True)
+    forwarded = delta_store.read_raw_changes(uri, 1, 3)  # the step's read
+    for f in glob.glob(os.path.join(uri, "_change_data", "**", "*.parquet"), recursive=True):
+        os.remove(f)
+    snap = Snapshot.load(uri)
+    window = read_change_range(snap, 1, 3, ["id", "v"], reuse=True)
+    names = ["id", "v", "_change_type", "_commit_version"]
+    rows = lambda t: sorted(tuple(r.values()) for r in t.select(names).to_pylist())  # noqa: E731
+    assert window.num_rows == 3 and rows(window) == rows(forwarded)
+    with pytest.raises(HistoryUnavailable):
+        delta_store.read_raw_changes(uri, 1, 3)
+    with pytest.raises(Exception):  # noqa: B017 (the files' error, named by read_raw_changes)
+        read_change_range(snap, 1, 3, ["id", "v"])

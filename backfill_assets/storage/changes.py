@@ -12,6 +12,8 @@ them before they go to Spark).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -19,6 +21,7 @@ from functools import partial
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.storage import dv, objects
@@ -35,10 +38,42 @@ READ_THREADS = 4  # change files read at once (a partitioned upstream: one per p
 
 def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
                       columns: Sequence[str] | None = None,
-                      vnodes: Iterable[int] | None = None) -> pa.Table:
+                      vnodes: Iterable[int] | None = None, reuse: bool = False) -> pa.Table:
     """Change rows of versions (start_exclusive, end]: the table's columns (or ``columns``)
     plus ``_change_type``, ``_commit_version`` (int64) and ``_commit_timestamp`` (UTC).
-    ``vnodes`` keeps the rows of those vnodes (the table needs a ``vnode`` column)."""
+    ``vnodes`` keeps the rows of those vnodes (the table needs a ``vnode`` column).
+
+    The last few ranges read are kept, and ``reuse`` takes the range from them when it is
+    there: a no_shuffle barrier reads its range for the changes it forwards, then for its
+    window (storage/cut_window.py), and committed change rows never change. Other reads go
+    to the files (a vacuumed range must fail there)."""
+    vnodes = None if vnodes is None else sorted({int(x) for x in vnodes})
+    key = None if latest.table is None else (
+        latest.uri, latest.table.metadata().id, start_exclusive, end,
+        None if vnodes is None else tuple(vnodes), latest.arrow_schema)
+    with _RANGES_LOCK:
+        table = _RANGES.get(key) if key is not None and reuse else None
+    if table is None:
+        table = _read_range(latest, start_exclusive, end, vnodes)
+        if key is not None and table.nbytes <= _RANGE_MAX_BYTES:
+            with _RANGES_LOCK:
+                _RANGES[key] = table
+                while len(_RANGES) > _RANGES_KEPT:
+                    _RANGES.popitem(last=False)
+    if columns is not None:
+        table = table.select([*columns, *(c for c in (CHANGE_TYPE, VERSION) if c not in columns)])
+    return table
+
+
+_RANGES: OrderedDict[tuple, pa.Table] = OrderedDict()
+_RANGES_LOCK = threading.Lock()
+_RANGES_KEPT = 4  # change ranges kept (a barrier's worth of rows each)
+_RANGE_MAX_BYTES = 64 << 20  # a larger range (a long catch-up) is not kept
+
+
+def _read_range(latest: Snapshot, start_exclusive: int, end: int,
+                vnodes: list[int] | None) -> pa.Table:
+    """``read_change_range``'s read: every column, the rows of ``vnodes`` (None: all)."""
     schema = latest.arrow_schema
     physical = {c: latest.physical_names.get(c, c) for c in schema.names
                 if c not in latest.partition_columns}
@@ -54,10 +89,8 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
         pieces = [read() for read in reads]
     table = pa.concat_tables([out.empty_table(), *pieces])
     if vnodes is not None:
-        wanted = pa.array(sorted({int(x) for x in vnodes}), schema.field("vnode").type)
+        wanted = pa.array(vnodes, schema.field("vnode").type)
         table = table.filter(pc.is_in(table["vnode"], wanted))
-    if columns is not None:
-        table = table.select([*columns, *(c for c in (CHANGE_TYPE, VERSION) if c not in columns)])
     return table
 
 
@@ -107,10 +140,13 @@ def _partitions_of(snap: Snapshot, vnodes: Iterable[int] | None) -> set[str] | N
 
 
 def metadata_changed(uri: str, first: int, last: int,
-                     storage_options: Mapping[str, str] | None = None) -> bool:
+                     storage_options: Mapping[str, str] | None = None,
+                     table: DeltaTable | None = None) -> bool:
     """Whether a commit of versions first..last changes the table's metadata (then the
-    configuration of an earlier version may differ from the one at ``last``)."""
-    snap = Snapshot(uri.rstrip("/"), dict(storage_options or {}), None)
+    configuration of an earlier version may differ from the one at ``last``). ``table``
+    (opened at ``last`` or later): the commits are parsed once per process
+    (storage/change_log.py), not at every call."""
+    snap = Snapshot(uri.rstrip("/"), dict(storage_options or {}), table)
     return any("metaData" in a for v in range(first, last + 1) for a in _actions(snap, v))
 
 

@@ -199,9 +199,10 @@ def _advance(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
         counted = [change_log(snap, v).rows for v in range(first, last + 1)]
         if all(n is not None for n in counted) and sum(counted) > limit:
             return False  # more change rows than a chunk: reading the files costs as much
-        if metadata_changed(snap.uri, first, last, snap.storage_options):
+        if metadata_changed(snap.uri, first, last, snap.storage_options, snap.table):
             return False
-        raw = read_change_range(snap, w.version, last, w.rows.schema.names, w.vnodes)
+        raw = read_change_range(snap, w.version, last, w.rows.schema.names, w.vnodes,
+                                 reuse=True)
     except HistoryUnavailable:
         return False
     if any(raw.column(c).null_count for c in key_order.names):

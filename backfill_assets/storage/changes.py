@@ -68,7 +68,7 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
 _RANGES: OrderedDict[tuple, pa.Table] = OrderedDict()
 _RANGES_LOCK = threading.Lock()
 _RANGES_KEPT = 4  # change ranges kept (a barrier's worth of rows each)
-_RANGE_MAX_BYTES = 64 << 20  # a larger range (a long catch-up) is not kept
+_RANGE_MAX_BYTES = 16 << 20  # a larger range (a long catch-up) is not kept: 64 MiB at most held
 
 
 def _read_range(latest: Snapshot, start_exclusive: int, end: int,

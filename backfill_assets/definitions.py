@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dagster as dg
 
-from backfill_assets.assets import build_assets
-from backfill_assets.checks import build_oracle_check, build_progress_check
-from backfill_assets.faults import kill_hook
-from backfill_assets.partitions import vnode_partitions
-from backfill_assets.sensors import build_barrier_sensor
-from backfill_assets.storage import key_cache
+from backfill_assets.step.faults import kill_hook
+from backfill_assets.storage.rows import key_cache
+from backfill_assets.wiring.assets import build_assets
+from backfill_assets.wiring.checks import build_oracle_check, build_progress_check
+from backfill_assets.wiring.partitions import vnode_partitions
+from backfill_assets.wiring.sensors import build_barrier_sensor
 from jobs.backfill import build_backfill_job
 from jobs.controls import build_controls_job
 from jobs.follower import build_follower_jobs

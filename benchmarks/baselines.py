@@ -11,7 +11,8 @@ import time
 
 def spark_copy(spark, uri: str, version: int, out: str) -> float:
     """Baseline (a): read the version's parquet files with Spark, write them as parquet."""
-    from backfill_assets import delta_store, spark_ops
+    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets.storage.delta import delta_rs as delta_store
 
     schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
     t0 = time.perf_counter()
@@ -37,11 +38,12 @@ def pyarrow_copy(uri: str, version: int, out: str) -> float:
 
 def full_refresh(spark, d, uri: str, version: int, out: str) -> float:
     """Baseline (c): recompute the whole MV from the upstream version (the same projection and
-    filter, backfill_assets.mv_spark.project) and overwrite it as parquet."""
+    filter, backfill_assets.engine.projection.project) and overwrite it as parquet."""
     from pyspark.sql import functions as F
 
-    from backfill_assets import delta_store, spark_ops
-    from backfill_assets.mv_spark import KEEP, project
+    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets.engine.projection import KEEP, project
+    from backfill_assets.storage.delta import delta_rs as delta_store
 
     schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
     t0 = time.perf_counter()
@@ -59,8 +61,9 @@ def clustered_refresh(spark, d, uri: str, version: int, out: str) -> float:
     bulk phase, which must write that layout."""
     from pyspark.sql import functions as F
 
-    from backfill_assets import delta_store, spark_ops
-    from backfill_assets.mv_spark import KEEP, project
+    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets.engine.projection import KEEP, project
+    from backfill_assets.storage.delta import delta_rs as delta_store
 
     schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
     t0 = time.perf_counter()

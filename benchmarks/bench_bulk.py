@@ -95,9 +95,9 @@ def worker_backfill(args) -> dict:
     """One unthrottled backfill to completion under a steady change stream."""
     import pyarrow as pa
 
-    from backfill_assets.barrier import run_barrier
     from backfill_assets.core.read_cost import ReadCost
-    from backfill_assets.mv_store import MVTables
+    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.step.barrier import run_barrier
 
     mem = C.Memory()
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
@@ -186,7 +186,7 @@ def worker_backfill(args) -> dict:
         verified = None
         if not partial and (args.verify or (args.verify is None and args.rows <= 200_000)):
             if args.rows <= 2_000_000:
-                from backfill_assets.oracle import verify
+                from backfill_assets.step.oracle import verify
 
                 bad = verify(spark, d, tables).failures()
             else:  # the oracle holds every row in Python: per-vnode fingerprints instead
@@ -198,7 +198,7 @@ def worker_backfill(args) -> dict:
             verified = not bad
             if bad:
                 raise AssertionError(f"MV differs from the recompute: {bad[:5]}")
-        from backfill_assets.upstream import row_count
+        from backfill_assets.upstream.writer import row_count
 
         result = {
             "rows": args.rows, "pk": args.pk, "mode": args.mode, "vnodes": args.vnodes,

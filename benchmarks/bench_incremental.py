@@ -30,9 +30,9 @@ MODES = ("snapshot", "arrangement", "no_shuffle")
 
 
 def worker(args) -> dict:
-    from backfill_assets import delta_store
-    from backfill_assets.barrier import run_barrier
-    from backfill_assets.mv_store import MVTables
+    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.storage.delta import delta_rs as delta_store
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     run_dir = os.path.join(C.WORK_DIR, f"inc_{os.getpid()}")
@@ -134,7 +134,7 @@ def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:
     every barrier's time, and the time to read the whole MV at the end against the same read
     once the MV is freshly compacted (what merge-on-read costs readers)."""
     from backfill_assets import storage
-    from backfill_assets.storage import maintain
+    from backfill_assets.storage.writes import maintain
 
     changes = max(1, round(args.rows * 0.001))
     times = []
@@ -162,7 +162,7 @@ def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:
 
 def _read_seconds(spark, uri: str, repeat: int = 3) -> float:
     """Median time to read every live row of the table with the layer's Spark reader."""
-    from backfill_assets import spark_ops
+    from backfill_assets.engine import netting as spark_ops
 
     runs = []
     for _ in range(repeat):

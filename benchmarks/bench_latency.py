@@ -42,7 +42,7 @@ def _history(uri: str) -> list[dict]:
 
 def _mv_commits(mv_uri: str) -> list[tuple[int, float]]:
     """(barrier version, commit time s) of every MV commit made by a step."""
-    from backfill_assets.mv_store import STEP_METADATA_KEY
+    from backfill_assets.mv.tables import STEP_METADATA_KEY
 
     if not os.path.exists(os.path.join(mv_uri, "_delta_log")):
         return []
@@ -59,7 +59,7 @@ def _upstream_times(uri: str) -> dict[int, float]:
 
 
 def _finished(progress_uri: str, vnode_count: int) -> bool:
-    from backfill_assets import mv_store
+    from backfill_assets.mv import tables as mv_store
 
     table = mv_store.open_table(progress_uri, {})
     if table is None:
@@ -174,7 +174,7 @@ def _run_phases(instance, commits: list[int], up_times: dict) -> dict:
 
 def _stop_followers(env: dict, proc) -> None:
     """A stop request, so the follower ends SUCCESS instead of being killed with the server."""
-    from backfill_assets.follower import request_stop
+    from backfill_assets.step.follower import request_stop
     from resources.mv import load_mv_definition, mv_tables
     from resources.settings import load_settings
 
@@ -188,8 +188,13 @@ def measure(args, path: str, interval: float) -> dict:
     """One `dagster dev` session: initial backfill, then commits every `interval` seconds."""
     import dagster as dg
 
-    from backfill_assets.load_generator import Generator, LoadParams, _live_keys, run_load
-    from backfill_assets.upstream import apply_dml, read_upstream_spec
+    from backfill_assets.upstream.writer import apply_dml, read_upstream_spec
+    from backfill_assets.upstream.writer.load_generator import (
+        Generator,
+        LoadParams,
+        _live_keys,
+        run_load,
+    )
     from resources.mv import load_mv_definition
     from resources.settings import load_settings
 

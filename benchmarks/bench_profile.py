@@ -27,10 +27,13 @@ def worker(args) -> dict:
     from deltalake import write_deltalake
     from pyspark.sql import functions as F
 
-    from backfill_assets import delta_store, mv_store, spark_ops, storage
+    from backfill_assets import storage
     from backfill_assets.core.keys import KeyColumn, KeyOrder
-    from backfill_assets.mv_spark import KEEP, project, select_chunk, validate_expressions
-    from backfill_assets.seek_reads import replica_schema
+    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets.engine.projection import KEEP, project, select_chunk, validate_expressions
+    from backfill_assets.mv import tables as mv_store
+    from backfill_assets.step.seek_chunk import replica_schema
+    from backfill_assets.storage.delta import delta_rs as delta_store
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     uri, version = info["path"], info["version"]
@@ -94,8 +97,8 @@ def worker(args) -> dict:
     time_it("C collect all rows to the driver", "read_version().toArrow()",
             lambda: read().toArrow().num_rows)
     # --- replica initialisation (arrangement)
-    from backfill_assets.mv_store import MVTables
-    from backfill_assets.sources import ReplicaSource, SourceContext
+    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.step.sources import ReplicaSource, SourceContext
 
     def init_as_is(t) -> int:
         tables = MVTables(upstream=uri, replica=t.table_uri, progress="", mv="")
@@ -134,7 +137,7 @@ def worker(args) -> dict:
     # --- the per-vnode position predicate of a positioned barrier (key > current_pos_k)
     import random
 
-    from backfill_assets.mv_spark import rows_after
+    from backfill_assets.engine.projection import rows_after
 
     rng = random.Random(5)
     positions = {v: tuple(rng.choice(C.REGIONS) if k == "region" else rng.randrange(args.rows)

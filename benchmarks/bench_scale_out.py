@@ -48,7 +48,7 @@ def _opts() -> dict[str, str]:
 
 
 def _fs(uri: str):
-    from backfill_assets.storage import objects
+    from backfill_assets.storage.store import objects
 
     return objects.filesystem(uri, _opts())
 
@@ -63,7 +63,7 @@ def _write(df, out: str) -> None:
     """The storage layer's executor-side parquet writer (no commit): what a backfill uses."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from backfill_assets.storage.write import write_files
+    from backfill_assets.storage.rows.write import write_files
 
     write_files(df, out, _opts(), to_arrow_schema(df.schema, timezone="UTC"))
 
@@ -91,7 +91,7 @@ def worker_baselines(args) -> dict:
     import pyarrow.dataset as ds
     from pyspark.sql import functions as F
 
-    from backfill_assets.mv_spark import KEEP, project
+    from backfill_assets.engine.projection import KEEP, project
     from backfill_assets.storage import Snapshot
 
     spark, spark_start = C.start_spark()
@@ -132,9 +132,9 @@ def worker_baselines(args) -> dict:
 def worker_backfill(args) -> dict:
     import pyarrow as pa
 
-    from backfill_assets.barrier import run_barrier
-    from backfill_assets.mv_store import MVTables
-    from backfill_assets.upstream import apply_dml, insert_rows
+    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.upstream.writer import apply_dml, insert_rows
 
     mem = C.Memory()
     run_root = f"{args.root}/run-{uuid.uuid4().hex[:8]}"
@@ -170,7 +170,7 @@ def worker_backfill(args) -> dict:
           f"forwarded ({args.catch_up_batches} versions, DML {dml_s:.2f}s)", flush=True)
     verified = None
     if args.verify:
-        from backfill_assets.oracle import verify
+        from backfill_assets.step.oracle import verify
 
         bad = verify(spark, d, tables).failures()
         verified = not bad
@@ -195,7 +195,7 @@ def worker_backfill(args) -> dict:
 def run(args) -> dict:
     import pyarrow.fs as pafs
 
-    from backfill_assets.storage import objects
+    from backfill_assets.storage.store import objects
     from tests.infra.s3_server import start_s3_server
     from tests.infra.spark_servers import start_cluster
 

@@ -250,7 +250,7 @@ def dispatch(args, workers: dict[str, Callable[..., dict]], run: Callable) -> No
 
 
 def bench_spec(pk: str, vnode_count: int, name: str = "bench_upstream"):
-    from backfill_assets.upstream import UpstreamSpec
+    from backfill_assets.upstream.writer import UpstreamSpec
 
     return UpstreamSpec(name=name, columns=dict(BENCH_COLUMNS), primary_key=PK_SHAPES[pk],
                         vnode_count=vnode_count, description="benchmark upstream")
@@ -278,8 +278,8 @@ def upstream_path(rows: int, pk: str, vnode_count: int) -> str:
 def prepare_upstream(rows: int, pk: str, vnode_count: int, seed: int = 0,
                      batch: int = 2_000_000, log: Callable[[str], None] = print) -> dict:
     """Create (once; cached under BENCH_DATA) an upstream of `rows` rows, ids 0..rows-1."""
-    from backfill_assets.load_generator import initial_rows_table
-    from backfill_assets.upstream import create_upstream, insert_rows
+    from backfill_assets.upstream.writer import create_upstream, insert_rows
+    from backfill_assets.upstream.writer.load_generator import initial_rows_table
 
     path = upstream_path(rows, pk, vnode_count)
     marker = os.path.join(path, "_bench_ready.json")
@@ -355,7 +355,7 @@ class ChangeMaker:
         return (REGIONS[id_ % 5], id_) if self.composite else (id_,)
 
     def row(self, id_: int) -> dict:
-        from backfill_assets.load_generator import random_row
+        from backfill_assets.upstream.writer.load_generator import random_row
 
         r = random_row(self.rng, REGIONS[id_ % 5], id_)
         r.pop("score", None)
@@ -372,7 +372,7 @@ class ChangeMaker:
         return self.next_id - 1
 
     def batch(self, size: int):
-        from backfill_assets.upstream import DmlBatch
+        from backfill_assets.upstream.writer import DmlBatch
 
         touched: set[int] = set()
         ins, upd, dels, pks = [], [], [], []
@@ -400,7 +400,7 @@ class ChangeMaker:
 
 
 def _feeder_main(conn, uri: str, pk: str, vnode_count: int, next_id: int, seed: int) -> None:
-    from backfill_assets.upstream import apply_dml
+    from backfill_assets.upstream.writer import apply_dml
 
     spec = bench_spec(pk, vnode_count)
     maker = ChangeMaker(pk, next_id, seed)
@@ -622,19 +622,17 @@ class PhaseProfiler:
 
     def install(self) -> PhaseProfiler:
 
-        from backfill_assets import (
-            arrow_changes,
-            barrier,
-            chunk_reads,
-            mv_store,
-            snapshot_mode,
-            snapshot_read,
-            sources,
-            step,
-            step_changes,
-            storage,
-        )
-        from backfill_assets.storage import keyed, maintain, merge
+        from backfill_assets import storage
+        from backfill_assets.arrow import netting as arrow_changes
+        from backfill_assets.mv import tables as mv_store
+        from backfill_assets.step import barrier, sources
+        from backfill_assets.step import bulk_read as snapshot_read
+        from backfill_assets.step import chunk as chunk_reads
+        from backfill_assets.step import forward as step_changes
+        from backfill_assets.step import loop as step
+        from backfill_assets.step.modes import snapshot as snapshot_mode
+        from backfill_assets.storage.rows import keyed
+        from backfill_assets.storage.writes import maintain, merge
 
         self.wrap(barrier, "run_step", "step glue (other)")
         self.wrap(step, "checked_upstream", "check upstream + pin")
@@ -716,7 +714,8 @@ def warm_read(spark, uri: str, warm_rows: int = 500_000) -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from backfill_assets import delta_store, spark_ops
+    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets.storage.delta import delta_rs as delta_store
 
     table = delta_store.open_table(uri)
     schema = delta_store.arrow_schema(table)

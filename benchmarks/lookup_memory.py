@@ -32,7 +32,7 @@ import pyarrow as pa
 def make_table(uri: str, files: int, file_rows: int) -> None:
     from deltalake import WriterProperties, write_deltalake
 
-    from backfill_assets.storage.write import ROW_GROUP_ROWS
+    from backfill_assets.storage.rows.write import ROW_GROUP_ROWS
 
     for i in range(files):
         ids = pa.array(range(i * file_rows, (i + 1) * file_rows), pa.int64())
@@ -44,7 +44,8 @@ def make_table(uri: str, files: int, file_rows: int) -> None:
 
 def child(uri: str, changes: int) -> dict:
     """One lookup of ``changes`` keys past the cache; peak RSS (MiB) before and after."""
-    from backfill_assets.storage import Snapshot, key_cache, keyed
+    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage.rows import key_cache, keyed
 
     snap = Snapshot.load(uri)
     total = sum(f.num_records for f in snap.files)

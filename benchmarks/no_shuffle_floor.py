@@ -58,7 +58,7 @@ def best_read(uri: str, columns: list[str] | None, repeat: int, threads: int
 
 def writer_layout(info: dict, changes: int) -> str:
     """A copy of the cached upstream after one writer version of ``changes`` changes."""
-    from backfill_assets.upstream import apply_dml
+    from backfill_assets.upstream.writer import apply_dml
 
     dst = os.path.join(C.WORK_DIR, f"floor_{os.getpid()}", "upstream")
     C.work_copy(info["path"], dst)

@@ -1,6 +1,6 @@
 """The benchmarks' check of a finished MV at sizes the oracle cannot hold.
 
-`backfill_assets.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
+`backfill_assets.step.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
 the machine's 24 GiB killed it in round 9). At 20M and 100M rows the benchmarks compare the
 MV with a recompute by another path instead, per vnode and without any row on the driver:
 
@@ -21,12 +21,14 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets import mv_store, spark_ops, storage
+from backfill_assets import storage
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
-from backfill_assets.mv_store import MVTables
-from backfill_assets.recovery import read_progress
-from backfill_assets.upstream_check import checked_upstream
+from backfill_assets.engine import netting as spark_ops
+from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv.recovery import read_progress
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.preflight import checked_upstream
 
 
 def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:

@@ -21,8 +21,8 @@ import pyarrow as pa
 from backfill_assets import storage
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.names import BAD_KEY, ROW_NUMBER
-from backfill_assets.seek_reads import replica_schema
-from backfill_assets.storage.chunk_task import cut_chunk, file_table
+from backfill_assets.step.seek_chunk import replica_schema
+from backfill_assets.storage.chunks.chunk_task import cut_chunk, file_table
 
 
 def main() -> None:

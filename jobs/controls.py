@@ -14,12 +14,12 @@ at once as an observation of `downstream_mv` and in the `backfill_finished` chec
 import dagster as dg
 from pydantic import Field
 
-from backfill_assets.assets import MV
-from backfill_assets.barrier import controls_in_force, figures, vnode_states
-from backfill_assets.checks import progress_result
-from backfill_assets.controls import SnapshotSide, read_controls, requested, write_controls
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.progress_view import controls_metadata
+from backfill_assets.mv.controls import SnapshotSide, read_controls, requested, write_controls
+from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.wiring.assets import MV
+from backfill_assets.wiring.checks import progress_result
+from backfill_assets.wiring.metadata import controls_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource

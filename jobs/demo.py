@@ -75,7 +75,7 @@ def _leave_settings() -> None:
 def _forget_old_demo(instance) -> None:
     """The demo recreates its tables, so partition statuses recorded by an earlier demo would
     claim vnodes that no longer exist: wipe the platform assets' history (runs stay)."""
-    from backfill_assets.assets import MV, PROGRESS, REPLICA, UPSTREAM
+    from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA, UPSTREAM
 
     instance.wipe_assets([UPSTREAM, REPLICA, MV, PROGRESS])
 
@@ -99,7 +99,7 @@ class _Writer(threading.Thread):
         self.storage_options = storage_options or None
 
     def run(self) -> None:
-        from backfill_assets.load_generator import LoadParams, run_load
+        from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 
         while not self.stop.is_set():
             run_load(self.uri, LoadParams(seed=1000 + self.versions, versions=1,

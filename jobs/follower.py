@@ -17,12 +17,10 @@ import threading
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.assets import MV, record_vnodes
-from backfill_assets.barrier import controls_in_force, vnode_states
-from backfill_assets.checks import progress_result
+from backfill_assets.core.errors import FollowerAlreadyRunning
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.errors import FollowerAlreadyRunning
-from backfill_assets.follower import (
+from backfill_assets.step.barrier import controls_in_force, vnode_states
+from backfill_assets.step.follower import (
     DEFAULT_POLL_SECONDS,
     BarrierRecord,
     clear_stop,
@@ -30,9 +28,17 @@ from backfill_assets.follower import (
     request_stop,
     stop_on_interrupt,
 )
-from backfill_assets.liveness import FOLLOWER_JOB, MV_TAG, run_vnodes, vnodes_tag, writers_over
-from backfill_assets.progress_view import barrier_metadata
-from backfill_assets.step import Hook, no_hook
+from backfill_assets.step.loop import Hook, no_hook
+from backfill_assets.wiring.assets import MV, record_vnodes
+from backfill_assets.wiring.checks import progress_result
+from backfill_assets.wiring.liveness import (
+    FOLLOWER_JOB,
+    MV_TAG,
+    run_vnodes,
+    vnodes_tag,
+    writers_over,
+)
+from backfill_assets.wiring.metadata import barrier_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource

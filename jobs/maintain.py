@@ -14,7 +14,7 @@ from pydantic import Field
 
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.storage import open_mor_table
-from backfill_assets.storage.maintain import DV_KEEP_VERSIONS, DV_MIN_AGE_SECONDS, maintain
+from backfill_assets.storage.writes.maintain import DV_KEEP_VERSIONS, DV_MIN_AGE_SECONDS, maintain
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource

@@ -12,7 +12,7 @@ the MV (`confirm`), since a reset cannot be undone:
 import dagster as dg
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.reset import reset_mv
+from backfill_assets.mv.reset import reset_mv
 from resources.mv import mv_tables
 from resources.settings import Settings
 

@@ -8,8 +8,8 @@ the asset page shows when the MV was last verified and how; the run fails on any
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.checks import evaluation, on_latest_materialization, run_oracle
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.wiring.checks import evaluation, on_latest_materialization, run_oracle
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource

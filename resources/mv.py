@@ -9,9 +9,9 @@ import os
 
 import yaml
 
+from backfill_assets.core.errors import InvalidMVDefinition
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.errors import InvalidMVDefinition
-from backfill_assets.mv_store import MVTables
+from backfill_assets.mv.tables import MVTables
 from resources.settings import Settings, load_settings
 
 DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "configs",

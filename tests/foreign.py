@@ -17,7 +17,7 @@ from decimal import Decimal
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from backfill_assets.arrow_types import arrow_type
+from backfill_assets.arrow.types import arrow_type
 
 KEY_TYPES = ("int", "bigint", "string", "date", "timestamp", "decimal(18,3)")
 VALUE_TYPES = ("int", "bigint", "smallint", "string", "date", "timestamp", "timestamp_ntz",

@@ -20,11 +20,11 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 from backfill_assets import storage
-from backfill_assets.barrier import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv_store import MVTables
-from backfill_assets.oracle import verify
-from backfill_assets.upstream import DmlBatch, UpstreamSpec, apply_dml, create_upstream
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.barrier import run_barrier
+from backfill_assets.step.oracle import verify
+from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
 SIMPLE_COLUMNS = {"id": "bigint", "name": "string", "amount": "decimal(12,2)",
                   "qty": "int", "day": "date"}
@@ -209,7 +209,7 @@ def _key(row: dict, key_names: Sequence[str]) -> tuple:
 
 def progress_rows(tables: MVTables) -> dict[int, dict]:
     """The progress table's rows by vnode ({} before the first barrier)."""
-    from backfill_assets.mv_store import open_table, read_rows
+    from backfill_assets.mv.tables import open_table, read_rows
 
     table = open_table(tables.progress, tables.storage_options)
     if table is None:

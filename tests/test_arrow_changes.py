@@ -11,12 +11,12 @@ import random
 import pyarrow as pa
 import pytest
 
-from backfill_assets import arrow_changes
+from backfill_assets.arrow import netting as arrow_changes
 from backfill_assets.core.key_types import KeyColumn
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import Completed, InProgress, NotStarted
-from backfill_assets.mv_spark import visible_rows
-from backfill_assets.spark_ops import spark_schema
+from backfill_assets.engine.netting import spark_schema
+from backfill_assets.engine.projection import visible_rows
 
 REGIONS = ["a", "b", "ä", "B", "ab"]
 ORDERS = {

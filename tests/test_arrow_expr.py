@@ -20,14 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
 
-from backfill_assets.arrow_expr import NotExact, compile_projection
-from backfill_assets.arrow_types import arrow_type
+from backfill_assets.arrow.expressions import NotExact, compile_projection
+from backfill_assets.arrow.types import arrow_type
+from backfill_assets.core.errors import InvalidMVExpression
 from backfill_assets.core.expressions import Binary, Call, Column, IsNull, Literal, Unary, parse
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import KEEP
-from backfill_assets.errors import InvalidMVExpression
-from backfill_assets.mv_spark import project, validate_expressions
-from backfill_assets.spark_ops import spark_schema
+from backfill_assets.engine.netting import spark_schema
+from backfill_assets.engine.projection import project, validate_expressions
 from benchmarks.common import BENCH_COLUMNS, bench_mv
 
 # ----------------------------------------------------------------------------- the parser

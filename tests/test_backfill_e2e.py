@@ -14,15 +14,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from backfill_assets.barrier import run_barrier
+from backfill_assets.core.errors import NoShuffleLayoutMismatch
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.errors import NoShuffleLayoutMismatch
-from backfill_assets.mv_store import MVTables
-from backfill_assets.recovery import read_progress
-from backfill_assets.upstream import UpstreamSpec
-from backfill_assets.upstream_check import checked_upstream
+from backfill_assets.mv.recovery import read_progress
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.barrier import run_barrier
+from backfill_assets.step.preflight import checked_upstream
+from backfill_assets.upstream.writer import UpstreamSpec
 from tests.support import LiveUpstream, assert_verified, drive, simple_mv, simple_row, simple_spec
 
 # no_shuffle's e2e variants are the slowest (one barrier per 32-row chunk): `make test-all`
@@ -62,7 +62,7 @@ def test_many_barriers_with_live_dml(spark, warehouse, mode):
 def test_chunked_barriers_whose_changes_go_through_spark(spark, warehouse, mode, monkeypatch):
     """More change rows than `SMALL_BARRIER_ROWS` (forced to 0 here) leave the driver: the
     forwarded and replicated changes take the Spark merge, beside the same chunks."""
-    from backfill_assets import step
+    from backfill_assets.step import loop as step
 
     monkeypatch.setattr(step, "SMALL_BARRIER_ROWS", 0)
     live = _live(warehouse, seed=5)

@@ -15,7 +15,6 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from backfill_assets import delta_store
 from backfill_assets.core.errors import (
     ChangeFeedDisabled,
     HistoryUnavailable,
@@ -23,7 +22,9 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.names import OP
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.upstream import DmlBatch, UpstreamSpec, apply_dml, create_upstream
+from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets.storage.rows import change_range
+from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
 UTC = dt.timezone.utc
 VNODES = 8
@@ -101,14 +102,14 @@ def snapshot(uri: str, version: int, vnodes) -> dict:
 
 
 def assert_matches_brute_force(spark, uri: str, start: int, end: int, vnodes) -> int:
-    from backfill_assets.spark_ops import read_changes
+    from backfill_assets.engine.netting import read_changes
 
     net = read_changes(spark, uri, start, end, vnodes, ["region", "id"], VNODES).toArrow()
     got = {(r["region"], r["id"]): r for r in net.to_pylist()}
     assert len(got) == net.num_rows, "one row per key"
     before, after = snapshot(uri, start, vnodes), snapshot(uri, end, vnodes)
     # the last version each key changed in, from the raw feed
-    raw = delta_store.read_raw_changes(uri, start, end).to_pylist()
+    raw = change_range.read_raw_changes(uri, start, end).to_pylist()
     last = {}
     for r in raw:
         k = (r["region"], r["id"])
@@ -148,7 +149,7 @@ def test_read_changes_matches_brute_force(spark, warehouse):
 
 @pytest.mark.spark
 def test_net_changes_tie_breaks(spark):
-    from backfill_assets.spark_ops import net_changes
+    from backfill_assets.engine.netting import net_changes
 
     rows = [  # (id, v, type, version)
         (1, "a", "insert", 1), (1, "a", "delete", 2), (1, "b", "insert", 2),  # delete+insert in v2
@@ -169,7 +170,7 @@ def test_net_changes_tie_breaks(spark):
 @pytest.mark.spark
 def test_read_changes_on_a_table_without_vnode_column(spark, warehouse):
     """Any Delta table with CDF: the vnode is computed in Spark by the same hash."""
-    from backfill_assets.spark_ops import read_changes
+    from backfill_assets.engine.netting import read_changes
 
     uri = os.path.join(warehouse, "plain")
     delta_store.create_table(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), cdf=True)
@@ -192,11 +193,11 @@ def test_read_changes_on_a_table_without_vnode_column(spark, warehouse):
 
 @pytest.mark.spark
 def test_empty_range_has_the_schema(spark, warehouse):
-    from backfill_assets.spark_ops import read_changes
+    from backfill_assets.engine.netting import read_changes
 
     uri = os.path.join(warehouse, "orders")
     create_upstream(uri, SPEC)
-    raw = delta_store.read_raw_changes(uri, 0, 0)
+    raw = change_range.read_raw_changes(uri, 0, 0)
     assert raw.num_rows == 0 and raw.column_names[-3:] == ["_change_type", "_commit_version",
                                                           "_commit_timestamp"]
     df = read_changes(spark, uri, 0, 0, None, ["region", "id"], VNODES)
@@ -207,19 +208,19 @@ def test_empty_range_has_the_schema(spark, warehouse):
 def test_raw_changes_types_and_range_errors(warehouse):
     uri = os.path.join(warehouse, "orders")
     random_history(uri, seed=1, versions=3)
-    raw = delta_store.read_raw_changes(uri, 0, 3)
+    raw = change_range.read_raw_changes(uri, 0, 3)
     assert raw.schema.field("region").type == pa.string()  # not string_view
     assert set(raw.column("_commit_version").to_pylist()) <= {1, 2, 3}
-    some = delta_store.read_raw_changes(uri, 0, 3, columns=["id"])
+    some = change_range.read_raw_changes(uri, 0, 3, columns=["id"])
     assert some.column_names == ["id", "_change_type", "_commit_version"]
     with pytest.raises(HistoryUnavailable, match="out of range"):
-        delta_store.read_raw_changes(uri, 2, 4)
+        change_range.read_raw_changes(uri, 2, 4)
     with pytest.raises(HistoryUnavailable, match="out of range"):
-        delta_store.read_raw_changes(uri, 3, 9)
+        change_range.read_raw_changes(uri, 3, 9)
     with pytest.raises(InvalidVersionRange):
-        delta_store.read_raw_changes(uri, 3, 2)
+        change_range.read_raw_changes(uri, 3, 2)
     with pytest.raises(InvalidVersionRange):
-        delta_store.read_raw_changes(uri, -2, 2)
+        change_range.read_raw_changes(uri, -2, 2)
 
 
 def _plain_table(uri: str, cdf: bool) -> None:
@@ -235,7 +236,7 @@ def test_cdf_off_is_named(warehouse):
     uri = os.path.join(warehouse, "nocdf")
     _plain_table(uri, cdf=False)
     with pytest.raises(ChangeFeedDisabled, match="change data feed off"):
-        delta_store.read_raw_changes(uri, 0, 3)
+        change_range.read_raw_changes(uri, 0, 3)
 
 
 def test_cdf_switched_on_later_is_named(warehouse):
@@ -244,10 +245,10 @@ def test_cdf_switched_on_later_is_named(warehouse):
     DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
     DeltaTable(uri).delete("id = 3")
     latest = delta_store.latest_version(uri)
-    last = delta_store.read_raw_changes(uri, latest - 1, latest).to_pylist()
+    last = change_range.read_raw_changes(uri, latest - 1, latest).to_pylist()
     assert [r["_change_type"] for r in last] == ["delete"]
     with pytest.raises(ChangeFeedDisabled, match="off at version 1"):
-        delta_store.read_raw_changes(uri, 0, latest)
+        change_range.read_raw_changes(uri, 0, latest)
 
 
 def test_vacuumed_history_is_named(warehouse):
@@ -257,13 +258,13 @@ def test_vacuumed_history_is_named(warehouse):
                                      dry_run=False)
     assert removed
     with pytest.raises(HistoryUnavailable, match="vacuumed"):
-        delta_store.read_raw_changes(uri, 0, 3)
+        change_range.read_raw_changes(uri, 0, 3)
     # a later range whose _change_data survived still reads
-    assert len(delta_store.read_raw_changes(uri, 1, 3).to_pylist()) == 3
+    assert len(change_range.read_raw_changes(uri, 1, 3).to_pylist()) == 3
     for f in glob.glob(os.path.join(uri, "_change_data", "**", "*.parquet"), recursive=True):
         os.remove(f)
     with pytest.raises(HistoryUnavailable, match="no longer available"):
-        delta_store.read_raw_changes(uri, 1, 3)
+        change_range.read_raw_changes(uri, 1, 3)
 
 
 def test_cleaned_log_is_named(warehouse):
@@ -274,7 +275,7 @@ def test_cleaned_log_is_named(warehouse):
         os.remove(os.path.join(uri, "_delta_log", f"{v:020d}.json"))
     assert delta_store.latest_version(uri) == 3
     with pytest.raises(HistoryUnavailable):
-        delta_store.read_raw_changes(uri, 0, 3)
+        change_range.read_raw_changes(uri, 0, 3)
 
 
 def _sorted_rows(table: pa.Table) -> list:
@@ -291,14 +292,14 @@ def test_a_vnode_read_opens_only_its_vnodes_files(warehouse):
 
     uri = os.path.join(warehouse, "orders")
     random_history(uri, seed=11, versions=8)
-    full = delta_store.read_raw_changes(uri, 0, 8)
+    full = change_range.read_raw_changes(uri, 0, 8)
     sizes = storage.change_rows_by_vnode(uri, 0, 8)
     assert set(sizes) <= set(range(VNODES))
     assert abs(sum(sizes.values()) - full.num_rows) <= 8 * len(sizes)  # rounded per file
     rng = random.Random(5)
     for _ in range(4):
         wanted = set(rng.sample(range(VNODES), rng.randint(1, VNODES - 1)))
-        got = delta_store.read_raw_changes(uri, 0, 8, vnodes=wanted)
+        got = change_range.read_raw_changes(uri, 0, 8, vnodes=wanted)
         mine = pa.array(sorted(wanted), full["vnode"].type)
         expected = full.filter(pc.is_in(full["vnode"], mine))
         assert got.num_rows and _sorted_rows(got) == _sorted_rows(expected)
@@ -307,8 +308,8 @@ def test_a_vnode_read_opens_only_its_vnodes_files(warehouse):
         if int(path.split("vnode=")[1].split("/")[0]) not in keep:
             os.remove(path)
     with pytest.raises(HistoryUnavailable):
-        delta_store.read_raw_changes(uri, 0, 8)
-    alone = delta_store.read_raw_changes(uri, 0, 8, vnodes=keep)
+        change_range.read_raw_changes(uri, 0, 8)
+    alone = change_range.read_raw_changes(uri, 0, 8, vnodes=keep)
     assert alone.num_rows == sum(1 for v in full.column("vnode").to_pylist() if v in keep) > 0
 
 
@@ -317,11 +318,11 @@ def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
     window (``reuse``): the second read takes the rows the first read, not the files. Other
     reads always go to the files: a range whose files are gone fails there."""
     from backfill_assets.storage import Snapshot
-    from backfill_assets.storage.changes import read_change_range
+    from backfill_assets.storage.rows.change_feed import read_change_range
 
     uri = os.path.join(warehouse, "reuse")
     _plain_table(uri, cdf=True)
-    forwarded = delta_store.read_raw_changes(uri, 1, 3)  # the step's read
+    forwarded = change_range.read_raw_changes(uri, 1, 3)  # the step's read
     for f in glob.glob(os.path.join(uri, "_change_data", "**", "*.parquet"), recursive=True):
         os.remove(f)
     snap = Snapshot.load(uri)
@@ -329,7 +330,7 @@ def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
     names = ["id", "v", "_change_type", "_commit_version"]
     rows = lambda t: sorted(tuple(r.values()) for r in t.select(names).to_pylist())  # noqa: E731
     assert window.num_rows == 3 and rows(window) == rows(forwarded)
-    for read in (lambda: delta_store.read_raw_changes(uri, 1, 3),
+    for read in (lambda: change_range.read_raw_changes(uri, 1, 3),
                  lambda: read_change_range(snap, 1, 3, ["id", "v"])):
         with pytest.raises(HistoryUnavailable):
             read()

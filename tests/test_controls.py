@@ -7,11 +7,11 @@ import random
 import dagster as dg
 import pytest
 
-from backfill_assets.barrier import run_barrier
-from backfill_assets.controls import Controls, read_controls, update_controls
+from backfill_assets.core.errors import InvalidControl, RescaleRefused
 from backfill_assets.core.progress import Completed, InProgress
-from backfill_assets.errors import InvalidControl, RescaleRefused
-from backfill_assets.mv_store import MVTables
+from backfill_assets.mv.controls import Controls, read_controls, update_controls
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.barrier import run_barrier
 from jobs.controls import build_controls_job
 from resources.settings import load_settings
 from resources.warehouse import warehouse_resource

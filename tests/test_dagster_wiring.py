@@ -11,10 +11,10 @@ import dagster as dg
 import yaml
 from deltalake import DeltaTable
 
-from backfill_assets.assets import build_assets
-from backfill_assets.checks import build_oracle_check
-from backfill_assets.load_generator import LoadParams, run_load
-from backfill_assets.sensors import build_barrier_sensor
+from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.wiring.assets import build_assets
+from backfill_assets.wiring.checks import build_oracle_check
+from backfill_assets.wiring.sensors import build_barrier_sensor
 from resources.mv import load_mv_definition
 from resources.settings import load_settings
 from resources.spark import spark_resource

@@ -17,12 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.arrow_types import arrow_type, type_name
-from backfill_assets.barrier import run_barrier
+from backfill_assets.arrow.types import arrow_type, type_name
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import CHANGE_FEED_COLUMNS
-from backfill_assets.delta_store import arrow_schema
-from backfill_assets.mv_store import MVTables, open_table
+from backfill_assets.mv.tables import MVTables, open_table
+from backfill_assets.step.barrier import run_barrier
+from backfill_assets.storage.delta.delta_rs import arrow_schema
 from tests.foreign import KEY_TYPES, VALUE_TYPES, ForeignTable, spark_quote
 from tests.support import assert_verified
 
@@ -109,7 +109,7 @@ def test_unsupported_upstream_type_is_refused_by_name(spark, warehouse):
     """A column the platform cannot carry (here a list) is named, before anything is written."""
     from deltalake import write_deltalake
 
-    from backfill_assets.errors import UnsupportedColumnType
+    from backfill_assets.core.errors import UnsupportedColumnType
 
     uri = f"{warehouse}/listy"
     schema = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string()))])

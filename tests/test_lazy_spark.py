@@ -13,8 +13,8 @@ import json
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.mv_spark import _validate
-from backfill_assets.upstream_check import checked_upstream
+from backfill_assets.engine.projection import _validate
+from backfill_assets.step.preflight import checked_upstream
 from tests.reliability import harness as H
 
 

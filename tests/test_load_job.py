@@ -11,9 +11,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from backfill_assets import delta_store
-from backfill_assets.load_generator import LoadParams, run_load
-from backfill_assets.upstream import read_upstream_spec, row_count
+from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets.storage.rows import change_range
+from backfill_assets.upstream.writer import read_upstream_spec, row_count
+from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 from jobs.upstream_load import upstream_load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,8 +37,8 @@ def test_deterministic_per_seed(warehouse):
     assert all(sa.changes[op] > 0 for op in MIX)
     assert _content(a) == _content(b) != _content(c)
     for v in range(2, 6):
-        ca = delta_store.read_raw_changes(a, v - 1, v).drop_columns(["_commit_timestamp"])
-        cb = delta_store.read_raw_changes(b, v - 1, v).drop_columns(["_commit_timestamp"])
+        ca = change_range.read_raw_changes(a, v - 1, v).drop_columns(["_commit_timestamp"])
+        cb = change_range.read_raw_changes(b, v - 1, v).drop_columns(["_commit_timestamp"])
         assert ca.sort_by([("id", "ascending"), ("_change_type", "ascending")]).equals(
             cb.sort_by([("id", "ascending"), ("_change_type", "ascending")]))
     assert sa.row_count == row_count(a) == len(_content(a))

@@ -155,7 +155,7 @@ def test_a_lazy_session_says_where_its_tasks_run_without_starting():
     needs the session (started here: any object with a local SparkContext stands for it)."""
     from types import SimpleNamespace
 
-    from backfill_assets.storage.read import tasks_run_here
+    from backfill_assets.storage.rows.scan import tasks_run_here
     from resources.spark import LazySession, spark_conf
 
     starts = []

@@ -11,12 +11,12 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
-from backfill_assets.barrier import figures, run_barrier
-from backfill_assets.controls import Controls, write_controls
 from backfill_assets.core.progress import Completed
-from backfill_assets.mv_store import MVTables
-from backfill_assets.progress_view import barrier_metadata
-from backfill_assets.upstream import DmlBatch, insert_rows
+from backfill_assets.mv.controls import Controls, write_controls
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.barrier import figures, run_barrier
+from backfill_assets.upstream.writer import DmlBatch, insert_rows
+from backfill_assets.wiring.metadata import barrier_metadata
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
 
 VNODES = 8
@@ -204,7 +204,7 @@ def test_a_selection_only_mv_projects_small_barriers_in_arrow_exactly(spark, war
 def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
     """benchmarks.scale_check (per-vnode fingerprints, for sizes the oracle cannot hold) passes
     on an MV the oracle passes, and names the vnode of a row the MV should not hold."""
-    from backfill_assets.spark_ops import spark_schema
+    from backfill_assets.engine.netting import spark_schema
     from backfill_assets.storage import Intent, Snapshot, apply_changes
     from benchmarks.scale_check import scale_check
 

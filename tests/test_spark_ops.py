@@ -10,8 +10,8 @@ import dagster as dg
 import pytest
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets import delta_store
-from backfill_assets.upstream import DmlBatch, UpstreamSpec, apply_dml, create_upstream
+from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
 pytestmark = pytest.mark.spark
 
@@ -33,7 +33,7 @@ def table(warehouse) -> str:
 
 
 def test_read_version_matches_delta(spark, table):
-    from backfill_assets.spark_ops import read_version
+    from backfill_assets.engine.netting import read_version
 
     for version in (1, 2, None):
         got = _rows(read_version(spark, table, version))
@@ -44,9 +44,9 @@ def test_read_version_matches_delta(spark, table):
 
 
 def test_read_version_prunes_vnodes(spark, table):
-    from backfill_assets.spark_ops import read_version
+    from backfill_assets.engine.netting import read_version
     from backfill_assets.storage import Snapshot
-    from backfill_assets.storage.prune import files_in_vnodes
+    from backfill_assets.storage.delta.prune import files_in_vnodes
 
     files_all = Snapshot.load(table, 2).files
     files_some = files_in_vnodes(files_all, [1, 2])
@@ -58,7 +58,7 @@ def test_read_version_prunes_vnodes(spark, table):
 
 
 def test_empty_version_has_the_schema(spark, table):
-    from backfill_assets.spark_ops import read_version
+    from backfill_assets.engine.netting import read_version
 
     df = read_version(spark, table, 0)
     assert df.count() == 0
@@ -69,7 +69,7 @@ def test_empty_version_has_the_schema(spark, table):
 
 def test_with_vnode_recomputes(spark, table):
     from backfill_assets.core.vnode import vnode_of
-    from backfill_assets.spark_ops import read_version, with_vnode
+    from backfill_assets.engine.netting import read_version, with_vnode
 
     df = with_vnode(read_version(spark, table, None), ["id"], ["bigint"], 3)
     assert all(r["vnode"] == vnode_of((r["id"],), ["bigint"], 3) for r in _rows(df))

@@ -23,12 +23,12 @@ import pytest
 import yaml
 from dagster._core.definitions.reconstruct import ReconstructableJob
 
-from backfill_assets import mv_store
-from backfill_assets.assets import MV, PROGRESS, REPLICA
-from backfill_assets.checks import CHECK_NAME, PROGRESS_CHECK
 from backfill_assets.core import codec
-from backfill_assets.load_generator import LoadParams, run_load
-from backfill_assets.partitions import range_tags, vnode_key
+from backfill_assets.mv import tables as mv_store
+from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA
+from backfill_assets.wiring.checks import CHECK_NAME, PROGRESS_CHECK
+from backfill_assets.wiring.partitions import range_tags, vnode_key
 from jobs.dagster_dev import ROOT, dagster_dev, graphql
 from jobs.workspace_runs import ASSET_JOB, MODULE, run_in_workspace
 from resources.mv import load_mv_definition, mv_tables

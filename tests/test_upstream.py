@@ -10,7 +10,6 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from backfill_assets import delta_store
 from backfill_assets.core.errors import (
     DuplicatePrimaryKey,
     InvalidUpstreamSpec,
@@ -21,7 +20,9 @@ from backfill_assets.core.errors import (
     WrongColumnType,
 )
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.upstream import (
+from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets.storage.rows import change_range
+from backfill_assets.upstream.writer import (
     DmlBatch,
     UpstreamSpec,
     apply_dml,
@@ -54,7 +55,7 @@ def current(uri: str) -> dict:
 
 
 def changes(uri: str, version: int) -> list[tuple]:
-    t = delta_store.read_raw_changes(uri, version - 1, version)
+    t = change_range.read_raw_changes(uri, version - 1, version)
     return sorted((r["_change_type"], r["region"], r["id"], r["name"]) for r in t.to_pylist())
 
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backfill_assets.arrow_types import arrow_type
+from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.errors import InvalidKeyType, InvalidKeyValue
 from backfill_assets.core.keys import KeyColumn
 from backfill_assets.core.vnode import (
@@ -22,7 +22,7 @@ from backfill_assets.core.vnode import (
     vnode_of,
     vnodes_of,
 )
-from backfill_assets.delta_store import vnodes_for
+from backfill_assets.storage.delta.delta_rs import vnodes_for
 
 UTC = dt.timezone.utc
 
@@ -168,7 +168,7 @@ def test_spark_sql_text():
 @pytest.mark.spark
 @pytest.mark.parametrize("types", KEY_SHAPES, ids=lambda t: "+".join(t))
 def test_spark_equals_python(spark, types):
-    from backfill_assets.spark_ops import spark_schema, vnode_column
+    from backfill_assets.engine.netting import spark_schema, vnode_column
 
     keys = keys_for(types, 400, seed=len(types))
     table = arrow_keys(types, keys).append_column("i", pa.array(range(len(keys)), pa.int64()))
@@ -186,7 +186,7 @@ def test_spark_equals_python(spark, types):
 def test_spark_canonical_text_equals_python(spark):
     """The texts themselves (not only their hashes) agree, for the edge values of each type."""
     from backfill_assets.core.vnode import spark_key_text_sql
-    from backfill_assets.spark_ops import spark_schema
+    from backfill_assets.engine.netting import spark_schema
 
     for typ, values in EDGE.items():
         table = pa.table({"k": pa.array(values, arrow_type(typ))})

@@ -9,10 +9,12 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from backfill_assets import delta_store, mv_store, recovery
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress
+from backfill_assets.mv import recovery
+from backfill_assets.mv import tables as mv_store
 from backfill_assets.storage import KeyedRows, Snapshot, apply_keyed, ensure_mor_table
+from backfill_assets.storage.delta import delta_rs as delta_store
 
 KO = KeyOrder((KeyColumn("id", "bigint"),))
 VNODES = [0, 1, 2, 3]

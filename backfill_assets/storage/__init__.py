@@ -40,7 +40,24 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from backfill_assets.storage.bulk_write import (
+from backfill_assets.storage.chunks.chunk_scan import (
+    HeldChunk,
+    chunk_tasks,
+    file_reader,
+    read_chunk,
+    vnode_key_stats,
+)
+from backfill_assets.storage.chunks.cut_window import windowed_cut
+from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
+from backfill_assets.storage.chunks.shared_cut import SharedCut, shared_cut
+from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.prune import VNODE, files_in_vnodes, vnode_stats_from_log
+from backfill_assets.storage.delta.tables import ensure_mor_table, open_mor_table
+from backfill_assets.storage.rows.commit import Intent
+from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
+from backfill_assets.storage.rows.scan import parallelism, read_snapshot
+from backfill_assets.storage.rows.spark_types import col, spark_type
+from backfill_assets.storage.writes.bulk import (
     BulkRows,
     BulkWritten,
     TransformRefused,
@@ -48,25 +65,14 @@ from backfill_assets.storage.bulk_write import (
     write_bulk,
     write_chunk,
 )
-from backfill_assets.storage.chunk_read import (
-    HeldChunk,
-    chunk_tasks,
-    file_reader,
-    read_chunk,
-    vnode_key_stats,
+from backfill_assets.storage.writes.merge import (
+    Applied,
+    append,
+    apply_changes,
+    apply_keyed,
+    file_rows_for,
 )
-from backfill_assets.storage.commit import Intent
-from backfill_assets.storage.cut_window import windowed_cut
-from backfill_assets.storage.keyed import KeyedRows, key_counts, replace_keyed
-from backfill_assets.storage.log import DataFile, Snapshot
-from backfill_assets.storage.merge import Applied, append, apply_changes, apply_keyed, file_rows_for
-from backfill_assets.storage.prune import VNODE, files_in_vnodes, vnode_stats_from_log
-from backfill_assets.storage.read import parallelism, read_snapshot
-from backfill_assets.storage.replica_copy import FirstChunk, write_copy
-from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
-from backfill_assets.storage.shared_cut import SharedCut, shared_cut
-from backfill_assets.storage.spark_types import col, spark_type
-from backfill_assets.storage.tables import ensure_mor_table, open_mor_table
+from backfill_assets.storage.writes.replica_copy import FirstChunk, write_copy
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "FirstChunk",
            "Intent",
@@ -113,8 +119,8 @@ def change_rows_by_vnode(uri: str, start_exclusive: int, end: int,
     """Estimated change rows of versions (start_exclusive, end] of the table at ``uri`` per
     vnode (its ``vnode`` partition value), from the log alone (`changes.change_rows`); None
     when the table is not partitioned by vnode. HistoryUnavailable when a commit is gone."""
-    from backfill_assets.delta_store import open_head
-    from backfill_assets.storage.changes import change_rows
+    from backfill_assets.storage.delta.log_head import open_head
+    from backfill_assets.storage.rows.change_feed import change_rows
 
     so = dict(storage_options or {})
     return change_rows(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive, end)

@@ -4,7 +4,8 @@ Why: stores that predate conditional writes (S3 before August 2024, older MinIO/
 appliances) accept ``PUT`` with ``If-None-Match: *`` and simply overwrite. No pip-installable
 server behaves like that, so this real HTTP server forwards every request to the moto server
 unchanged except that it drops the ``If-None-Match`` header - exactly what such a store does.
-The platform must refuse it by name before it writes (storage.objects.check_conditional_writes).
+The platform must refuse it by name before it writes
+(storage.store.conditional.check_conditional_writes).
 moto does not check request signatures, so dropping a signed header is accepted.
 """
 

@@ -27,7 +27,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 @dataclass
 class S3Server:
     """A running server: ``storage_options`` are deltalake-style (what deltalake, pyarrow via
-    backfill_assets.storage.objects, and BACKFILL_STORAGE_OPTIONS' env vars carry)."""
+    backfill_assets.storage.store.objects, and BACKFILL_STORAGE_OPTIONS' env vars carry)."""
 
     endpoint: str
     bucket: str

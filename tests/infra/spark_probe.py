@@ -5,7 +5,7 @@ Connect client turns Connect mode on for its whole process. The probe builds the
 way a Dagster run does (``resources.spark.spark_resource()`` from the environment), runs a
 Python UDF and an Arrow task (``mapInArrow``, the storage layer's data path) and, when
 ``PROBE_TABLE_URI`` is set, has every task write a parquet file to that URI through
-``backfill_assets.storage.objects`` with the options passed in the closure - executors write
+``backfill_assets.storage.store.objects`` with the options passed in the closure - executors write
 to the store, the driver only lists. It prints one JSON line of facts.
 """
 
@@ -43,7 +43,7 @@ def main() -> None:
         import pyarrow as _pa
         import pyarrow.parquet as _pq
 
-        from backfill_assets.storage import objects
+        from backfill_assets.storage.store import objects
 
         for batch in batches:
             count = batch.num_rows
@@ -76,7 +76,7 @@ def main() -> None:
         else session.sparkContext.master,
     }
     if uri:
-        from backfill_assets.storage import objects
+        from backfill_assets.storage.store import objects
 
         facts["files"] = len(objects.list_prefix(uri, options))
     print("PROBE " + json.dumps(facts), flush=True)

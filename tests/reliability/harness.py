@@ -65,7 +65,7 @@ def definition(raw: dict):
 
 
 def tables_of(warehouse: str, raw: dict, storage_options: dict | None = None):
-    from backfill_assets.mv_store import MVTables
+    from backfill_assets.mv.tables import MVTables
 
     return MVTables.under(warehouse, raw["name"], raw["upstream"], storage_options)
 
@@ -118,7 +118,7 @@ def _frozen(row: dict) -> tuple:
 
 
 def _open(uri: str, storage_options=None, version: int | None = None):
-    from backfill_assets.mv_store import open_table
+    from backfill_assets.mv.tables import open_table
 
     return open_table(uri, storage_options or {}, version)
 
@@ -132,7 +132,7 @@ def table_versions(tables) -> dict:
 
 
 def snapshot(tables, key_names: Sequence[str] = ("id",)) -> TableState:
-    from backfill_assets.mv_store import read_rows
+    from backfill_assets.mv.tables import read_rows
 
     mv = _open(tables.mv, tables.storage_options)
     rows = read_rows(mv).to_pylist() if mv is not None else []
@@ -181,8 +181,8 @@ class Check:
 def recovered_progress(d, tables, vnodes: Sequence[int]) -> dict:
     """vnode -> (progress, version) as the next step would recover it (NotStarted left out)."""
     from backfill_assets.core.progress import NotStarted
-    from backfill_assets.recovery import recover_state
-    from backfill_assets.upstream_check import checked_upstream
+    from backfill_assets.mv.recovery import recover_state
+    from backfill_assets.step.preflight import checked_upstream
 
     progress_table = _open(tables.progress, tables.storage_options)
     mv = _open(tables.mv, tables.storage_options)
@@ -199,9 +199,9 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     recoverable progress, and replica[k] == upstream@r_k for unfinished arrangement vnodes."""
     from backfill_assets.core.progress import Completed
     from backfill_assets.core.vnode import vnode_of
-    from backfill_assets.mv_store import read_rows, txn_versions
-    from backfill_assets.oracle import verify
-    from backfill_assets.upstream_check import checked_upstream
+    from backfill_assets.mv.tables import read_rows, txn_versions
+    from backfill_assets.step.oracle import verify
+    from backfill_assets.step.preflight import checked_upstream
 
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
@@ -239,7 +239,7 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
 
 def _resolved(rows, key_order):
     """The replica's rows as a reader sees them: newest version per key (storage/replica.py)."""
-    from backfill_assets.storage import replica
+    from backfill_assets.storage.rows import replica
 
     return replica.resolve(rows, key_order).drop_columns([replica.VERSION, replica.DELETED])
 
@@ -253,7 +253,7 @@ def assert_recovered_invariant(spark, d, tables, what: str) -> int:
 
 def assert_oracle(spark, d, tables, what: str) -> int:
     """The platform's own oracle (progress table only): what verify_job runs."""
-    from backfill_assets.oracle import verify
+    from backfill_assets.step.oracle import verify
 
     verdict = verify(spark, d, tables)
     bad = [(v.vnode, v.missing, v.unexpected) for v in verdict.failures()]
@@ -314,8 +314,8 @@ class Chain:
         return tables_of(self.warehouse, self.raw, self.storage_options)
 
     def run(self, b: Barrier, hook=None):
-        from backfill_assets.barrier import run_barrier
-        from backfill_assets.controls import Controls
+        from backfill_assets.mv.controls import Controls
+        from backfill_assets.step.barrier import run_barrier
 
         report = run_barrier(self.spark, self.d, self.tables, list(b.vnodes), version=b.version,
                              overrides=Controls(b.chunk_size, b.rate_limit),
@@ -389,7 +389,7 @@ def dagster_backfill(warehouse: str, dagster_home: str, raw: dict, version: int,
                      vnodes: Sequence[int], *, kill_at: str | None = None,
                      master: str = "local[2]", extra_env: dict | None = None) -> ChildResult:
     """`dagster job execute -j backfill_job` for one barrier over the vnode range."""
-    from backfill_assets.partitions import range_tags
+    from backfill_assets.wiring.partitions import range_tags
 
     folder = os.path.join(dagster_home, "configs")
     os.makedirs(folder, exist_ok=True)
@@ -467,9 +467,9 @@ def rendezvous_hook(spec: dict | None) -> Callable[[str], None]:
 
 def _child_main(args: dict) -> int:
     """The light child: one barrier with the kill hook (and a rendezvous); prints RESULT."""
-    from backfill_assets.barrier import run_barrier
-    from backfill_assets.controls import Controls
-    from backfill_assets.faults import kill_hook
+    from backfill_assets.mv.controls import Controls
+    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.step.faults import kill_hook
     from resources.settings import load_settings
     from resources.spark import LazySession, get_spark, spark_conf
 

@@ -21,10 +21,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from backfill_assets.liveness import FOLLOWER_JOB
-from backfill_assets.load_generator import LoadParams, run_load
-from backfill_assets.mv_store import open_table, read_rows
-from backfill_assets.run_launcher import worker_pid
+from backfill_assets.mv.tables import open_table, read_rows
+from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.wiring.liveness import FOLLOWER_JOB
+from backfill_assets.wiring.run_launcher import worker_pid
 from benchmarks import dagster_dev
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
@@ -191,7 +191,7 @@ def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeyp
     settings = load_settings(env)
     d = load_mv_definition(settings)
     tables = mv_tables(d, settings)
-    from backfill_assets.follower import stop_request
+    from backfill_assets.step.follower import stop_request
 
     assert "terminated" in stop_request(tables)["reason"]
     assert_verified(spark, d, tables)

@@ -37,11 +37,11 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
-from backfill_assets.barrier import run_barrier
-from backfill_assets.controls import Controls, write_controls
 from backfill_assets.core.progress import Completed
-from backfill_assets.faults import KILL_POINTS
-from backfill_assets.upstream import insert_rows
+from backfill_assets.mv.controls import Controls, write_controls
+from backfill_assets.step.barrier import run_barrier
+from backfill_assets.step.faults import KILL_POINTS
+from backfill_assets.upstream.writer import insert_rows
 from tests.reliability import harness as H
 
 ALL = list(range(H.VNODES))

@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from backfill_assets.load_generator import LoadParams, run_load
-from backfill_assets.storage import objects
+from backfill_assets.storage.store import objects
+from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 from resources.spark import child_env
 from tests.infra.dagster_cli import execute, mv_yaml
 
@@ -69,7 +69,7 @@ def test_barrier_sensor_reads_an_upstream_on_s3(s3_server, tmp_path, monkeypatch
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     import dagster as dg
 
-    from backfill_assets.sensors import build_barrier_sensor
+    from backfill_assets.wiring.sensors import build_barrier_sensor
     from resources.mv import load_mv_definition
     from resources.settings import load_settings
 
@@ -91,7 +91,7 @@ def test_barrier_sensor_reads_an_upstream_on_s3(s3_server, tmp_path, monkeypatch
     with dg.DagsterInstance.ephemeral() as instance:
         requests = sensor(dg.build_sensor_context(instance=instance))
     assert [r.tags["dagster/asset_partition_range_start"] for r in requests] == ["0", "4"]
-    from backfill_assets.delta_store import latest_version
+    from backfill_assets.storage.delta.delta_rs import latest_version
 
     version = latest_version(f"{warehouse}/upstream", s3_server.storage_options)
     assert all(f":v{version}:" in r.run_key for r in requests)

@@ -27,9 +27,9 @@ from backfill_assets.storage import (
     chunk_files,
     ensure_mor_table,
     file_reader,
-    window_read,
     windowed_cut,
 )
+from backfill_assets.storage.chunks import window_scan as window_read
 from tests.storage.test_shared_cut import SCHEMA, VNODES, key_orders  # the same upstream
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap64
 
-from backfill_assets.storage import dv
+from backfill_assets.storage.delta import dv
 
 KERNEL = os.path.join(os.path.dirname(__file__), "..", "data", "kernel")
 

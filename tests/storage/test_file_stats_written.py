@@ -16,7 +16,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.storage.write import _Stats
+from backfill_assets.storage.rows.write import _Stats
 
 _ROW = st.fixed_dictionaries({
     "s": st.none() | st.text(alphabet="az\u00fc\u4e2d", max_size=4),

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.errors import UnsupportedTableFeature
+from backfill_assets.core.errors import UnsupportedTableFeature
 from backfill_assets.storage import Snapshot, read_version
 
 KERNEL = os.path.join(os.path.dirname(__file__), "..", "data", "kernel")

@@ -11,17 +11,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.errors import StorageMismatch
+from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage import (
     Intent,
     KeyedRows,
     Snapshot,
     apply_keyed,
     ensure_mor_table,
-    key_cache,
     key_counts,
 )
-from backfill_assets.storage.commit import Change, commit
+from backfill_assets.storage.rows import key_cache
+from backfill_assets.storage.rows.commit import Change, commit
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("vnode", pa.int32())])
 KEY = ["id"]
@@ -95,7 +95,7 @@ def test_a_lookup_past_the_cache_reads_a_file_a_row_group_at_a_time(tmp_path, mo
     group, not a file): the rows found are the file's rows, DVs in later groups honoured."""
     import pyarrow.parquet as pq
 
-    from backfill_assets.storage import write
+    from backfill_assets.storage.rows import write
 
     monkeypatch.setattr(write, "ROW_GROUP_ROWS", 3)
     key_cache.CACHE.clear()

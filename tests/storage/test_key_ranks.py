@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
-from backfill_assets.storage.key_ranks import KeySpace
+from backfill_assets.storage.chunks.key_ranks import KeySpace
 
 _TYPES = {
     "bigint": (pa.int64(), st.integers(-(2**62), 2**62)),

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from backfill_assets.core.key_types import KeyColumn
 from backfill_assets.core.keys import KeyOrder
-from backfill_assets.storage.key_search import (
+from backfill_assets.storage.chunks.key_search import (
     after,
     count_before,
     in_key_order,

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.errors import StorageMismatch
+from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage import (
     Intent,
     KeyedRows,

@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.errors import HistoryUnavailable
-from backfill_assets.storage import log_head
-from backfill_assets.storage.log_head import TableHead, open_head
+from backfill_assets.storage.delta import log_head
+from backfill_assets.storage.delta.log_head import TableHead, open_head
 
 OPS = st.lists(st.sampled_from(["append", "overwrite", "property", "add_column", "checkpoint",
                                 "delete", "recreate"]), min_size=1, max_size=8)

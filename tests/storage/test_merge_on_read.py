@@ -29,11 +29,11 @@ from backfill_assets.storage import (
     apply_changes,
     apply_keyed,
     ensure_mor_table,
-    maintain,
 )
-from backfill_assets.storage import commit as commit_mod
-from backfill_assets.storage.maintain import collect_dv_garbage, compact
-from backfill_assets.storage.read import read_snapshot
+from backfill_assets.storage.rows import commit as commit_mod
+from backfill_assets.storage.rows.scan import read_snapshot
+from backfill_assets.storage.writes import maintain
+from backfill_assets.storage.writes.maintain import collect_dv_garbage, compact
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("vnode", pa.int32())])
 SPARK_SCHEMA = "id long, name string, vnode int"
@@ -154,7 +154,7 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
 
 @pytest.mark.spark
 def test_two_writers_sharing_a_file_are_rebased_and_a_same_vnode_race_is_fenced(spark, tmp_path):
-    from backfill_assets.errors import ConcurrentBackfillRun
+    from backfill_assets.core.errors import ConcurrentBackfillRun
 
     uri = str(tmp_path / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True)
@@ -182,7 +182,7 @@ def test_keyed_changes_beside_spark_inserts_make_one_exact_commit(spark, tmp_pat
     the driver) and a snapshot chunk that Spark writes, one version, its change feed exact
     (keyed rows as pre/post images, inserts, deletes; the chunk as inserts), the hooks in the
     crash tests' order; a keyed side the table disagrees with writes nothing."""
-    from backfill_assets.errors import StorageMismatch
+    from backfill_assets.core.errors import StorageMismatch
 
     uri = str(tmp_path / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})

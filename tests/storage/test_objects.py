@@ -1,4 +1,4 @@
-"""backfill_assets.storage.objects against a local folder AND a real S3-compatible server.
+"""backfill_assets.storage.store.objects against a local folder AND a real S3-compatible server.
 
 Every test runs twice: ``root`` is a fresh local folder, or a fresh prefix in the session's moto
 S3 server (tests/infra/s3_server.py). The S3 variant proves the create-only PUT is honoured
@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from backfill_assets.core.errors import ConditionalWritesUnsupported, UnsupportedStorage
-from backfill_assets.storage import objects
+from backfill_assets.storage.store import conditional, objects
 from tests.infra.s3_proxy import start_proxy
 
 
@@ -87,7 +87,7 @@ def test_documents_are_replaced_whole_while_read(root):
     """Runtime controls and stop requests (storage.documents): a reader polling while the
     document is replaced sees one whole version or another, never part of one, and nothing
     but the document is left (no temporary files)."""
-    from backfill_assets.storage.documents import read_json, write_json
+    from backfill_assets.storage.store.documents import read_json, write_json
 
     base, opts = root
     uri = f"{base}/mv/controls.json"
@@ -135,7 +135,7 @@ def test_filesystem_reads_and_writes_parquet(root):
 
 def test_check_conditional_writes_passes(root):
     base, opts = root
-    objects.check_conditional_writes(base, opts)  # moto honours If-None-Match: *
+    conditional.check_conditional_writes(base, opts)  # moto honours If-None-Match: *
     assert objects.list_prefix(base, opts) == []  # the probe cleans up after itself
 
 
@@ -159,7 +159,7 @@ def test_uri_parsing_and_option_aliases(tmp_path):
     for bad in ("gs://bkt/t", "s3:///t"):
         with pytest.raises(UnsupportedStorage, match="s3://"):
             objects.parse(bad)
-    canon = dict(objects._canonical({"aws_endpoint": "http://h:1", "REGION": "eu-west-1",
+    canon = dict(objects.canonical_options({"aws_endpoint": "http://h:1", "REGION": "eu-west-1",
                                      "AWS_S3_LOCKING_PROVIDER": "dynamodb"}))
     assert canon == {"endpoint": "http://h:1", "region": "eu-west-1"}
 
@@ -168,7 +168,7 @@ def test_store_ignoring_conditional_writes_is_refused(s3_server):
     """A real endpoint without conditional writes (moto behind a proxy that drops
     If-None-Match, tests/infra/s3_proxy.py): the probe names it, and the platform's write paths
     (here: creating an upstream table through delta-rs) refuse it before writing anything."""
-    from backfill_assets.upstream import create_upstream
+    from backfill_assets.upstream.writer import create_upstream
     from tests.support import simple_spec
 
     proxy = start_proxy(s3_server.endpoint)
@@ -176,11 +176,11 @@ def test_store_ignoring_conditional_writes_is_refused(s3_server):
         unsafe = proxy.storage_options(s3_server.storage_options)
         base = s3_server.fresh_uri("probe")
         with pytest.raises(ConditionalWritesUnsupported, match="If-None-Match"):
-            objects.check_conditional_writes(base, unsafe)
+            conditional.check_conditional_writes(base, unsafe)
         with pytest.raises(ConditionalWritesUnsupported, match="Nothing was written"):
             create_upstream(f"{base}/orders", simple_spec(8), unsafe)
         assert objects.list_prefix(base, s3_server.storage_options) == []
         # the same bucket through moto itself passes, once per store and process
-        objects.check_conditional_writes(base, s3_server.storage_options)
+        conditional.check_conditional_writes(base, s3_server.storage_options)
     finally:
         proxy.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from backfill_assets.storage import read
+from backfill_assets.storage.rows import scan as read
 
 _rows = st.lists(st.integers(min_value=0, max_value=3 * read.READ_TASK_ROWS), min_size=1,
                  max_size=300)

@@ -78,7 +78,7 @@ def test_a_table_a_racing_run_just_created_is_upgraded_before_use(tmp_path):
     """Another run created the progress table (version 0) and has not enabled DVs yet: the
     table handed to this run has them, so its commit is not planned on version 0 and refused
     later as a concurrent protocol change (a disjoint-vnodes race of CI)."""
-    from backfill_assets import mv_store
+    from backfill_assets.mv import tables as mv_store
 
     uri = str(tmp_path / "progress")
     DeltaTable.create(uri, SCHEMA, configuration={"delta.enableChangeDataFeed": "false"})

@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.positions import chunk_window, rows_to_see
 from backfill_assets.storage import Intent, Snapshot, chunk_files, chunk_tasks, ensure_mor_table
-from backfill_assets.storage import replica as R
-from backfill_assets.storage.commit import Change, commit
-from backfill_assets.storage.seek import SEEK_ROWS_PROPERTY
-from backfill_assets.storage.write import write_table
+from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
+from backfill_assets.storage.rows import replica as R
+from backfill_assets.storage.rows.commit import Change, commit
+from backfill_assets.storage.rows.write import write_table
 
 DATA = pa.schema([("a", pa.int64()), ("b", pa.string()), ("val", pa.int32()),
                   ("vnode", pa.int32())])
@@ -182,7 +182,7 @@ def test_a_chunk_that_ends_where_a_file_ends_leaves_the_next_one_a_file(tmp_path
     chunk still ends at a file's end (within the tail), so each reads one file, but for the
     last but one: it also reads the last, to know whether the rest fits in ``limit + tail``
     (it does not: 16 rows). Together the chunks are the vnode's rows."""
-    from backfill_assets.storage import chunk_task
+    from backfill_assets.storage.chunks import chunk_task
 
     uri = str(tmp_path / "t")
     rows = {(k,): k for k in range(0, 80, 2)}  # 40 rows: five files of 8
@@ -211,7 +211,7 @@ def test_the_copys_first_chunk_ends_where_the_first_replica_file_ends():
     """The replica's copy writes each vnode's first chunk from the rows it sorted: up to
     the end of the vnode's first file when that is within the tail of the limit, all of a
     vnode within ``limit + tail`` (exhausted), else exactly the limit."""
-    from backfill_assets.storage.chunk_task import first_of_each_vnode
+    from backfill_assets.storage.chunks.chunk_task import first_of_each_vnode
 
     sizes = {0: 20, 1: 10, 2: 3}
     table = pa.table({"vnode": pa.array([v for v, n in sizes.items() for _ in range(n)],
@@ -282,7 +282,7 @@ def test_exact_key_bounds_reach_the_log_and_narrow_a_composite_seek(tmp_path):
                 max_size=30), st.booleans())
 def test_key_bounds_are_the_first_and_last_key_whatever_the_row_order(keys, presort):
     """In key order (the copy's files) they are the first and last rows; else a sort."""
-    from backfill_assets.storage.write import _key_bounds
+    from backfill_assets.storage.rows.write import _key_bounds
 
     order = [("a", "ascending"), ("b", "descending")]
     if presort:

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
-from backfill_assets.storage.chunk_read import take_chunk
-from backfill_assets.storage.log import DataFile
-from backfill_assets.storage.seek import chunk_files
+from backfill_assets.storage.chunks.chunk_scan import take_chunk
+from backfill_assets.storage.chunks.seek import chunk_files
+from backfill_assets.storage.delta.log import DataFile
 
 SINGLE = KeyOrder((KeyColumn("id", "bigint"),))
 COMPOSITE = KeyOrder((KeyColumn("region", "string"), KeyColumn("id", "bigint",

@@ -32,10 +32,10 @@ from backfill_assets.storage import (
     chunk_tasks,
     ensure_mor_table,
     file_reader,
-    shared_cut,
 )
-from backfill_assets.storage.chunk_task import BAD_KEY
-from backfill_assets.storage.key_ranks import packed_ranks
+from backfill_assets.storage.chunks import shared_cut
+from backfill_assets.storage.chunks.chunk_task import BAD_KEY
+from backfill_assets.storage.chunks.key_ranks import packed_ranks
 
 SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("name", pa.string()),
                     ("vnode", pa.int32())])

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.errors import PythonException
 
-from backfill_assets.errors import StorageMismatch
+from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage import Intent, Snapshot, append, ensure_mor_table, read_snapshot
-from backfill_assets.storage.write import NewFile, check_written
+from backfill_assets.storage.rows.write import NewFile, check_written
 
 SCHEMA = pa.schema([("id", pa.int64()), ("vnode", pa.int32())])
 pytestmark = [pytest.mark.spark]

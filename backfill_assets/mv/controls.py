@@ -1,0 +1,124 @@
+"""Runtime controls of an MV: rate limit (rows/s, 0 = paused) and chunk size.
+
+RisingWave changes these with Pause / Resume / Throttle mutations carried by barriers; here a
+small JSON document beside the MV's tables (local folder or object store, through
+`storage.documents`) is read at every barrier, so a change takes effect at the next barrier
+without restarting anything. Run config of a single run overrides it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from enum import Enum
+
+from backfill_assets.core.errors import InvalidControl
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.documents import read_json, write_json
+
+UNSET = "unset"
+
+
+class SnapshotSide(Enum):
+    """What a controls change does to the snapshot side. Dagster's launchpad offers the member
+    *names* as the choices, hence lower case."""
+
+    keep = "keep"  # leave paused / running as it is
+    pause = "pause"  # rate 0: no snapshot rows; started vnodes still receive their changes
+    resume = "resume"  # read again from the same positions (unlimited unless a rate is given)
+
+
+@dataclass(frozen=True)
+class Controls:
+    chunk_size: int | None = None  # None: the MV definition's chunk size
+    rate_limit: int | None = None  # None: unlimited; 0: paused
+
+    def validated(self) -> Controls:
+        if self.chunk_size is not None and self.chunk_size < 1:
+            raise InvalidControl(
+                f"chunk size {self.chunk_size} is not allowed: give a whole number >= 1"
+            )
+        if self.rate_limit is not None and self.rate_limit < 0:
+            raise InvalidControl(
+                f"rate limit {self.rate_limit} is not allowed: give rows per second >= 0 "
+                "(0 pauses the snapshot side), or 'unlimited'"
+            )
+        return self
+
+    def describe(self) -> str:
+        """`chunk 2000 rows/vnode, rate unlimited` (or `..., paused`) for logs."""
+        chunk = "the definition's" if self.chunk_size is None else str(self.chunk_size)
+        rate = ("unlimited" if self.rate_limit is None else
+                "0, paused" if self.rate_limit == 0 else f"{self.rate_limit} rows/s")
+        return f"chunk {chunk} rows/vnode, rate {rate}"
+
+
+def requested(current: Controls, snapshot: SnapshotSide, rate_limit: int | None = None,
+              chunk_size: int | None = None, reset_chunk_size: bool = False) -> Controls:
+    """The controls after a change asked for from the launchpad; InvalidControl (nothing
+    written) when the request contradicts itself or a value is out of range."""
+    if snapshot is SnapshotSide.pause and rate_limit not in (None, 0):
+        raise InvalidControl(
+            f"snapshot: pause with rate_limit: {rate_limit} contradict each other: pause "
+            "alone stops the snapshot; give resume (or keep) with a rate to throttle instead")
+    if reset_chunk_size and chunk_size is not None:
+        raise InvalidControl(
+            f"chunk_size: {chunk_size} with reset_chunk_size: true contradict each other: "
+            "give one of them")
+    rate = current.rate_limit
+    if snapshot is SnapshotSide.pause:
+        rate = 0
+    elif snapshot is SnapshotSide.resume:
+        rate = rate_limit
+    elif rate_limit is not None:
+        rate = rate_limit
+    chunk = None if reset_chunk_size else current.chunk_size if chunk_size is None else chunk_size
+    return Controls(chunk, rate).validated()
+
+
+def controls_uri(tables: MVTables) -> str:
+    """Where the MV's controls live: beside its tables, so every run, follower and sensor
+    reaches them with the warehouse's storage options, on a local folder or an object store."""
+    return objects.join(tables.root, "controls.json")
+
+
+def read_controls(tables: MVTables) -> Controls:
+    """The controls in force (defaults when none were ever set)."""
+    stored = read_json(controls_uri(tables), tables.storage_options)
+    return Controls() if stored is None else Controls(**stored).validated()
+
+
+def write_controls(tables: MVTables, controls: Controls) -> Controls:
+    """Replace the controls atomically (a reader never sees half a document); bad values are
+    refused with InvalidControl before anything is written."""
+    write_json(controls_uri(tables), asdict(controls.validated()), tables.storage_options)
+    return controls
+
+
+def update_controls(tables: MVTables, *, chunk_size: int | str | None = None,
+                    rate_limit: int | str | None = None) -> Controls:
+    """Change some controls; `UNSET` clears one back to its default ("unlimited" rate)."""
+    current = read_controls(tables)
+    changes: dict = {}
+    if chunk_size is not None:
+        changes["chunk_size"] = None if chunk_size == UNSET else _whole(chunk_size, "chunk_size")
+    if rate_limit is not None:
+        changes["rate_limit"] = (None if rate_limit in (UNSET, "unlimited")
+                                 else _whole(rate_limit, "rate_limit"))
+    return write_controls(tables, replace(current, **changes))
+
+
+def _whole(value: int | str, name: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        words = "'unset' or 'unlimited'" if name == "rate_limit" else "'unset'"
+        raise InvalidControl(
+            f"{name} {value!r} is not a whole number: give e.g. 5000, or {words}") from None
+
+
+def throttle(rate_limit: int | None, rows: int, started: float) -> None:
+    """Sleep so the snapshot side never exceeds `rate_limit` rows per second."""
+    if rate_limit and rows:
+        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))

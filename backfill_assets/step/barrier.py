@@ -1,0 +1,119 @@
+"""One barrier as the platform runs it: controls in force, the step, and progress figures.
+
+Dagster assets, the demo and the benchmarks all call `run_barrier`; only the step does work.
+The figures are read back from the tables (progress rows, Delta commit times), so every run
+reports the whole MV, whichever vnode range it covered.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from pyspark.sql import SparkSession
+
+from backfill_assets.core import codec
+from backfill_assets.core.figures import (
+    FINISHED,
+    IN_PROGRESS,
+    MVFigures,
+    RateSample,
+    recent_rate,
+)
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv.controls import Controls, read_controls
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.loop import Hook, StepReport, StepRequest, no_hook, run_step
+
+RATE_WINDOW_COMMITS = 6  # progress commits the rows/s figure (and so the ETA) looks back over
+LAG_HISTORY_LIMIT = 1000  # upstream commits read back at most to date the lag
+
+
+def controls_in_force(d: MVDefinition, tables: MVTables,
+                      overrides: Controls | None = None) -> Controls:
+    """What the next barrier will use: run overrides, else the stored controls, else the MV
+    definition's; `chunk_size` is always set, `rate_limit` None means unlimited."""
+    stored = read_controls(tables)
+    overrides = overrides or Controls()
+    chunk = overrides.chunk_size or stored.chunk_size or d.chunk_size
+    rate = _first_set(overrides.rate_limit, stored.rate_limit, d.rate_limit)
+    return Controls(chunk, rate)
+
+
+def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
+                *, version: int | None = None, overrides: Controls | None = None,
+                hook: Hook = no_hook) -> StepReport:
+    """Run one barrier for `vnodes` with the controls in force right now."""
+    controls = controls_in_force(d, tables, overrides)
+    request = StepRequest(d, tables, tuple(vnodes), controls.chunk_size, controls.rate_limit,
+                          version)
+    if d.mode == "snapshot":  # a bulk read in slices, then catch-up (or the chunked path)
+        from backfill_assets.step.modes.snapshot import run_snapshot_barrier
+
+        return run_snapshot_barrier(spark, request, hook)
+    return run_step(spark, request, hook)
+
+
+def figures(d: MVDefinition, tables: MVTables, controls: Controls,
+            version: int | None = None) -> MVFigures | None:
+    """Percent done (upstream rows at `version`, default latest, from Delta file statistics),
+    rows/s over the last progress commits (wall clock), ETA, and lag behind the upstream's
+    latest version; None before the first barrier."""
+    so = tables.storage_options
+    progress = mv_store.open_table(tables.progress, so)
+    if progress is None:
+        return None
+    rows = mv_store.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
+    finished = sum(1 for f in rows[codec.FINISHED].to_pylist() if f)
+    versions = [v for v in rows[codec.VERSION].to_pylist() if v is not None]
+    counted = mv_store.open_table(tables.upstream, so, version)
+    upstream_rows = sum(n or 0 for n in
+                        counted.get_add_actions(flatten=True).column("num_records").to_pylist())
+    upstream = mv_store.open_table(tables.upstream, so)
+    mv_version = min(versions) if versions else None
+    return MVFigures(
+        snapshot_rows_done=_rows_done(rows), upstream_rows=upstream_rows,
+        vnode_count=d.vnode_count, vnodes_finished=finished, vnodes_started=rows.num_rows,
+        paused=controls.rate_limit == 0,
+        rows_per_second=recent_rate(_rate_samples(progress, tables)),
+        upstream_version=upstream.version(), mv_version=mv_version,
+        lag_seconds=_lag_seconds(upstream, mv_version))
+
+
+def vnode_states(tables: MVTables) -> dict[int, str]:
+    """vnode -> finished / in progress (a vnode without a progress row has not started)."""
+    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    if progress is None:
+        return {}
+    rows = mv_store.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
+    return {r[codec.VNODE]: FINISHED if r[codec.FINISHED] else IN_PROGRESS for r in rows}
+
+
+def _rows_done(rows) -> int:
+    return sum(r or 0 for r in rows[codec.ROW_COUNT].to_pylist())
+
+
+def _rate_samples(progress, tables: MVTables) -> list[RateSample]:
+    """Snapshot rows done at the newest and at the oldest of the last progress commits."""
+    history = progress.history(RATE_WINDOW_COMMITS)
+    if len(history) < 2:
+        return []
+    samples = []
+    for commit in (history[0], history[-1]):
+        table = mv_store.open_table(tables.progress, tables.storage_options, commit["version"])
+        rows = mv_store.read_rows(table, None, [codec.ROW_COUNT])
+        samples.append(RateSample(commit["timestamp"] / 1000.0, _rows_done(rows)))
+    return samples
+
+
+def _lag_seconds(upstream, mv_version: int | None) -> float:
+    """Age of the first upstream commit after `mv_version` (0 when the MV is caught up)."""
+    if mv_version is None or upstream.version() <= mv_version:
+        return 0.0
+    behind = upstream.history(min(LAG_HISTORY_LIMIT, upstream.version() - mv_version))
+    return max(0.0, time.time() - behind[-1]["timestamp"] / 1000.0)
+
+
+def _first_set(*values: int | None) -> int | None:
+    return next((v for v in values if v is not None), None)

@@ -1,0 +1,37 @@
+"""The test-only kill hook: production code calls it at every commit boundary of a step.
+
+`BACKFILL_TEST_KILL_AT=<point>[@<n>]` (read by settings) makes the process SIGKILL itself the
+n-th time (default 1st) it reaches `<point>`; unset, the hook is a no-op function. Points:
+before_write, after_replica_commit, after_mv_commit, before_progress_commit,
+after_progress_commit, and inside the MV's storage-layer commit: mv_data_files_written,
+mv_change_files_written, mv_dv_file_written (just before its log entry is published).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from backfill_assets.step.loop import Hook, no_hook
+
+STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_dv_file_written")
+KILL_POINTS = ("before_write", "after_replica_commit", "after_mv_commit",
+               "before_progress_commit", "after_progress_commit", *STORAGE_KILL_POINTS)
+
+
+def kill_hook(spec: str | None) -> Hook:
+    """The hook for a `point[@n]` spec (no-op for None)."""
+    if not spec:
+        return no_hook
+    point, _, nth = spec.partition("@")
+    if point not in KILL_POINTS:
+        raise ValueError(f"unknown kill point {point!r}; use one of {', '.join(KILL_POINTS)}")
+    remaining = [int(nth or 1)]
+
+    def hook(reached: str) -> None:
+        if reached == point:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return hook

@@ -1,0 +1,238 @@
+"""Everything about the upstream a step must know before it writes anything.
+
+The checks here turn user mistakes (no change feed, a dropped column, a changed vnode count, a
+no-shuffle MV over an upstream arranged differently) into named errors that say what to do.
+The upstream columns the backfill uses are pinned in the progress table's description at the
+first step: later steps compare the upstream against that pin, so an added column is tolerated
+and a dropped or retyped one stops the MV with a clear message. The pin also records the MV's
+schema as Spark's analysis of the definition gave it: a later step under the same definition
+takes it from there, so a step that reads no snapshot (a small catch-up on the driver) never
+starts a JVM.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from backfill_assets.arrow.types import type_name
+from backfill_assets.core.errors import (
+    ChangeFeedDisabled,
+    InvalidMVDefinition,
+    MVDefinitionChanged,
+    NoShuffleLayoutMismatch,
+    TableNotFound,
+    UnsupportedColumnType,
+    UpstreamNotFound,
+    UpstreamSchemaChanged,
+    VnodeCountChanged,
+)
+from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.positions import PerVnodePositions, PositionStrategy, SharedPosition
+from backfill_assets.core.snapshot import BulkPositions
+from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets.storage.delta import log_head
+from backfill_assets.storage.delta.delta_rs import arrow_schema
+
+
+@dataclass(frozen=True)
+class CheckedUpstream:
+    """The upstream at the step's barrier version, as the backfill sees it."""
+
+    version: int
+    schema: pa.Schema  # the pinned columns the backfill carries (upstream's own vnode excluded)
+    key_order: KeyOrder
+    strategy: PositionStrategy
+    mv_schema: pa.Schema | None = None  # recorded with the pin, for the same definition
+
+    @property
+    def key_types(self) -> tuple[str, ...]:
+        return tuple(c.type for c in self.key_order.columns)
+
+    def pin(self, d: MVDefinition, mv_schema: pa.Schema) -> str:
+        """The description stored on the progress table: what this state was built for."""
+        return json.dumps({
+            "mv_schema": base64.b64encode(mv_schema.serialize().to_pybytes()).decode("ascii"),
+            "upstream_columns": [[f.name, type_name(f.type)] for f in self.schema],
+            "primary_key": list(self.key_order.names),
+            "vnode_count": d.vnode_count,
+            "mode": d.mode,
+            "definition": d.recorded(),
+            "fingerprint": d.fingerprint,
+            "created_at": time.time(),
+        })
+
+
+def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> CheckedUpstream:
+    """Open and check the upstream at `version` (latest when None); raise before any write."""
+    table = _opened(tables, d, version)
+    if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
+        raise ChangeFeedDisabled(
+            f"upstream {tables.upstream} has no change data feed, so the MV cannot follow its "
+            "changes; enable it (ALTER TABLE ... SET TBLPROPERTIES "
+            "(delta.enableChangeDataFeed = true), or deltalake's "
+            "DeltaTable.alter.set_table_properties) and rerun"
+        )
+    schema = arrow_schema(table)
+    carried = pa.schema([f for f in schema if f.name != "vnode"])
+    pinned = _pinned(tables)
+    mv_schema = None
+    if pinned is not None:  # first: a dropped column is the upstream's change, not the MV's
+        carried = _against_pin(carried, pinned, d, tables)  # added columns are left out
+        mv_schema = _pinned_mv_schema(pinned)
+    columns = {f.name: _type_name(f, tables.upstream) for f in carried}
+    key_order = _key_order(d, columns)
+    d.validate(columns)
+    strategy = strategy_for(d.mode)
+    if d.mode == "no_shuffle":
+        _check_no_shuffle_layout(table, d, key_order, tables)
+    return CheckedUpstream(table.version(), carried, key_order, strategy, mv_schema)
+
+
+def _pinned_mv_schema(pinned: dict) -> pa.Schema | None:
+    """The MV schema the pin recorded, when the pin's definition was checked against this one
+    (`_refuse_changed_definition`); None for state pinned before schemas were recorded."""
+    if "definition" not in pinned or "mv_schema" not in pinned:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(pinned["mv_schema"])))
+
+
+def _opened(tables: MVTables, d: MVDefinition, version: int | None):
+    """The upstream at `version` (its head: metadata and schema without the file list,
+    `storage.log_head`), else the latest."""
+    missing = UpstreamNotFound(
+        f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
+        "with upstream_load_job) or fix `upstream` in the MV definition")
+    if version is None:
+        table = mv_store.open_table(tables.upstream, tables.storage_options)
+        if table is None:
+            raise missing
+        return table
+    try:
+        return log_head.open_head(tables.upstream, version, tables.storage_options)
+    except TableNotFound:
+        raise missing from None  # HistoryUnavailable (a cleaned-up version) passes through
+
+
+def strategy_for(mode: str) -> PositionStrategy:
+    """How positions move in a step of `mode` (snapshot mode throttled: arrangement's)."""
+    strategies = {"arrangement": PerVnodePositions, "no_shuffle": SharedPosition,
+                  "snapshot": BulkPositions}
+    return strategies[mode]()
+
+
+def _type_name(field: pa.Field, where: str) -> str:
+    try:
+        return type_name(field.type)
+    except Exception as exc:  # noqa: BLE001 - re-raised as the named error
+        raise UnsupportedColumnType(
+            f"upstream {where}: column {field.name!r} has type {field.type}, which the platform "
+            "cannot carry; cast it to a supported type or drop it from the upstream"
+        ) from exc
+
+
+def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
+    """The definition's pk with each column's type resolved from the upstream schema."""
+    resolved = []
+    for col in d.primary_key:
+        if col.name not in columns:
+            raise InvalidMVDefinition(
+                f"MV {d.name!r}: primary-key column {col.name!r} is not in the upstream "
+                f"(columns: {', '.join(columns)}); fix primary_key in the MV definition"
+            )
+        actual = parse_key_type(columns[col.name], col.name)
+        if col.type and parse_key_type(col.type, col.name) != actual:
+            raise InvalidMVDefinition(
+                f"MV {d.name!r}: primary-key column {col.name!r} is declared {col.type} but the "
+                f"upstream has {actual}; fix the type in the MV definition"
+            )
+        resolved.append(KeyColumn(col.name, actual, col.descending, col.nulls_first))
+    return KeyOrder(tuple(resolved))
+
+
+def _pinned(tables: MVTables) -> dict | None:
+    so = tables.storage_options
+    try:  # not `table_exists`: delta-rs' is_deltatable holds the GIL while it lists the store
+        latest = delta_store.latest_version(tables.progress, so)
+    except TableNotFound:
+        return None
+    # the latest version, loaded once per process (a barrier checks the pin twice)
+    progress = delta_store.open_table(tables.progress, latest, so)
+    if not progress.metadata().description:
+        return None
+    return json.loads(progress.metadata().description)
+
+
+def _against_pin(carried: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTables
+                 ) -> pa.Schema:
+    if pinned["vnode_count"] != d.vnode_count:
+        raise VnodeCountChanged(
+            f"MV {d.name!r} was built with {pinned['vnode_count']} vnodes but the definition now "
+            f"says {d.vnode_count}; set vnode_count back to {pinned['vnode_count']}, or drop "
+            f"the MV's state under {tables.mv.rsplit('/', 1)[0]} to rebuild it"
+        )
+    if "definition" in pinned:  # state written before fingerprints were recorded: not checked
+        _refuse_changed_definition(d, pinned, tables)
+    now = {f.name: f for f in carried}
+    fields = []
+    for name, type_ in pinned["upstream_columns"]:
+        if name not in now:
+            raise UpstreamSchemaChanged(
+                f"upstream {tables.upstream} dropped column {name!r}, which MV {d.name!r} "
+                "carries; restore the column, or drop the MV's state to rebuild it without it"
+            )
+        if type_name(now[name].type) != type_:
+            raise UpstreamSchemaChanged(
+                f"upstream {tables.upstream} changed column {name!r} from {type_} to "
+                f"{type_name(now[name].type)}; restore the type, or drop the MV's state to "
+                "rebuild it"
+            )
+        fields.append(now[name])
+    return pa.schema(fields)
+
+
+def _refuse_changed_definition(d: MVDefinition, pinned: dict, tables: MVTables) -> None:
+    """The MV's rows are f(upstream) for the definition recorded with its state: a barrier
+    under another definition would mix two f's in one table."""
+    if pinned.get("fingerprint") == d.fingerprint:
+        return
+    changes = d.changes_since(pinned["definition"]) or ["the definition's recorded form"]
+    raise MVDefinitionChanged(
+        f"MV {d.name!r} was built under another definition ({pinned.get('fingerprint')}, now "
+        f"{d.fingerprint}): {'; '.join(changes)}. Its rows no longer match this definition: "
+        "either restore the definition, or rebuild the MV under the new one with reset_mv_job "
+        f"(drops {tables.mv.rsplit('/', 1)[0]}: MV, replica, progress), or give it a new name"
+    )
+
+
+def _check_no_shuffle_layout(table, d: MVDefinition, key_order: KeyOrder,
+                             tables: MVTables) -> None:
+    """no_shuffle reads the upstream's vnode partitions directly: they must be ours (a platform
+    upstream or an MV of the platform records its pk and vnode count in its configuration)."""
+    config = table.metadata().configuration
+    try:
+        pk = [str(k) for k in json.loads(config[delta_store.PK_PROPERTY])]
+        count = int(config[delta_store.VNODE_COUNT_PROPERTY])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise NoShuffleLayoutMismatch(
+            f"{tables.upstream} is not arranged by the platform's vnodes (no recorded primary "
+            f"key and vnode count: {delta_store.PK_PROPERTY}, {delta_store.VNODE_COUNT_PROPERTY}"
+            "); no_shuffle mode needs a platform upstream or another MV: use mode 'arrangement'"
+        ) from exc
+    if "vnode" not in arrow_schema(table).names:
+        raise NoShuffleLayoutMismatch(
+            f"{tables.upstream} has no vnode column; use mode 'arrangement'"
+        )
+    if count != d.vnode_count or tuple(pk) != key_order.names:
+        raise NoShuffleLayoutMismatch(
+            f"{tables.upstream} is arranged by {count} vnodes of {pk}, MV {d.name!r} by "
+            f"{d.vnode_count} of {list(key_order.names)}; make them equal or use mode "
+            "'arrangement'"
+        )

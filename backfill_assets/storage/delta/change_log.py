@@ -1,0 +1,99 @@
+"""A table's commits as the change-feed reader uses them, parsed once per process.
+
+A commit file never changes, and a snapshot-mode catch-up in steps reads the same commits once
+per step: at 20M rows, 16 steps over 20 commits of ~700 actions each spent 4.7 s parsing them
+again. Kept per commit: its change actions reduced to the fields the reader uses, whether it
+changes the metadata, its timestamp, and its change rows by its operation metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from backfill_assets.core.errors import HistoryUnavailable
+from backfill_assets.storage.delta.log import Snapshot, commit_uri
+from backfill_assets.storage.store import objects
+
+
+@dataclass(frozen=True)
+class ChangeLog:
+    """What a change read needs of one commit: its change actions reduced to the fields the
+    readers use, and its change rows from the operation metrics (None: not recorded)."""
+
+    actions: list[dict]
+    rows: int | None
+
+
+def actions_of(snap: Snapshot, v: int) -> list[dict]:
+    return change_log(snap, v).actions
+
+
+def change_log(snap: Snapshot, v: int) -> ChangeLog:
+    """Commit ``v`` parsed once per process: a catch-up in steps reads the same commits once
+    per step (at 20M rows, 16 steps over 20 commits of 700 actions each spent 4.7 s parsing
+    them again). Keyed by the table's id: a table recreated at the same uri is read afresh."""
+    if snap.table is None:  # no table id to key on (a bare look at the log): not kept
+        return _parsed(snap, v)
+    key = (snap.uri, snap.table.metadata().id, v)
+    with _LOG_LOCK:
+        found = _LOGS.get(key)
+        if found is not None:
+            _LOGS.move_to_end(key)
+            return found
+    found = _parsed(snap, v)
+    with _LOG_LOCK:
+        _LOGS[key] = found
+        while len(_LOGS) > _LOGS_KEPT:
+            _LOGS.popitem(last=False)
+    return found
+
+
+_LOGS: OrderedDict[tuple, ChangeLog] = OrderedDict()
+_LOG_LOCK = threading.Lock()
+_LOGS_KEPT = 64
+_KEPT_FIELDS = ("path", "partitionValues", "size", "deletionVector", "dataChange")
+
+
+def _parsed(snap: Snapshot, v: int) -> ChangeLog:
+    actions = []
+    rows = None
+    for a in _raw_actions(snap, v):
+        if "commitInfo" in a:
+            info = a["commitInfo"]
+            actions.append({"commitInfo": {"timestamp": info.get("timestamp", 0)}})
+            rows = _metric_rows(info.get("operationMetrics") or {})
+        elif "metaData" in a:
+            actions.append({"metaData": True})
+        for kind in ("cdc", "add", "remove"):
+            if kind in a:
+                actions.append({kind: {k: a[kind][k] for k in _KEPT_FIELDS if k in a[kind]}})
+    return ChangeLog(actions, rows)
+
+
+def _metric_rows(metrics: Mapping[str, object]) -> int | None:
+    """Change rows by a commit's metrics (delta-rs and Spark names): inserted + deleted + 2 x
+    updated; None when it records none of them."""
+    flat = {k.replace("_", "").lower(): v for k, v in metrics.items()}
+    found = [(weight, flat[name]) for weight, names in _METRICS for name in names
+             if isinstance(flat.get(name), (int, float, str)) and str(flat[name]).isdigit()]
+    return sum(weight * int(n) for weight, n in found) if found else None
+
+
+_METRICS = ((1, ("numtargetrowsinserted", "numaddedrows")),
+            (1, ("numtargetrowsdeleted", "numdeletedrows")),
+            (2, ("numtargetrowsupdated", "numupdatedrows")))
+
+
+def _raw_actions(snap: Snapshot, v: int) -> list[dict]:
+    try:
+        raw = objects.read_bytes(commit_uri(snap.uri, v), snap.storage_options)
+    except (FileNotFoundError, OSError):
+        raise HistoryUnavailable(
+            f"changes of {snap.uri} are no longer available: version {v} is no longer in the "
+            "table's log (log retention cleaned it up); rebuild from a later version or keep "
+            "history longer (delta.logRetentionDuration)") from None
+    return [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]

@@ -1,0 +1,185 @@
+"""Commits the storage layer writes itself: data files, deletion vectors, change files.
+
+delta-rs cannot commit a deletion vector, so the layer writes the log entry: one NDJSON file
+``_delta_log/<version>.json`` published with put-if-absent, so an existing version is never
+overwritten and of two writers racing for a version exactly one wins. The loser re-reads the
+log and commits on top of the winner when the winner touched nothing of its own: none of its
+application transactions (the same vnodes: fencing) and none of the files it removes. Files
+both DV'd (runs over different vnodes sharing a file) are rebased: the new DV is the winner's
+OR ours. A checkpoint is written through delta-rs every CHECKPOINT_INTERVAL versions, and
+after a commit of CHECKPOINT_ACTIONS files or more: a reader replays the JSON commits since the
+last checkpoint, and the replica's copy commits one add per file with its statistics (5,120 at
+20M rows: 107 ms per load of the replica from JSON, 37 ms from a checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from deltalake import DeltaTable
+from pyroaring import BitMap64
+
+from backfill_assets.core.errors import ConcurrentBackfillRun
+from backfill_assets.storage.delta import dv
+from backfill_assets.storage.delta.log import DataFile, Snapshot, commit_uri
+from backfill_assets.storage.rows.write import NewFile
+from backfill_assets.storage.store import conditional, objects
+
+Hook = Callable[[str], None]
+CHECKPOINT_INTERVAL = 50
+CHECKPOINT_ACTIONS = 1000  # files a commit adds or removes that make it worth a checkpoint
+COMMIT_ATTEMPTS = 20
+ENGINE = "backfill-assets storage layer"
+
+
+@dataclass
+class Intent:
+    """Why a commit is made: its application transactions and commit metadata."""
+
+    txns: Mapping[str, int] = field(default_factory=dict)  # app id -> upstream version
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    operation: str = "WRITE"
+
+
+@dataclass
+class Change:
+    """What one commit does to a table."""
+
+    adds: list[NewFile] = field(default_factory=list)
+    cdc: list[NewFile] = field(default_factory=list)
+    deletes: dict[str, BitMap64] = field(default_factory=dict)  # file path -> rows deleted now
+    removes: list[DataFile] = field(default_factory=list)  # files removed whole (compaction)
+    data_change: bool = True
+
+    @property
+    def empty(self) -> bool:
+        return not (self.adds or self.cdc or self.removes or any(self.deletes.values()))
+
+
+def _no_hook(point: str) -> None:
+    """Production default: the crash tests' kill points cost one call."""
+
+
+def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook) -> int:
+    """Commit ``change`` on top of ``snap`` (the version it was planned on); the new version.
+    Raises ConcurrentBackfillRun when another writer took this step's vnodes or files."""
+    conditional.check_conditional_writes(snap.uri, snap.storage_options)  # once per store
+    base = snap
+    for _ in range(COMMIT_ATTEMPTS):
+        target = base.version + 1
+        payload = _entry(base, change, intent)
+        hook("dv_file_written")
+        if objects.put_if_absent(commit_uri(snap.uri, target), payload, snap.storage_options):
+            _maybe_checkpoint(snap, target, change)
+            return target
+        winner = Snapshot.load(snap.uri, None, snap.storage_options)
+        _check_rebase(snap, winner, change, intent)
+        base = winner
+    raise ConcurrentBackfillRun(
+        f"{snap.uri}: {COMMIT_ATTEMPTS} commit attempts lost the race to other writers; "
+        "nothing of this step was written: rerun it")
+
+
+def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
+    """The NDJSON of the commit against ``base`` (DVs rebased onto its files)."""
+    now = int(time.time() * 1000)
+    actions: list[dict] = []
+    live = base.by_path() if change.deletes else {}  # an append needs no file list
+    bitmaps, targets = [], []
+    for path, rows in sorted(change.deletes.items()):
+        if not rows:
+            continue
+        f = live[path]
+        merged = BitMap64(rows) | existing_deleted(base, f)
+        actions.append({"remove": _remove(f, now, change.data_change)})
+        if len(merged) < (f.num_records or 0):
+            bitmaps.append(merged)
+            targets.append(f)
+    if bitmaps:
+        dv_file = dv.encode_file(bitmaps)
+        objects.write_bytes(objects.join(base.uri, dv_file.relative_path), dv_file.data,
+                            base.storage_options)
+        for f, descriptor in zip(targets, dv_file.descriptors, strict=True):
+            actions.append({"add": _with_dv(f, descriptor, now, change.data_change)})
+    for f in change.removes:
+        actions.append({"remove": _remove(f, now, change.data_change)})
+    for f in change.adds:
+        add = {"path": f.path, "partitionValues": {}, "size": f.size,
+               "modificationTime": now, "dataChange": change.data_change, "stats": f.stats}
+        if f.tags:
+            add["tags"] = f.tags
+        actions.append({"add": add})
+    for f in change.cdc:
+        actions.append({"cdc": {"path": f.path, "partitionValues": {}, "size": f.size,
+                                "dataChange": False}})
+    for app_id, version in sorted(intent.txns.items()):
+        actions.append({"txn": {"appId": app_id, "version": int(version), "lastUpdated": now}})
+    info = {"timestamp": now, "operation": intent.operation, "operationParameters": {},
+            "engineInfo": ENGINE, "readVersion": base.version,
+            "isBlindAppend": not (change.deletes or change.removes)}
+    info.update(intent.metadata)
+    actions.insert(0, {"commitInfo": info})
+    return "\n".join(json.dumps(a, separators=(",", ":")) for a in actions).encode() + b"\n"
+
+
+def existing_deleted(snap: Snapshot, f: DataFile) -> BitMap64:
+    """The rows of ``f`` its current DV deletes (empty without one)."""
+    return dv.load(snap.uri, f.deletion_vector, snap.storage_options)
+
+
+def _remove(f: DataFile, now: int, data_change: bool) -> dict:
+    add = f.add_action or {"path": f.path, "partitionValues": {}, "size": f.size}
+    out = {"path": add["path"], "deletionTimestamp": now, "dataChange": data_change,
+           "extendedFileMetadata": True, "partitionValues": add.get("partitionValues", {}),
+           "size": add["size"]}
+    for key in ("stats", "deletionVector"):
+        if add.get(key):
+            out[key] = add[key]
+    return out
+
+
+def _with_dv(f: DataFile, descriptor: dict, now: int, data_change: bool) -> dict:
+    add = dict(f.add_action or {"path": f.path, "partitionValues": {}, "size": f.size})
+    stats = json.loads(add.get("stats") or "{}")
+    stats["tightBounds"] = False
+    add.update({"modificationTime": now, "dataChange": data_change, "stats": json.dumps(stats),
+                "deletionVector": descriptor})
+    return add
+
+
+def _check_rebase(planned: Snapshot, winner: Snapshot, change: Change, intent: Intent) -> None:
+    """Whether this change may still commit on top of ``winner``; raises when not."""
+    ours = set(intent.txns)
+    for v in range(planned.version + 1, winner.version + 1):
+        raw = objects.read_bytes(commit_uri(planned.uri, v), planned.storage_options)
+        for line in raw.decode().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            taken = action.get("txn", {}).get("appId")
+            if taken in ours:
+                raise ConcurrentBackfillRun(
+                    f"another run committed {taken!r} to {planned.uri} (version {v}) while this "
+                    "one was working on the same vnodes; nothing of this step was written: "
+                    "rerun it, and give concurrent runs disjoint vnode ranges")
+            if "metaData" in action or "protocol" in action:
+                raise ConcurrentBackfillRun(
+                    f"{planned.uri} changed its schema or protocol at version {v} while this "
+                    "step was working; nothing was written: rerun it")
+    live = winner.by_path()
+    gone = [p for p in change.deletes if p not in live]
+    gone += [f.path for f in change.removes
+             if f.path not in live or dv.unique_id(live[f.path].deletion_vector)
+             != dv.unique_id(f.deletion_vector)]
+    if gone:
+        raise ConcurrentBackfillRun(
+            f"{len(gone)} files this step rewrites in {planned.uri} were removed by another "
+            f"writer (e.g. {gone[0]}: compaction?); nothing was written: rerun the step")
+
+
+def _maybe_checkpoint(snap: Snapshot, version: int, change: Change) -> None:
+    files = len(change.adds) + len(change.removes) + len(change.deletes)
+    if version % CHECKPOINT_INTERVAL == 0 or files >= CHECKPOINT_ACTIONS:
+        DeltaTable(snap.uri, version=version,
+                   storage_options=dict(snap.storage_options) or None).create_checkpoint()

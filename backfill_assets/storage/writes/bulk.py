@@ -1,0 +1,294 @@
+"""A bulk step's rows read, transformed and written in one Python task: no row enters the JVM.
+
+A snapshot-mode bulk step reads every row of its vnodes, projects them through the MV
+definition and writes them. Through Spark that is two crossings between the JVM and Python
+per row (the layer's read tasks hand Arrow to the JVM, the JVM hands the projected rows back
+to the write tasks) plus Spark's own row format in between: round 8 measured the bulk barrier
+at 1.8-2.2x a clustered refresh. When the caller has a transform that is exact in Arrow
+(``arrow_expr``: the MV definition compiled with Spark's semantics), each task here reads a
+contiguous vnode range (DVs applied, partition values from the log, row counts checked:
+``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them
+as the MV's files with their statistics (``write.FileWriter``): Spark only schedules the
+tasks and collects the manifest.
+
+The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
+the rows read, the last key in key order, whether a pk is null or repeated and whether the
+vnode's rest was all read: what the step needs to move its positions and write the progress
+the MV commit carries, from the rows it already holds (a separate pass over the keys was 1.21
+s of a 4.62 s backfill, round 9). The caller then commits ``BulkWritten.files`` with that
+progress, or ``discard``s them. A chunk read too small for a Spark job runs in the driver.
+
+A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
+proven equal to Spark's). The task then deletes the files it wrote and reports the refusal in
+its manifest instead of failing the job; the driver deletes every file of the job and raises
+``TransformRefused``, and the caller writes the same rows through Spark. Nothing a refused
+job wrote is named by a commit.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import pickle
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
+
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.storage.chunks.chunk_scan import (
+    BAD_KEY,
+    RN,
+    last_of_each_vnode,
+    read_task_rows,
+    take_chunk,
+    whole_vnode_tasks,
+)
+from backfill_assets.storage.chunks.chunk_task import ranked
+from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.rows.scan import (
+    READ_TASK_ROWS,
+    one_task_per_partition,
+    parallelism,
+    tasks_run_here,
+)
+from backfill_assets.storage.rows.spark_types import exchange_schema
+from backfill_assets.storage.rows.write import MANIFEST, FileWriter, NewFile, check_written
+from backfill_assets.storage.store import objects
+
+VNODE = "vnode"
+LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
+LOCAL_THREADS = 2
+_REPORT = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
+                     ("stats", pa.string())])  # a MANIFEST row without a path: a task's report
+
+
+class TransformRefused(Exception):
+    """A bulk transform refused some rows: write them through Spark instead (nothing written)."""
+
+
+@dataclass(frozen=True)
+class BulkRows:
+    """Every row of ``vnodes`` in ``snap`` (columns ``columns``, with ``vnode``), through
+    ``transform`` (picklable; Arrow table in, Arrow table out, keeping ``vnode`` and the key
+    columns), sorted by (vnode, key in ``key_order``). ``refusal``: the exception type by
+    which the transform refuses rows."""
+
+    snap: Snapshot
+    vnodes: tuple[int, ...]
+    columns: tuple[str, ...]
+    transform: Callable[[pa.Table], pa.Table]
+    key_order: KeyOrder
+    refusal: type[Exception] = TransformRefused
+
+
+@dataclass(frozen=True)
+class BulkWritten:
+    """Files a bulk write left uncommitted, and per vnode read: (rows read, last key in key
+    order, whether a pk was null or repeated). Commit them (``apply_changes(inserts=...)``)
+    or ``discard`` them."""
+
+    table_uri: str
+    storage_options: Mapping[str, str]
+    files: tuple[NewFile, ...]
+    vnode_stats: Mapping[int, tuple[int, Key, bool]] = field(default_factory=dict)
+    exhausted: frozenset[int] = frozenset()  # vnodes whose whole rest the tasks read
+
+    @property
+    def bad_keys(self) -> bool:
+        return any(bad for _, _, bad in self.vnode_stats.values())
+
+    def discard(self) -> None:
+        for f in self.files:
+            objects.delete(objects.join(self.table_uri, f.path), self.storage_options)
+
+
+def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
+               storage_options: Mapping[str, str], schema: pa.Schema, *,
+               max_rows_per_file: int, split_column: str | None = None,
+               key_bounds: bool = False) -> BulkWritten:
+    """Write ``rows`` as new (uncommitted) files of the table at ``table_uri`` (columns of
+    ``schema``), each task's rows one vnode range in (vnode, key) order (``split_column``:
+    files of one value of it each, as the replica's seek wants). A task whose rows hold a
+    null or repeated pk writes nothing (``bad_keys``: the caller names the key). Raises
+    TransformRefused (after deleting what the job wrote) when the transform refused any
+    rows."""
+    key_sort = [(c.name, "descending" if c.descending else "ascending")
+                for c in rows.key_order.columns] if key_bounds else None
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+                        "", "part", max_rows_per_file, split_column, key_sort)
+    return _collected(_manifest(spark, _tasks(spark, rows), _BulkTask(rows, writer)),
+                      table_uri, storage_options)
+
+
+def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
+                refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
+                schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None,
+                threads: int | None = None) -> BulkWritten:
+    """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
+    position, the first ``limit`` per vnode) through ``transform`` into new files of the
+    table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
+    the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
+    tasks may read, which decide where they run (``local_threads``); ``threads``: run them in
+    this process on that many (a reader holding its rows, ``chunk_read.HeldChunk``)."""
+    writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
+                        "", "part", max_rows_per_file)
+    task = _ChunkTask(reader, transform, refusal, writer)
+    threads = threads or local_threads(spark, rows_read)
+    manifest = _local_manifest(tasks, task, threads) if threads else \
+        _manifest(spark, tasks, task)
+    return _collected(manifest, table_uri, storage_options)
+
+
+def local_threads(spark: SparkSession, rows_read: int | None) -> int | None:
+    """How many threads of this process run a chunk read of ``rows_read`` rows, or None: in
+    Spark tasks. At most ``LOCAL_READ_ROWS`` run here (no session is started for them), and
+    so does any chunk on a local master, one thread per core Spark would use
+    (``read.tasks_run_here``): a chunk is sized to a few tasks, and a job costs more than
+    its tasks' threads here."""
+    if rows_read is None:
+        return None
+    if rows_read <= LOCAL_READ_ROWS:
+        return LOCAL_THREADS
+    return max(LOCAL_THREADS, parallelism(spark)) if tasks_run_here(spark) else None
+
+
+def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
+    return one_task_per_partition(spark, tasks).mapInArrow(
+        task, MANIFEST).collect() if tasks else []
+
+
+def _local_manifest(tasks: list[str], task, threads: int = LOCAL_THREADS) -> list[dict]:
+    """The tasks run here, ``threads`` at a time (parquet and Arrow release the GIL): a Spark
+    job costs 0.2-0.3 s to start and run its Python workers, more than reading the last few
+    thousand rows of each vnode takes (a run's final barrier, a throttled run's chunks)."""
+    def run(text: str) -> list[dict]:
+        batch = pa.record_batch([pa.array([text], pa.string())], names=["task"])
+        return [row for out in task(iter([batch])) for row in out.to_pylist()]
+
+    with ThreadPoolExecutor(max(1, min(threads, len(tasks), os.cpu_count() or 1))) as pool:
+        return [row for rows in pool.map(run, tasks) for row in rows]
+
+
+def _collected(manifest: list, table_uri: str,
+               storage_options: Mapping[str, str]) -> BulkWritten:
+    """The files and per-vnode stats the tasks reported; TransformRefused (after deleting
+    the files) when a task refused."""
+    written = BulkWritten(table_uri, dict(storage_options), tuple(
+        NewFile.of(r) for r in manifest if r["path"] is not None))
+    reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
+    refused = [r["refused"] for r in reports if "refused" in r]
+    if refused:
+        written.discard()
+        raise TransformRefused(refused[0])
+    stats: dict[int, tuple[int, Key, bool]] = {}
+    exhausted: set[int] = set()
+    for r in reports:
+        if "vnodes" in r:
+            stats.update(pickle.loads(base64.b64decode(r["vnodes"])))
+            exhausted.update(r.get("exhausted", ()))
+    check_written(table_uri, storage_options, list(written.files))
+    return BulkWritten(table_uri, dict(storage_options), written.files, stats,
+                       frozenset(exhausted))
+
+
+def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
+    snap = rows.snap
+    snap.check_readable()
+    base = exchange_schema(pa.schema([snap.arrow_schema.field(c) for c in rows.columns]))
+    return whole_vnode_tasks(snap, rows.vnodes, rows.columns, base, READ_TASK_ROWS,
+                             parallelism(spark))
+
+
+class _BulkTask:
+    """The task side (picklable): read the task's vnode range, report its vnodes' stats,
+    transform, sort, write the files (``writer`` yields their manifest rows)."""
+
+    def __init__(self, rows: BulkRows, writer: FileWriter):
+        snap = rows.snap
+        self.table_uri, self.options = snap.uri, dict(snap.storage_options)
+        schema = snap.arrow_schema
+        self.base = exchange_schema(pa.schema([schema.field(c) for c in rows.columns]))
+        self.physical = {c: snap.physical_names.get(c, c) for c in rows.columns
+                         if c not in snap.partition_columns}
+        self.transform, self.refusal = rows.transform, rows.refusal
+        self.key_order = rows.key_order
+        self.order = [(VNODE, "ascending", "at_end")] + [
+            (c.name, "descending" if c.descending else "ascending", "at_end")
+            for c in rows.key_order.columns]
+        self.writer = writer
+
+    def __call__(self, batches):
+        for batch in batches:
+            for text in batch.column(0).to_pylist():
+                yield from self._task(json.loads(text))
+
+    def _task(self, task: dict):
+        rows, stats, ordered, exhausted = self._rows(task)
+        report = {"vnodes": _pickled(stats), "exhausted": sorted(exhausted)}
+        if not any(bad for _, _, bad in stats.values()):
+            written: list[str] = []
+            try:
+                rows = self.transform(rows)
+                rows = rows if ordered else rows.take(pc.sort_indices(rows, self.order))
+                for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
+                    written.append(entry.column(0)[0].as_py())
+                    yield entry
+            except self.refusal as refused:
+                for path in written:
+                    objects.delete(objects.join(self.writer.table_uri, path),
+                                   self.writer.options)
+                yield _report({"refused": str(refused)})
+                return
+        yield _report(report)
+
+    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool, set[int]]:
+        """The task's rows, its vnodes' stats (from the key columns alone), whether the rows
+        are in (vnode, key) order, and the vnodes read to their end (all). A transform that
+        keeps every row in order (``keeps_every_row``: the replica's copy) gets them sorted
+        once, by one sort of the key columns; otherwise they are sorted after the
+        transform's filter (half of them in the benchmark's MV): taking every column costs
+        most."""
+        table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
+        keys = table.select([VNODE, *self.key_order.names])
+        if getattr(self.transform, "keeps_every_row", False):
+            order = pc.sort_indices(keys, self.order)
+            return table.take(order), _stats(ranked(keys.take(order), self.key_order),
+                                             self.key_order), True, set(task["vnodes"])
+        chunk = take_chunk(keys, self.key_order, {}, 1 << 62, False)
+        return table, _stats(chunk, self.key_order), False, set(task["vnodes"])
+
+
+class _ChunkTask(_BulkTask):
+    """A chunked barrier's task: the chunk read (``chunk_task.ChunkReader.read``: sorted,
+    cut, ranked) is already in (vnode, key) order, and the transform keeps it."""
+
+    def __init__(self, reader, transform: Callable, refusal: type[Exception],
+                 writer: FileWriter):
+        self.reader, self.transform, self.refusal, self.writer = reader, transform, refusal, writer
+        self.key_order = reader.key_order
+
+    def _rows(self, task: dict) -> tuple[pa.Table, dict, bool, set[int]]:
+        chunk, exhausted = self.reader.read(task)
+        return chunk.drop_columns([RN, BAD_KEY]), _stats(chunk, self.key_order), True, exhausted
+
+
+def _pickled(stats: dict) -> str:
+    return base64.b64encode(pickle.dumps(stats)).decode("ascii")
+
+
+def _stats(ranked: pa.Table, key_order: KeyOrder) -> dict[int, tuple[int, Key, bool]]:
+    """Per vnode of a ranked chunk: (rows, last key, any pk null or repeated)."""
+    names = key_order.names
+    return {r[VNODE]: (r[RN], tuple(r[k] for k in names), r[BAD_KEY])
+            for r in last_of_each_vnode(ranked).to_pylist()}
+
+
+def _report(report: dict) -> pa.RecordBatch:
+    """A manifest row without a path: what the task found (its vnodes' stats, a refusal)."""
+    return pa.RecordBatch.from_pylist(
+        [{"path": None, "size": 0, "rows": 0, "stats": json.dumps(report)}], _REPORT)

@@ -1,0 +1,171 @@
+"""Keeping a merge-on-read table fast and small: compaction, DV garbage, checkpoints.
+
+- Compaction rewrites the files whose deleted fraction is high, the small files barriers leave
+  behind, and enough DV'd files to keep their number far below delta-rs' scan deadlock (above
+  ~512 files carrying a DV, ``scan``/``QueryBuilder`` can hang: delta-rs #4657). Writers size
+  files by the table (``merge.file_rows_for``: at most about TARGET_FILES of them), so changes
+  spread over every file leave at most that many DV'd files instead of forcing a rewrite of
+  most of a large table. A small compaction runs in Arrow on the driver. It is a
+  ``dataChange: false`` commit (no change-feed rows), restricted to files inside one run's vnode
+  span so runs over disjoint vnode ranges never remove each other's files.
+- DV garbage: superseded DV files are never collected by delta-rs' lite vacuum, and
+  ``vacuum(full=True)`` of deltalake 1.6.6 deletes LIVE ones (never run it on these tables).
+  ``collect_dv_garbage`` deletes DV files no version in the kept window references.
+- ``maintain`` = compaction + DV garbage + lite vacuum of removed data files + checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
+from backfill_assets.storage.delta import dv
+from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
+from backfill_assets.storage.delta.log import DataFile, Snapshot, commit_uri
+from backfill_assets.storage.delta.prune import VNODE, files_within_vnodes
+from backfill_assets.storage.rows.commit import Change, Intent, commit
+from backfill_assets.storage.rows.scan import file_rows, read_snapshot
+from backfill_assets.storage.rows.write import write_files, write_table
+from backfill_assets.storage.store import objects
+from backfill_assets.storage.writes.merge import FILE_ROWS, clustered, file_rows_for
+
+DELETED_FRACTION = 0.25  # a file with more deleted rows than this is rewritten
+MAX_DV_FILES = 128  # files carrying a DV, at most (delta-rs deadlocks above ~512)
+MAX_SMALL_FILES = 32  # barrier-sized files tolerated before they are merged
+SMALL_FILE_ROWS = FILE_ROWS // 8
+DV_KEEP_VERSIONS = 100  # DV files a reader of the last N versions may need are kept
+DV_MIN_AGE_SECONDS = 3600.0  # never collect a DV file younger than this (in-flight commits)
+DRIVER_COMPACT_ROWS_DEFAULT = 1_000_000
+DRIVER_COMPACT_ROWS = DRIVER_COMPACT_ROWS_DEFAULT  # live rows up to which compaction is Arrow
+
+
+@dataclass
+class MaintenanceReport:
+    compacted_files: int = 0
+    rewritten_rows: int = 0
+    dv_files_deleted: int = 0
+    vacuumed_files: int = 0
+    checkpoint: int | None = None
+
+
+def files_to_compact(files: Sequence[DataFile], seek_layout: bool = False) -> list[DataFile]:
+    """Heavily deleted files, the small ones once there are many, and the most deleted DV'd
+    files beyond MAX_DV_FILES. ``seek_layout`` (a ``backfill.seekFileRows`` table): files of
+    one vnode are its layout, sized for a chunk, never "small"; only the barriers' files
+    spanning several vnodes are."""
+    pick = {f.path: f for f in files
+            if f.num_records and f.deleted / f.num_records > DELETED_FRACTION}
+    small = [f for f in files if (f.num_records or 0) < SMALL_FILE_ROWS
+             and not (seek_layout and _one_vnode(f))]
+    if len(small) > MAX_SMALL_FILES:
+        pick.update({f.path: f for f in small})
+    carrying = sorted((f for f in files if f.deletion_vector and f.path not in pick),
+                      key=lambda f: f.deleted / max(f.num_records or 1, 1), reverse=True)
+    overflow = len(carrying) + sum(1 for f in pick.values() if f.deletion_vector) - MAX_DV_FILES
+    for f in carrying[:max(0, overflow + MAX_DV_FILES // 2)] if overflow > 0 else []:
+        pick[f.path] = f
+    return list(pick.values())
+
+
+def _one_vnode(f: DataFile) -> bool:
+    lo, hi = f.stats.get(("min", VNODE)), f.stats.get(("max", VNODE))
+    return lo is not None and lo == hi
+
+
+def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
+            vnodes: Iterable[int] | None = None, *, force: bool = False) -> MaintenanceReport:
+    """Rewrite what ``files_to_compact`` picks (all files of the span with ``force``) among
+    the files inside ``vnodes``' span (all files when None) into clustered files."""
+    files = snap.files if vnodes is None else files_within_vnodes(snap.files, vnodes)
+    seek_rows = int(snap.configuration.get(SEEK_ROWS_PROPERTY) or 0)
+    chosen = list(files) if force else files_to_compact(files, bool(seek_rows))
+    if len(chosen) < 2 and not any(f.deletion_vector for f in chosen):
+        return MaintenanceReport()
+    live = sum(f.live_records or 0 for f in chosen)
+    per_file = seek_rows or file_rows_for(snap.live_rows)
+    if live <= DRIVER_COMPACT_ROWS and not seek_rows:
+        adds = _rewrite_on_driver(snap, chosen, key_names, per_file)
+    else:
+        vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
+        rows = read_snapshot(spark, snap, snap.arrow_schema.names, chosen)
+        shaped = clustered(rows, key_names, live, int(vnode_count) if vnode_count else None,
+                           per_file)
+        adds = write_files(shaped, snap.uri, snap.storage_options, snap.arrow_schema,
+                           max_rows_per_file=per_file, split_column=VNODE if seek_rows else None)
+    written = sum(a.rows for a in adds)
+    if written != live:
+        raise AssertionError(f"compaction of {snap.uri} read {written} rows, the log records "
+                             f"{live} live rows: nothing was committed")
+    commit(snap, Change(adds=[a for a in adds if a.rows], removes=chosen, data_change=False),
+           Intent(operation="OPTIMIZE"))
+    return MaintenanceReport(compacted_files=len(chosen), rewritten_rows=written)
+
+
+def _rewrite_on_driver(snap: Snapshot, files: Sequence[DataFile], key_names: Sequence[str],
+                       per_file: int) -> list:
+    """A small compaction (the files a few barriers left) in Arrow on the driver: the files'
+    live rows read, sorted by (vnode, key) and written, without the fixed cost of Spark jobs
+    that would make the barrier that runs it several times slower than its neighbours."""
+    schema = snap.arrow_schema
+    physical = {c: snap.physical_names.get(c, c) for c in schema.names}
+    parts = [file_rows(snap.file_uri(f.path), snap.storage_options, physical, schema,
+                       rows=f.num_records,
+                       deleted=dv.load(snap.uri, f.deletion_vector, snap.storage_options))
+             for f in files]
+    rows = pa.concat_tables([schema.empty_table(), *parts])
+    order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
+    rows = rows.take(pc.sort_indices(rows, sort_keys=order))
+    return write_table(rows, snap.uri, snap.storage_options, schema, max_rows_per_file=per_file)
+
+
+def collect_dv_garbage(snap: Snapshot, keep_versions: int = DV_KEEP_VERSIONS,
+                       min_age_seconds: float = DV_MIN_AGE_SECONDS) -> int:
+    """Delete DV files that neither this version nor a reader of the last ``keep_versions``
+    versions needs (a DV live at version w is live now or was removed after w)."""
+    needed = {dv.relative_path(f.deletion_vector) for f in snap.files if f.deletion_vector}
+    for v in range(max(0, snap.version - keep_versions), snap.version + 1):
+        try:
+            raw = objects.read_bytes(commit_uri(snap.uri, v), snap.storage_options).decode()
+        except (FileNotFoundError, OSError):
+            continue  # cleaned up by log retention: no reader can ask for it
+        for line in raw.splitlines():
+            if '"deletionVector"' in line and '"remove"' in line:
+                descriptor = json.loads(line)["remove"].get("deletionVector")
+                if descriptor:
+                    needed.add(dv.relative_path(descriptor))
+    now, deleted = time.time(), 0
+    for rel, mtime in objects.list_recursive(snap.uri, snap.storage_options):
+        name = rel.rsplit("/", 1)[-1]
+        if not (name.startswith("deletion_vector_") and name.endswith(".bin")):
+            continue
+        if rel in needed or now - mtime < min_age_seconds:
+            continue
+        objects.delete(objects.join(snap.uri, rel), snap.storage_options)
+        deleted += 1
+    return deleted
+
+
+def maintain(spark: SparkSession, uri: str, key_names: Sequence[str],
+             storage_options=None, *, retention_hours: float = 168.0,
+             dv_keep_versions: int = DV_KEEP_VERSIONS,
+             dv_min_age_seconds: float = DV_MIN_AGE_SECONDS) -> MaintenanceReport:
+    """The documented maintenance of a platform table (the ``maintain_job``)."""
+    snap = Snapshot.load(uri, None, storage_options)
+    report = compact(spark, snap, key_names)
+    snap = Snapshot.load(uri, None, storage_options)
+    report.dv_files_deleted = collect_dv_garbage(snap, dv_keep_versions, dv_min_age_seconds)
+    table = DeltaTable(uri, storage_options=dict(storage_options or {}) or None)
+    report.vacuumed_files = len(table.vacuum(retention_hours=int(retention_hours),
+                                             dry_run=False, enforce_retention_duration=False,
+                                             full=False))
+    table.create_checkpoint()
+    report.checkpoint = table.version()
+    return report

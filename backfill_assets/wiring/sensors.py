@@ -1,0 +1,118 @@
+"""The barrier sensor: keeps the MV current, by per-barrier runs or by followers.
+
+Per-barrier mode (default): each new upstream version becomes one `backfill_job` run per
+configured vnode range. Its cursor is the last upstream version handed out. While some vnode is
+unfinished it keeps asking for barriers even when the upstream is idle (a backfill must
+progress without writes), keyed by the progress table's version so the same state never yields
+two runs.
+
+Continuous mode (BACKFILL_CONTINUOUS=1): it makes sure one `follower_job` run per vnode range is
+alive, and restarts one whose run ended (a SIGKILLed follower is marked FAILURE by run
+monitoring), unless the followers were stopped on request.
+
+In both modes a range is skipped while any backfill or follower run over overlapping vnodes is
+in flight (by run status: no age heuristic), and every skipped tick says why. Evaluating it never
+starts a JVM: it reads Delta versions (a few ms each) and run records.
+"""
+
+
+import json
+
+import dagster as dg
+
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.follower import stop_request
+from backfill_assets.wiring.liveness import (
+    FOLLOWER_JOB,
+    MV_TAG,
+    follower_restart,
+    vnodes_tag,
+    writers_over,
+)
+from backfill_assets.wiring.partitions import range_tags, vnode_ranges
+from resources.mv import mv_tables
+from resources.settings import Settings
+
+
+def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
+                         ranges: int) -> dg.SensorDefinition:
+    target = FOLLOWER_JOB if settings.continuous else job_name
+
+    @dg.sensor(name="upstream_barrier_sensor", job_name=target, minimum_interval_seconds=5,
+               default_status=dg.DefaultSensorStatus.RUNNING,
+               description="Turns each new upstream Delta version into backfill runs, or keeps "
+                           "the followers alive (BACKFILL_CONTINUOUS=1).")
+    def upstream_barrier_sensor(context: dg.SensorEvaluationContext):
+        tables = mv_tables(d, settings)
+        upstream = mv_store.open_table(tables.upstream, tables.storage_options)
+        if upstream is None:
+            return dg.SkipReason(f"upstream {tables.upstream} does not exist yet")
+        if settings.continuous:
+            return _keep_followers(context.instance, d, tables, ranges)
+        return _barrier_runs(context, d, tables, upstream.version(), ranges)
+
+    return upstream_barrier_sensor
+
+
+def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: MVTables,
+                  version: int, ranges: int):
+    cursor = json.loads(context.cursor) if context.cursor else {}
+    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    unfinished = progress is None or _unfinished(progress, d.vnode_count)
+    if version == cursor.get("version") and not unfinished:
+        return dg.SkipReason(f"no new upstream version after {version}; MV is finished")
+    state = progress.version() if progress is not None else -1
+    requests, waiting = [], []
+    for first, last in vnode_ranges(d.vnode_count, ranges):
+        busy = _busy(context.instance, first, last, d.vnode_count)
+        if busy:
+            waiting.append(busy)
+            continue
+        requests.append(dg.RunRequest(
+            run_key=f"{d.name}:v{version}:p{state}:{first}-{last}",
+            run_config={"ops": {"vnode_backfill": {"config": {"barrier_version": version}}}},
+            tags=range_tags(first, last, d.vnode_count)))
+    if not waiting:  # a busy range still needs this version: hand it out again next tick
+        context.update_cursor(json.dumps({"version": version, "progress": state}))
+    if not requests:
+        return dg.SkipReason(f"upstream at v{version}; waiting: " + "; ".join(waiting))
+    return requests
+
+
+def _keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTables,
+                    ranges: int):
+    stop = stop_request(tables)
+    if stop is not None:
+        return dg.SkipReason(f"followers of MV {d.name!r} stopped on request ({stop['reason']}); "
+                             "run start_follower_job to start them again")
+    requests, reasons = [], []
+    for first, last in vnode_ranges(d.vnode_count, ranges):
+        busy = _busy(instance, first, last, d.vnode_count)
+        if busy:
+            reasons.append(busy)
+            continue
+        decision = follower_restart(instance, first, last)
+        if not decision.start:
+            reasons.append(f"vnodes {first}..{last}: {decision.reason}")
+            continue
+        requests.append(dg.RunRequest(
+            run_key=f"{d.name}:follower:{first}-{last}:after:{decision.after_run_id or 'none'}",
+            tags={**vnodes_tag(first, last), MV_TAG: d.name}))
+    return requests or dg.SkipReason("; ".join(reasons))
+
+
+def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int) -> str:
+    """Why vnodes first..last must wait ("" when no run writes them)."""
+    runs = writers_over(instance, range(first, last + 1), vnode_count)
+    if not runs:
+        return ""
+    run = runs[0]
+    return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
+            f"{run.status.value}")
+
+
+def _unfinished(progress, vnode_count: int) -> bool:
+    rows = mv_store.read_rows(progress, None, ["backfill_finished"])
+    return rows.num_rows < vnode_count or not all(rows["backfill_finished"].to_pylist())

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from backfill_assets.core.errors import MVResetRefused
+from backfill_assets.core.errors import BackfillError, MVResetRefused
 from backfill_assets.mv.run_layout import layout_path
 from backfill_assets.mv.tables import MVTables
+from backfill_assets.storage.store import objects
 
 
 def mv_state_paths(tables: MVTables) -> list[str]:
@@ -60,3 +63,30 @@ def _local(uri: str) -> str:
             "no_shuffle_runs/) with your object store's tools"
         )
     return path
+
+
+@contextmanager
+def nothing_left_on_refusal(tables: MVTables) -> Iterator[None]:
+    """A barrier that refuses its input (a named error: an upstream feature the layer cannot
+    read, a repeated or null primary key, a definition that does not fit) leaves no trace:
+    the MV's state that did not exist before the barrier (its tables, the run layout) is
+    deleted again, so the user finds what they had, not an empty MV to clean up. State that
+    existed before is never touched. Other exceptions (a crash, a kill) leave everything for
+    the next barrier's recovery."""
+    so = tables.storage_options
+    new = [p for p in mv_state_paths(tables) if not _holds_state(p, so)]
+    try:
+        yield
+    except BackfillError:
+        for path in new:
+            objects.delete_prefix(path, so)
+        raise
+
+
+def _holds_state(path: str, storage_options) -> bool:
+    """A table with a log (its first commit, or a checkpoint once log retention cleaned that
+    up), or a folder of documents: a few object look-ups, never a listing of a table's files."""
+    log = objects.join(path, "_delta_log")
+    return (objects.exists(objects.join(log, "00000000000000000000.json"), storage_options)
+            or objects.exists(objects.join(log, "_last_checkpoint"), storage_options)
+            or bool(objects.list_names(path, storage_options)))

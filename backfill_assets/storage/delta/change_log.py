@@ -29,7 +29,25 @@ class ChangeLog:
 
 
 def actions_of(snap: Snapshot, v: int) -> list[dict]:
-    return change_log(snap, v).actions
+    """Commit ``v``'s change actions, partition values keyed by logical column names.
+
+    Why translated here: under column mapping the log keys ``partitionValues`` by physical
+    name (the protocol's rule), while every reader addresses columns by logical name. The
+    names of the newest version are used: a physical name never changes, a logical one may
+    (RENAME COLUMN), and rows are read as the range's end names them."""
+    actions = change_log(snap, v).actions
+    if snap.column_mapping == "none":
+        return actions
+    logical = {p: name for name, p in snap.physical_names.items()}
+    return [{kind: _logical_partitions(body, logical) if kind in ("cdc", "add", "remove")
+             else body for kind, body in a.items()} for a in actions]
+
+
+def _logical_partitions(action: dict, logical: Mapping[str, str]) -> dict:
+    values = action.get("partitionValues")
+    if not values:
+        return action
+    return {**action, "partitionValues": {logical.get(k, k): v for k, v in values.items()}}
 
 
 def change_log(snap: Snapshot, v: int) -> ChangeLog:
@@ -61,17 +79,29 @@ _KEPT_FIELDS = ("path", "partitionValues", "size", "deletionVector", "dataChange
 def _parsed(snap: Snapshot, v: int) -> ChangeLog:
     actions = []
     rows = None
+    timestamp = None
     for a in _raw_actions(snap, v):
         if "commitInfo" in a:
             info = a["commitInfo"]
-            actions.append({"commitInfo": {"timestamp": info.get("timestamp", 0)}})
+            timestamp = info.get("inCommitTimestamp", info.get("timestamp"))
             rows = _metric_rows(info.get("operationMetrics") or {})
         elif "metaData" in a:
             actions.append({"metaData": True})
         for kind in ("cdc", "add", "remove"):
             if kind in a:
                 actions.append({kind: {k: a[kind][k] for k in _KEPT_FIELDS if k in a[kind]}})
+    if timestamp is None:  # commitInfo is optional: the protocol's time is the file's mtime
+        timestamp = commit_file_millis(snap.uri, v, snap.storage_options)
+    actions.append({"commitInfo": {"timestamp": int(timestamp)}})
     return ChangeLog(actions, rows)
+
+
+def commit_file_millis(uri: str, v: int, storage_options: Mapping[str, str] | None) -> int:
+    """The commit time of a version whose commit records none (no ``commitInfo``, or one
+    without a timestamp: both allowed by the protocol): its commit file's modification time,
+    which is what the protocol names as a commit's timestamp without in-commit timestamps."""
+    found = objects.stat(commit_uri(uri, v), storage_options)
+    return 0 if found is None else found[1] // 1_000_000
 
 
 def _metric_rows(metrics: Mapping[str, object]) -> int | None:

@@ -141,21 +141,7 @@ class Snapshot:
 
     def check_readable(self) -> None:
         """Refuse reader features (and column mapping modes) the layer cannot honour."""
-        unknown = sorted(set(self.reader_features) - SUPPORTED_READER_FEATURES)
-        if '"variant"' not in self.table.schema().to_json():
-            # delta-rs switches this feature on with any property change; without a variant
-            # column there is nothing a reader must do for it
-            unknown = [f for f in unknown if not f.startswith("variantType")]
-        if unknown:
-            raise UnsupportedTableFeature(
-                f"{self.uri} (version {self.version}) needs reader features {unknown}, which "
-                "the platform's Delta reader does not implement; reading it anyway could "
-                "return wrong rows. Rewrite the table without them (or disable them) first"
-            )
-        if self.column_mapping not in ("none", "name", "id"):
-            raise UnsupportedTableFeature(
-                f"{self.uri} uses column mapping mode {self.column_mapping!r}; supported: "
-                "none, name, id")
+        check_readable(self.uri, self.version, self.table)
 
     @property
     def live_rows(self) -> int:
@@ -334,3 +320,24 @@ def _clean(add: dict | None) -> dict | None:
         out.pop(nested, None)
     return out
 
+
+def check_readable(uri: str, version: int, table) -> None:
+    """Refuse, with UnsupportedTableFeature, a table version (a DeltaTable or a log head: its
+    protocol, schema and configuration) whose reader features or column mapping mode the
+    layer cannot honour. Called on the upstream's head before a step writes anything, and by
+    every read of a version."""
+    unknown = sorted(set(table.protocol().reader_features or []) - SUPPORTED_READER_FEATURES)
+    if '"variant"' not in table.schema().to_json():
+        # delta-rs switches this feature on with any property change; without a variant
+        # column there is nothing a reader must do for it
+        unknown = [f for f in unknown if not f.startswith("variantType")]
+    if unknown:
+        raise UnsupportedTableFeature(
+            f"{uri} (version {version}) needs reader features {unknown}, which the "
+            "platform's Delta reader does not implement; reading it anyway could return wrong "
+            "rows. Rewrite the table without them (or disable them) first"
+        )
+    mode = (table.metadata().configuration.get("delta.columnMapping.mode") or "none").lower()
+    if mode not in ("none", "name", "id"):
+        raise UnsupportedTableFeature(
+            f"{uri} uses column mapping mode {mode!r}; supported: none, name, id")

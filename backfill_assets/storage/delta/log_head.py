@@ -92,8 +92,20 @@ class TableHead:
             except OSError:
                 break  # older commits were cleaned up: delta-rs stops there too
             info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-            out.append({**info, "version": v})
+            out.append({**info, "timestamp": _commit_millis(self.table_uri, v, info,
+                                                            self._options), "version": v})
         return out
+
+
+def _commit_millis(uri: str, v: int, info: Mapping, options: Mapping[str, str] | None) -> int:
+    """A commit's time: its in-commit timestamp, else commitInfo's, else (a commit without
+    commitInfo, which the protocol allows and Databricks' test tables have) its commit file's
+    modification time, as the protocol says."""
+    found = info.get("inCommitTimestamp", info.get("timestamp"))
+    if found is not None:
+        return int(found)
+    stat = objects.stat(commit_uri(uri, v), options)
+    return 0 if stat is None else stat[1] // 1_000_000
 
 
 def open_head(uri: str, version: int, storage_options: Mapping[str, str] | None = None):

@@ -4,10 +4,12 @@ Measured: delta-rs 1.6.6 ``load_cdf`` double-encodes partition folders with non-
 reserved characters (``country=Espa%25C3%25B1a``) and then reports the range as vacuumed. This
 reader follows the protocol instead: a version with ``cdc`` actions is read from its change
 files only; otherwise its ``add`` actions (``dataChange``) are inserts, its ``remove`` actions
-deletes, and a file whose DV grew (remove + add of the same path) deletes exactly the rows the
-new DV adds. Partition values come from the actions, typed by the table schema. Change ranges
-are a barrier's worth of rows, read here on the driver as Arrow (the caller nets and checks
-them before they go to Spark).
+deletes, and a file removed and added again with another DV (remove + add of the same path)
+deletes exactly the rows the new DV adds and inserts exactly the rows it no longer deletes
+(a DV that shrank or went: a RESTORE, a purge). Partition values come from the actions, keyed
+by logical names (``change_log.actions_of``) and typed by the table schema. Change ranges are
+a barrier's worth of rows, read here on the driver as Arrow (the caller nets and checks them
+before they go to Spark).
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ def change_rows(latest: Snapshot, start_exclusive: int, end: int,
     out: dict[int, int] = {}
     for v in range(start_exclusive + 1, end + 1):
         log = _change_log(latest, v)
-        files = _change_files(log.actions)
+        files = _change_files(_actions(latest, v))
         total = sum(int(f.get("size") or 0) for f in files)
         for f in files:
             text = (f.get("partitionValues") or {}).get(column)
@@ -160,8 +162,8 @@ def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str], out: p
         actions = [a for a in actions if not any(
             kind in a and (a[kind].get("partitionValues") or {}).get("vnode") not in only
             for kind in ("cdc", "add", "remove"))]
-    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    consts = {VERSION: v, TIMESTAMP: int(info.get("timestamp", 0)) * 1000}
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)  # change_log adds one
+    consts = {VERSION: v, TIMESTAMP: int(info["timestamp"]) * 1000}
     cdc = [a["cdc"] for a in actions if "cdc" in a]
     if len(cdc) > 1 and snap.column_mapping == "none":
         return [partial(_read_cdc_files, snap, cdc, out, consts)]
@@ -175,10 +177,15 @@ def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str], out: p
     pieces = []
     for path, rm in removes.items():
         old = dv.load(snap.uri, rm.get("deletionVector"), snap.storage_options)
-        if path in adds:  # a DV grew: the rows it adds are deleted now
-            grown = dv.load(snap.uri, adds[path].get("deletionVector"), snap.storage_options)
-            pieces.append(partial(_read, snap, rm, physical, out,
-                                  {**consts, CHANGE_TYPE: "delete"}, only=grown - old))
+        if path in adds:  # the same file with another DV: it grew, shrank, went or was swapped
+            now = dv.load(snap.uri, adds[path].get("deletionVector"), snap.storage_options)
+            # rows the new DV deletes are deleted; rows it no longer deletes are live again
+            # (a RESTORE, a DV dropped or shrunk): Delta's change feed reports them as inserts
+            for action, kind, rows in ((rm, "delete", now - old), (adds[path], "insert",
+                                                                     old - now)):
+                if len(rows):
+                    pieces.append(partial(_read, snap, action, physical, out,
+                                          {**consts, CHANGE_TYPE: kind}, only=rows))
         else:
             pieces.append(partial(_read, snap, rm, physical, out,
                                   {**consts, CHANGE_TYPE: "delete"}, deleted=old))

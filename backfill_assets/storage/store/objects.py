@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -353,3 +354,14 @@ def delete(uri: str, storage_options: StorageOptions = None) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def delete_prefix(uri: str, storage_options: StorageOptions = None) -> int:
+    """Delete every object below the folder ``uri`` (and the folder, on a local disk); the
+    number of objects deleted."""
+    found = list_prefix(uri, storage_options)
+    for info in found:
+        delete(info.uri, storage_options)
+    if is_local(uri) and os.path.isdir(local_path(uri)):
+        shutil.rmtree(local_path(uri), ignore_errors=True)
+    return len(found)

@@ -98,7 +98,8 @@ def worker(args) -> dict:
             lambda: read().toArrow().num_rows)
     # --- replica initialisation (arrangement)
     from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.sources import ReplicaSource, SourceContext
+    from backfill_assets.step.modes.arrangement import ReplicaSource
+    from backfill_assets.step.source_context import SourceContext
 
     def init_as_is(t) -> int:
         tables = MVTables(upstream=uri, replica=t.table_uri, progress="", mv="")

@@ -625,11 +625,12 @@ class PhaseProfiler:
         from backfill_assets import storage
         from backfill_assets.arrow import netting as arrow_changes
         from backfill_assets.mv import tables as mv_store
-        from backfill_assets.step import barrier, sources
+        from backfill_assets.step import barrier
         from backfill_assets.step import bulk_read as snapshot_read
         from backfill_assets.step import chunk as chunk_reads
         from backfill_assets.step import forward as step_changes
         from backfill_assets.step import loop as step
+        from backfill_assets.step.modes import arrangement
         from backfill_assets.step.modes import snapshot as snapshot_mode
         from backfill_assets.storage.rows import keyed
         from backfill_assets.storage.writes import maintain, merge
@@ -649,13 +650,13 @@ class PhaseProfiler:
         self.wrap(step, "check_inserted_keys_local", "keyed: inserted-key check")
         self.wrap(keyed, "_positions", "keyed: key lookups (key columns)")
         self.wrap(keyed, "write_table", "keyed: data + change files (driver)")
-        self.wrap(sources.ReplicaSource, "_initialise", "replica init (Spark read + write)")
+        self.wrap(arrangement.ReplicaSource, "_initialise", "replica init (Spark read + write)")
         self.wrap(merge, "write_files", "data + change files (Spark mapInArrow)")
         self.wrap(merge, "commit", "Delta commit (log entry, DVs)")
         self.wrap(merge, "_match", "merge-on-read: changed keys meet held rows")
         self.wrap(merge, "_deleted_rows", "merge-on-read: positions to the driver")
         self.wrap(maintain, "compact", "compaction")
-        self.wrap(sources.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
+        self.wrap(arrangement.ReplicaSource, "_replicate", "replica merge (merge-on-read)")
         self.wrap(step, "forwarded", "forward netting (Spark)")
         self.wrap(step, "forwarded_keyed", "keyed forward (glue)")
         self.wrap(step, "snapshot_chunk", "snapshot chunk: seek plan (log stats) + glue")

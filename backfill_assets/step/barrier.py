@@ -24,7 +24,9 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import Controls, read_controls
 from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.loop import Hook, StepReport, StepRequest, no_hook, run_step
+from backfill_assets.step.loop import run_step
+from backfill_assets.step.modes import mode_named
+from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 
 RATE_WINDOW_COMMITS = 6  # progress commits the rows/s figure (and so the ETA) looks back over
 LAG_HISTORY_LIMIT = 1000  # upstream commits read back at most to date the lag
@@ -46,13 +48,11 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
                 hook: Hook = no_hook) -> StepReport:
     """Run one barrier for `vnodes` with the controls in force right now."""
     controls = controls_in_force(d, tables, overrides)
-    request = StepRequest(d, tables, tuple(vnodes), controls.chunk_size, controls.rate_limit,
-                          version)
-    if d.mode == "snapshot":  # a bulk read in slices, then catch-up (or the chunked path)
-        from backfill_assets.step.modes.snapshot import run_snapshot_barrier
-
-        return run_snapshot_barrier(spark, request, hook)
-    return run_step(spark, request, hook)
+    mode = mode_named(d.mode)
+    request = StepRequest(d, mode, tables, tuple(vnodes), controls.chunk_size,
+                          controls.rate_limit, version)
+    run = mode.run_barrier or run_step  # snapshot: a bulk read in slices, then catch-up
+    return run(spark, request, hook)
 
 
 def figures(d: MVDefinition, tables: MVTables, controls: Controls,

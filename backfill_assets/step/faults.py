@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import signal
 
-from backfill_assets.step.loop import Hook, no_hook
+from backfill_assets.step.request import Hook, no_hook
 
 STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_dv_file_written")
 KILL_POINTS = ("before_write", "after_replica_commit", "after_mv_commit",

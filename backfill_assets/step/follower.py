@@ -34,7 +34,7 @@ from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import read_controls
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.barrier import controls_in_force, figures, run_barrier
-from backfill_assets.step.loop import Hook, StepReport, no_hook
+from backfill_assets.step.request import Hook, StepReport, no_hook
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.documents import read_json, write_json
 

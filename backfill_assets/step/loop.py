@@ -6,9 +6,10 @@
 4. read the next snapshot chunk after each position (bounded by chunk size and rate limit);
 5. commit the MV (forwarded changes + chunk, one atomic commit carrying the new progress),
    then the progress table.
-Modes differ only by the snapshot source and the position strategy (see sources.py,
-core/positions.py, core/snapshot.py: a bulk strategy reads each vnode's remainder whole, without
-a sort, in `snapshot_read`); kill points (`hook`) sit on every commit boundary for the crash tests.
+Modes differ only by what the request's `Mode` holds (step/modes/): the snapshot source and the
+position strategy (core/positions.py, core/snapshot.py: a bulk strategy reads each vnode's
+remainder whole, without a sort, in step/bulk_read.py); kill points (`hook`) sit on every
+commit boundary for the crash tests.
 
 A step whose change rows are few (`keyed_barrier`) keeps them on the driver: they are netted
 in Arrow (`arrow_changes`), the visible ones projected in one small Spark job, and merged on
@@ -22,8 +23,8 @@ Spark job: it costs what changed.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -31,7 +32,6 @@ from pyspark.sql import functions as F
 
 from backfill_assets import storage
 from backfill_assets.arrow import netting as arrow_changes
-from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.engine.projection import BAD_KEY, KEEP, RN, validate_expressions
@@ -46,7 +46,7 @@ from backfill_assets.mv.recovery import (
     write_progress,
 )
 from backfill_assets.mv.run_layout import check_run_layout
-from backfill_assets.mv.tables import STEP_METADATA_KEY, MVTables
+from backfill_assets.mv.tables import STEP_METADATA_KEY
 from backfill_assets.step.bulk_read import replacing
 from backfill_assets.step.chunk import (
     Chunk,
@@ -65,56 +65,12 @@ from backfill_assets.step.forward import (
     on_driver,
 )
 from backfill_assets.step.key_checks import check_inserted_keys, check_inserted_keys_local
-from backfill_assets.step.preflight import checked_upstream, strategy_for
-from backfill_assets.step.sources import SOURCES, SourceContext
+from backfill_assets.step.preflight import checked_upstream
+from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
+from backfill_assets.step.source_context import SourceContext
 from backfill_assets.storage.writes import maintain
 
-Hook = Callable[[str], None]
 SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a step keeps them on the driver
-
-
-def no_hook(point: str) -> None:
-    """Production default: kill points cost one call."""
-
-
-@dataclass(frozen=True)
-class StepRequest:
-    """One barrier for `vnodes` of the MV `definition`."""
-
-    definition: MVDefinition
-    tables: MVTables
-    vnodes: tuple[int, ...]
-    chunk_size: int
-    rate_limit: int | None = None
-    v_new: int | None = None  # None: the upstream's latest version
-    mode: str | None = None  # the step's path when not the definition's (snapshot_mode.py)
-    reset: tuple[int, ...] = ()  # vnodes re-read from scratch: their MV rows are replaced
-
-
-@dataclass
-class StepReport:
-    """What one step did; becomes Dagster materialization metadata."""
-
-    v_new: int
-    vnodes: tuple[int, ...]
-    chunk_limit: int
-    snapshot_rows: int = 0
-    forwarded_rows: int = 0
-    replicated_rows: int = 0
-    seconds: float = 0.0
-    recovered: list[int] = field(default_factory=list)
-    progress: dict = field(default_factory=dict)
-    versions: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)  # mode-specific figures for the run's metadata
-    engine: str = "spark"  # "driver": changes kept on the driver and no snapshot rows read
-
-    @property
-    def finished(self) -> bool:
-        return all(isinstance(p, Completed) for p in self.progress.values())
-
-    @property
-    def paused(self) -> bool:
-        return self.chunk_limit == 0
 
 
 def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> StepReport:
@@ -162,7 +118,7 @@ class _Step:
         """Check the upstream and the definition, recover progress, plan: all before writing."""
         started = time.monotonic()
         d, so = req.definition, req.tables.storage_options
-        upstream = checked_upstream(req.tables, d, req.v_new)
+        upstream = checked_upstream(req.tables, d, req.v_new, req.mode.check_upstream)
         key_order = upstream.key_order
         mv_schema = validate_expressions(spark, d, upstream.schema, upstream.mv_schema)
         mv = mv_store.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
@@ -171,8 +127,8 @@ class _Step:
         progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
                                                so, cdf=False, description=pin)
         vnodes = tuple(sorted(req.vnodes))
-        strategy = strategy_for(req.mode) if req.mode else upstream.strategy
-        if (req.mode or d.mode) == "no_shuffle":
+        strategy = req.mode.positions()
+        if req.mode.shares_position:
             check_run_layout(req.tables.root, vnodes,
                              lambda group: unfinished_vnodes(progress_table, key_order, group), so)
         state, recovered = recover_state(d.name, key_order, vnodes, progress_table, mv, so)
@@ -204,7 +160,7 @@ class _Step:
         ``changes``: the step's change rows in Spark, or few of them on the driver (Arrow,
         `step_changes.on_driver`), or None."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
-        source = SOURCES[self.req.mode or d.mode]
+        source = self.req.mode.source
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
         fresh = [v for v in report.vnodes if isinstance(state.current(v), NotStarted)]
         if not getattr(source, "checks_keys", False):

@@ -1,7 +1,8 @@
 """Everything about the upstream a step must know before it writes anything.
 
 The checks here turn user mistakes (no change feed, a dropped column, a changed vnode count, a
-no-shuffle MV over an upstream arranged differently) into named errors that say what to do.
+no-shuffle MV over an upstream arranged differently: its mode's check, step/modes/) into named
+errors that say what to do.
 The upstream columns the backfill uses are pinned in the progress table's description at the
 first step: later steps compare the upstream against that pin, so an added column is tolerated
 and a dropped or retyped one stops the MV with a clear message. The pin also records the MV's
@@ -24,7 +25,6 @@ from backfill_assets.core.errors import (
     ChangeFeedDisabled,
     InvalidMVDefinition,
     MVDefinitionChanged,
-    NoShuffleLayoutMismatch,
     TableNotFound,
     UnsupportedColumnType,
     UpstreamNotFound,
@@ -33,10 +33,9 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.positions import PerVnodePositions, PositionStrategy, SharedPosition
-from backfill_assets.core.snapshot import BulkPositions
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.request import UpstreamCheck
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.storage.delta import log_head
 from backfill_assets.storage.delta.delta_rs import arrow_schema
@@ -49,7 +48,6 @@ class CheckedUpstream:
     version: int
     schema: pa.Schema  # the pinned columns the backfill carries (upstream's own vnode excluded)
     key_order: KeyOrder
-    strategy: PositionStrategy
     mv_schema: pa.Schema | None = None  # recorded with the pin, for the same definition
 
     @property
@@ -70,8 +68,10 @@ class CheckedUpstream:
         })
 
 
-def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> CheckedUpstream:
-    """Open and check the upstream at `version` (latest when None); raise before any write."""
+def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
+                     check: UpstreamCheck | None = None) -> CheckedUpstream:
+    """Open and check the upstream at `version` (latest when None); raise before any write.
+    ``check``: what the step's mode needs of the upstream besides (`Mode.check_upstream`)."""
     table = _opened(tables, d, version)
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
         raise ChangeFeedDisabled(
@@ -90,10 +90,9 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None) -> 
     columns = {f.name: _type_name(f, tables.upstream) for f in carried}
     key_order = _key_order(d, columns)
     d.validate(columns)
-    strategy = strategy_for(d.mode)
-    if d.mode == "no_shuffle":
-        _check_no_shuffle_layout(table, d, key_order, tables)
-    return CheckedUpstream(table.version(), carried, key_order, strategy, mv_schema)
+    if check is not None:
+        check(table, d, key_order, tables)
+    return CheckedUpstream(table.version(), carried, key_order, mv_schema)
 
 
 def _pinned_mv_schema(pinned: dict) -> pa.Schema | None:
@@ -119,13 +118,6 @@ def _opened(tables: MVTables, d: MVDefinition, version: int | None):
         return log_head.open_head(tables.upstream, version, tables.storage_options)
     except TableNotFound:
         raise missing from None  # HistoryUnavailable (a cleaned-up version) passes through
-
-
-def strategy_for(mode: str) -> PositionStrategy:
-    """How positions move in a step of `mode` (snapshot mode throttled: arrangement's)."""
-    strategies = {"arrangement": PerVnodePositions, "no_shuffle": SharedPosition,
-                  "snapshot": BulkPositions}
-    return strategies[mode]()
 
 
 def _type_name(field: pa.Field, where: str) -> str:
@@ -211,28 +203,3 @@ def _refuse_changed_definition(d: MVDefinition, pinned: dict, tables: MVTables) 
         f"(drops {tables.mv.rsplit('/', 1)[0]}: MV, replica, progress), or give it a new name"
     )
 
-
-def _check_no_shuffle_layout(table, d: MVDefinition, key_order: KeyOrder,
-                             tables: MVTables) -> None:
-    """no_shuffle reads the upstream's vnode partitions directly: they must be ours (a platform
-    upstream or an MV of the platform records its pk and vnode count in its configuration)."""
-    config = table.metadata().configuration
-    try:
-        pk = [str(k) for k in json.loads(config[delta_store.PK_PROPERTY])]
-        count = int(config[delta_store.VNODE_COUNT_PROPERTY])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise NoShuffleLayoutMismatch(
-            f"{tables.upstream} is not arranged by the platform's vnodes (no recorded primary "
-            f"key and vnode count: {delta_store.PK_PROPERTY}, {delta_store.VNODE_COUNT_PROPERTY}"
-            "); no_shuffle mode needs a platform upstream or another MV: use mode 'arrangement'"
-        ) from exc
-    if "vnode" not in arrow_schema(table).names:
-        raise NoShuffleLayoutMismatch(
-            f"{tables.upstream} has no vnode column; use mode 'arrangement'"
-        )
-    if count != d.vnode_count or tuple(pk) != key_order.names:
-        raise NoShuffleLayoutMismatch(
-            f"{tables.upstream} is arranged by {count} vnodes of {pk}, MV {d.name!r} by "
-            f"{d.vnode_count} of {list(key_order.names)}; make them equal or use mode "
-            "'arrangement'"
-        )

@@ -1,6 +1,6 @@
 """What the step loop hands a snapshot source, and what it asks of one (the Protocol every
-mode's source implements): apart from the sources so that the seek reads they share can name
-it without importing them."""
+mode's source implements): apart from the modes (step/modes/) so that the seek reads they
+share can name it without importing them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets import storage
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.engine import netting as spark_ops
 from backfill_assets.mv.tables import MVTables
 
 
@@ -32,6 +33,11 @@ class SourceContext:
     key_order: KeyOrder | None = None
     first_chunk: storage.FirstChunk | None = None  # the step's first chunk, for the copy
     first_written: tuple[frozenset[int], storage.BulkWritten] | None = None  # copy wrote it
+
+    def with_vnode(self, df: DataFrame) -> DataFrame:
+        """``df`` with the vnode recomputed from the pk with the MV's vnode count (the
+        upstream's may differ)."""
+        return spark_ops.with_vnode(df, self.key_names, self.key_types, self.vnode_count)
 
 
 class SnapshotSource(Protocol):

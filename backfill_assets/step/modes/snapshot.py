@@ -22,22 +22,31 @@ a step needs is gone (HistoryUnavailable: vacuumed, log cleaned up), the vnodes 
 re-snapshotted at v (their MV rows replaced in one commit) and the run's metadata says so;
 no change is dropped silently. A rate limit or a pause selects the chunked path (arrangement's
 steps) instead, which the metadata records too.
+
+Its snapshot source (`BulkSource`) is a time-travel read of the upstream version, read whole per
+vnode (partition-pruned when the upstream is arranged by the same vnodes, else the vnode is
+computed from the key); no replica, and the bulk read checks its own keys (step/bulk_read.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets import storage
+from backfill_assets.arrow.expressions import NotExact
 from backfill_assets.core.errors import HistoryUnavailable
+from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import NotStarted
 from backfill_assets.core.snapshot import (
     BULK_LIMIT,
+    BulkPositions,
     catch_up_lag,
     catch_up_slices,
     history_safety,
@@ -45,15 +54,22 @@ from backfill_assets.core.snapshot import (
     plan_slices,
     slice_summary,
 )
+from backfill_assets.engine import netting as spark_ops
+from backfill_assets.engine.projection import exact_projection
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.recovery import recover_state
-from backfill_assets.step.loop import Hook, StepReport, StepRequest, run_step
+from backfill_assets.step.loop import run_step
+from backfill_assets.step.modes.arrangement import ARRANGEMENT
 from backfill_assets.step.preflight import checked_upstream
+from backfill_assets.step.request import Hook, Mode, StepReport, StepRequest
+from backfill_assets.step.seek_chunk import replica_schema
+from backfill_assets.step.source_context import SourceContext
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.upstream.layout import same_vnodes
 
 MAX_CATCH_UP_ROUNDS = 8
-CHUNKED_PATH = "arrangement"
+CHUNKED_PATH = ARRANGEMENT  # a rate limit or a pause: arrangement's steps
+VNODE = "vnode"
 
 
 def run_snapshot_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> StepReport:
@@ -61,12 +77,12 @@ def run_snapshot_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> S
     if req.rate_limit is not None:
         report = run_step(spark, replace(req, mode=CHUNKED_PATH), hook)
         why = "paused" if req.rate_limit == 0 else f"rate limit {req.rate_limit} rows/s"
-        report.extra["snapshot_path"] = f"chunked ({CHUNKED_PATH} steps): {why}"
+        report.extra["snapshot_path"] = f"chunked ({CHUNKED_PATH.name} steps): {why}"
         return report
     so = req.tables.storage_options
     version = req.v_new if req.v_new is not None else \
         delta_store.latest_version(req.tables.upstream, so)
-    run = _Run(spark, replace(req, mode="snapshot"), hook)
+    run = _Run(spark, req, hook)
     run.barrier(version)
     if req.v_new is None:  # catch up until within one barrier of the upstream
         for _ in range(MAX_CATCH_UP_ROUNDS):
@@ -252,3 +268,75 @@ def _slice_table(rows: list[dict]) -> str:
     lines += [f"| {r['slice']} | {r['vnodes']} | {r['estimated_rows']} | {r['rows_read']} | "
               f"{'yes' if r['done'] else 'no'} |" for r in rows]
     return "\n".join(lines)
+
+
+class BulkSource:
+    """Snapshot mode: every remaining row of a vnode, straight from the upstream version."""
+
+    checks_keys = True  # snapshot_read.read_remainder checks null / duplicate pks itself
+
+    def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
+                changes: DataFrame | None, hook) -> int:
+        hook("after_replica_commit")
+        return 0
+
+    def read(self, ctx: SourceContext, vnodes: Sequence[int], *, key_only: bool = False
+             ) -> tuple[DataFrame, bool]:
+        """The vnodes' rows (``key_only``: their pk and vnode columns only, what the bulk
+        read's stats and key checks need) and whether each Spark partition holds one
+        contiguous vnode range: true for a platform upstream partitioned by the MV's vnodes,
+        whose files are then read in vnode-range tasks and sorted by (vnode, key) in them, so
+        the MV write needs neither a shuffle nor a Spark sort."""
+        so = ctx.tables.storage_options
+        schema = replica_schema(ctx.upstream_schema)
+        if key_only:
+            schema = pa.schema([schema.field(c) for c in (*ctx.key_names, VNODE)])
+        if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
+                                          vnodes=vnodes, storage_options=so,
+                                          cluster_keys=ctx.key_names), True
+        up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
+                                    pa.schema([f for f in schema if f.name != VNODE]),
+                                    storage_options=so)
+        return ctx.with_vnode(up).where(mv_store.vnode_in(vnodes)), False
+
+    def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition,
+                   key_order: KeyOrder) -> storage.BulkRows | None:
+        """The vnodes' whole rows projected by Python tasks alone (no row through the JVM),
+        when the definition compiles to Arrow with Spark's meaning (`mv_spark.
+        exact_projection`) and the upstream is arranged by the MV's vnodes (each task then
+        reads one vnode range); None otherwise (the Spark path)."""
+        so = ctx.tables.storage_options
+        if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            return None
+        projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
+        if projection is None:
+            return None
+        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        return storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
+                                projection.project, key_order, NotExact)
+
+    def key_stats(self, ctx: SourceContext, positions: Mapping[int, Key | None],
+                  key_order: KeyOrder, unique_keys: bool
+                  ) -> dict[int, tuple[int, Key, bool]] | None:
+        """Per vnode (rows after its position, last key, pk null or repeated) of a
+        vnode-partitioned platform upstream: from its log alone when that is exact (keys the
+        platform writer kept unique, vnodes read from their start, a single integer pk,
+        files without DVs: `storage.vnode_stats_from_log`), else computed in the read tasks
+        from the key columns. None for any other upstream (its vnodes are computed in Spark:
+        `read_remainder` aggregates)."""
+        so = ctx.tables.storage_options
+        if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
+            return None
+        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        single = key_order.columns[0]
+        if unique_keys and len(key_order.columns) == 1 and not single.descending \
+                and single.type in ("int", "bigint") \
+                and all(p is None for p in positions.values()):
+            stats = storage.vnode_stats_from_log(snap.files, single.name, positions)
+            if stats is not None:
+                return stats
+        return storage.vnode_key_stats(ctx.spark, snap, key_order, positions)
+
+
+SNAPSHOT = Mode("snapshot", BulkPositions, BulkSource(), run_barrier=run_snapshot_barrier)

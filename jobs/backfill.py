@@ -14,8 +14,10 @@ def build_backfill_job(partitions_def: dg.PartitionsDefinition, mv_name: str | N
     """The job; every run of it carries ``backfill/mv=<mv_name>`` (a per-MV concurrency key)."""
     return dg.define_asset_job(
         "backfill_job",
-        selection=dg.AssetSelection.assets("replicated_state", "downstream_mv",
-                                           "backfill_progress").without_checks(),
+        # the barrier's multi-asset: downstream_mv, backfill_progress and, in arrangement mode
+        # only, replicated_state (wiring/assets.py)
+        selection=dg.AssetSelection.assets("downstream_mv").required_multi_asset_neighbors()
+        .without_checks(),
         partitions_def=partitions_def,
         executor_def=dg.in_process_executor,
         description="One barrier of the vnode backfill for the run's vnode range.",

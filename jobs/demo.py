@@ -128,9 +128,11 @@ def main() -> int:
     tables = mv_tables(mv)
     writer = _Writer(tables.upstream, dict(tables.storage_options))
     writer.start()
-    print(f"MV {mv.name!r} ({mv.mode}) over {DEMO_ROWS} rows, {mv.vnode_count} vnodes, "
-          f"chunk {mv.chunk_size}/vnode; the writer commits a version every second")
+    print(f"MV {mv.name!r} over {DEMO_ROWS} upstream rows, {mv.vnode_count} vnodes, "
+          f"{_how(mv)}; keeps the rows with {mv.filter or 'no filter'}; "
+          "the writer commits a version every second")
     barriers, snapshot_rows, forwarded, after_finish = 0, 0, 0, None
+    snapshot_seconds = 0.0
     while after_finish is None or barriers - after_finish < MAINTENANCE_BARRIERS:
         if after_finish is not None and barriers - after_finish == MAINTENANCE_BARRIERS - 1:
             writer.stop.set()
@@ -139,6 +141,8 @@ def main() -> int:
         meta = _observed(result)
         barriers += 1
         snapshot_rows += meta["rows_read_from_snapshot"]
+        if meta["rows_read_from_snapshot"]:
+            snapshot_seconds += meta["step_seconds"]
         forwarded += meta["rows_forwarded_from_change_feed"]
         print(f"  barrier {barriers:>2} @v{meta['barrier_version']:<4} "
               f"snapshot +{meta['rows_read_from_snapshot']:<7} "
@@ -151,11 +155,15 @@ def main() -> int:
     seconds = time.monotonic() - started
     verify = run_in_workspace(instance, "verify_job", run_config=QUIET, raise_on_error=False)
     rows = _checked(verify).get("rows_compared", 0)
+    rate = snapshot_rows / snapshot_seconds if snapshot_seconds else 0.0
     print(f"\nsummary: {DEMO_ROWS} upstream rows, {writer.versions} change versions written "
           f"during the backfill, {barriers} barriers ({MAINTENANCE_BARRIERS} of pure change-feed "
-          f"maintenance), {seconds:.0f} s, {snapshot_rows / seconds:,.0f} snapshot rows/s, "
-          f"{forwarded} changes forwarded")
-    verdict = f"verified {rows} rows, 0 mismatches" if verify.success else "FAILED"
+          f"maintenance), {seconds:.0f} s in all (Spark's start included); the snapshot: "
+          f"{snapshot_rows} rows in {snapshot_seconds:.1f} s of barrier time, {rate:,.0f} "
+          f"rows/s; {forwarded} changes forwarded")
+    kept = f"the {rows} rows with {mv.filter}" if mv.filter else f"{rows} rows"
+    verdict = f"verified {kept} (the MV's filter), 0 mismatches" if verify.success \
+        else "FAILED"
     print(f"verify_job: {verdict}")
     where = f"tables under {tables.root}"
     print(where if _remote() else f"{where}; settings for the UI in {DEMO_ENV}: `make ui` "
@@ -163,11 +171,20 @@ def main() -> int:
     return 0 if verify.success else 1
 
 
+def _how(mv) -> str:
+    """What one barrier reads, by mode."""
+    if mv.mode == "snapshot":
+        return ("snapshot mode: the first barrier reads every row at one pinned version, in "
+                f"slices of about {mv.slice_rows} rows, then the change feed keeps it current")
+    return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
+
+
 def _continuous_phase(instance, tables) -> None:
     """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
     committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
     import dagster as dg
 
+    from backfill_assets.step.follower import clear_stop
     from jobs.workspace_runs import run_in_workspace
 
     if CONTINUOUS_SECONDS <= 0:
@@ -194,18 +211,26 @@ def _continuous_phase(instance, tables) -> None:
     time.sleep(2)  # let the follower take the writer's last version
     run_in_workspace(instance, "stop_follower_job", run_config=QUIET)
     thread.join()
-    print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}")
+    # the stop request stays in force until withdrawn: withdraw it, so `BACKFILL_CONTINUOUS=1
+    # make ui` starts a follower with that setting alone (start_follower_job does the same)
+    clear_stop(tables)
+    print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}; "
+          "stop request withdrawn")
 
 
 def _observed(result) -> dict:
-    """The MV-wide figures the barrier recorded as an observation of downstream_mv."""
-    for event in result.all_events:
-        if event.event_type_value != "ASSET_OBSERVATION":
-            continue
-        observation = event.event_specific_data.asset_observation
-        if observation.asset_key.path == ["downstream_mv"] and observation.partition is None:
-            return {k: v.value for k, v in observation.metadata.items()}
-    raise RuntimeError("backfill_job recorded no barrier observation")
+    """The MV-wide figures of the run's last barrier: its summary event of downstream_mv (a
+    materialization, or an observation while no vnode is finished; wiring/events.py)."""
+    from backfill_assets.wiring.events import is_summary
+
+    for event in reversed(result.all_events):
+        data = event.event_specific_data
+        found = getattr(data, "materialization", None) or getattr(data, "asset_observation",
+                                                                  None)
+        if found is not None and found.asset_key.path == ["downstream_mv"] and \
+                is_summary(found.metadata):
+            return {k: v.value for k, v in found.metadata.items()}
+    raise RuntimeError("backfill_job recorded no barrier summary")
 
 
 def _checked(result) -> dict:

@@ -28,9 +28,10 @@ from backfill_assets.step.follower import (
     request_stop,
     stop_on_interrupt,
 )
-from backfill_assets.step.loop import Hook, no_hook
-from backfill_assets.wiring.assets import MV, record_vnodes
+from backfill_assets.step.modes import mode_named
+from backfill_assets.step.request import Hook, no_hook
 from backfill_assets.wiring.checks import progress_result
+from backfill_assets.wiring.events import record_barrier, summary_metadata
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
@@ -38,7 +39,6 @@ from backfill_assets.wiring.liveness import (
     vnodes_tag,
     writers_over,
 )
-from backfill_assets.wiring.metadata import barrier_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -107,9 +107,10 @@ def _vnodes(run: dg.DagsterRun, config: FollowerConfig, vnode_count: int) -> lis
 
 
 class _Emitter:
-    """Per barrier: a log line, materializations of the vnodes whose progress moved, one
-    observation of `downstream_mv` with the run figures and lag, the `backfill_finished` check
-    result (so the check speaks of the follower's latest barrier), and run tags (the run page's
+    """Per barrier: a log line, the events of the vnodes whose progress moved and the
+    barrier's summary event (wiring/events.py) with the follower's lag, the
+    `backfill_finished` check result (so the check speaks of the follower's latest barrier),
+    and run tags (the run page's
     header) with barriers done, lag and rows/s. Unchanged vnodes emit nothing: a follower at
     256 vnodes must not spend seconds per barrier on events."""
 
@@ -127,13 +128,13 @@ class _Emitter:
             f"{report.forwarded_rows} forwarded, {report.seconds:.2f} s, lag "
             f"{rec.lag_versions} versions / {rec.lag_seconds:.1f} s, "
             f"{figs.vnodes_finished}/{self.d.vnode_count} finished")
-        record_vnodes(ctx.log_event, self.d, report, moved, rec.upstream_version)
         to_mv = rec.commit_to_mv_seconds
         controls, states = controls_in_force(self.d, self.tables), vnode_states(self.tables)
-        ctx.log_event(dg.AssetObservation(MV, metadata={
-            **barrier_metadata(report, figs, controls, states),
-            **lag, "follower_barrier": rec.number,
-            "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}))
+        summary = {**summary_metadata(self.d, self.tables, report, figs, controls, states),
+                   **lag, "follower_barrier": rec.number,
+                   "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}
+        record_barrier(ctx.log_event, self.d, report, summary, rec.upstream_version,
+                       mode_named(self.d.mode).owns_replica, changed=moved)
         ctx.log_event(progress_result(ctx.instance, figs, controls, states, report.v_new))
         ctx.instance.add_run_tags(ctx.run_id, {
             "follower/barriers": str(rec.number), "follower/version": str(report.v_new),

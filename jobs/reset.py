@@ -6,6 +6,11 @@ the MV (`confirm`), since a reset cannot be undone:
 
     dagster job execute -m backfill_assets.definitions -j reset_mv_job \
         -c jobs/configs/reset.yaml
+
+Dagster's record of the MV goes with it: the partition materializations of `downstream_mv`,
+`backfill_progress` and `replicated_state` and the results of both checks of the MV are wiped
+(`DagsterInstance.wipe_assets`; runs stay), so the lineage says 0% filled and the checks no
+result, as the tables are: nothing started.
 """
 
 
@@ -13,6 +18,7 @@ import dagster as dg
 
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.reset import reset_mv
+from backfill_assets.wiring.events import MV, PROGRESS, REPLICA
 from resources.mv import mv_tables
 from resources.settings import Settings
 
@@ -27,15 +33,19 @@ def build_reset_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="reset_mv")
     def reset_mv_op(context: dg.OpExecutionContext, config: ResetConfig) -> dg.Output:
         deleted = reset_mv(d.name, mv_tables(d, settings), config.confirm)
+        # the partition statuses and check results described the deleted tables
+        context.instance.wipe_assets([MV, PROGRESS, REPLICA])
         context.log.info(f"MV {d.name!r} reset: deleted {deleted or 'nothing (no state)'}; "
-                         "the next barrier rebuilds it under the current definition")
+                         "partition statuses and check results wiped; the next barrier "
+                         "rebuilds it under the current definition")
         return dg.Output(None, metadata={"deleted": "\n".join(deleted) or "(nothing)",
                                          "fingerprint": d.fingerprint})
 
     @dg.job(name="reset_mv_job", executor_def=dg.in_process_executor,
             description="Drop the MV, its replica and its progress (the upstream and the "
-                        "controls are kept); the next barrier rebuilds the MV from scratch "
-                        "under the current definition. Config: confirm = the MV's name.")
+                        "controls are kept) and wipe their partition statuses and the MV's "
+                        "check results; the next barrier rebuilds the MV from scratch under "
+                        "the current definition. Config: confirm = the MV's name.")
     def reset_mv_job():
         reset_mv_op()
 

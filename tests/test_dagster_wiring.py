@@ -14,7 +14,9 @@ from deltalake import DeltaTable
 from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 from backfill_assets.wiring.assets import build_assets
 from backfill_assets.wiring.checks import build_oracle_check
+from backfill_assets.wiring.partitions import vnode_partitions
 from backfill_assets.wiring.sensors import build_barrier_sensor
+from jobs.backfill import build_backfill_job
 from resources.mv import load_mv_definition
 from resources.settings import load_settings
 from resources.spark import spark_resource
@@ -74,44 +76,68 @@ def test_job_execute_backfill_ranges_then_verify(tmp_path, warehouse, dagster_ho
     assert f"over {VNODES} vnodes: 0 vnodes differ" in out
 
 
+def _events(result, kind: str) -> list:
+    """(asset, partition, metadata) of the run's events of `kind`, in order."""
+    out = []
+    for e in result.all_events:
+        if e.event_type_value != kind:
+            continue
+        data = e.event_specific_data
+        ev = data.materialization if kind == "ASSET_MATERIALIZATION" else data.asset_observation
+        out.append((ev.asset_key.path[0], ev.partition, ev.metadata))
+    return out
+
+
 def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monkeypatch):
+    """A barrier of backfill_job leaves an unfinished vnode unmaterialized in the MV (and a
+    not-started one everywhere); "Materialize" (Dagster's asset job) runs barriers until the
+    vnodes asked for are finished, so each ends materialized. Each barrier's last MV event
+    is its summary, with the per-vnode detail in one table."""
     run_load(f"{warehouse}/upstream", LoadParams(seed=9, initial_rows=800, versions=1,
                                                  changes_per_version=20), vnode_count=VNODES)
     monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
     settings = load_settings()
     d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40, mode="arrangement"))
     assets = build_assets(d, settings)
+    resources = {"spark": spark_resource(settings), "warehouse": warehouse_resource(settings)}
     instance = dg.DagsterInstance.ephemeral()
-    result = dg.materialize(assets, instance=instance, partition_key="3",
-                            resources={"spark": spark_resource(settings),
-                                       "warehouse": warehouse_resource(settings)})
-    assert result.success
-    events = result.asset_materializations_for_node("vnode_backfill")
-    assert {e.asset_key.path[0] for e in events} == {"replicated_state", "backfill_progress"}
-    progress_event = next(e for e in events if e.asset_key == dg.AssetKey("backfill_progress"))
-    meta = progress_event.metadata
-    assert progress_event.partition == "3"
-    assert meta["row_count"].value == 40 and meta["finished"].value is False
-    assert meta["version"].value == 2 and meta["current_pos"].value
-    assert meta["state"].value == "in progress" and len(meta) <= 8  # per-vnode facts only
-    observed = {(o.asset_key.path[0], o.partition): o.metadata for o in (
-        e.event_specific_data.asset_observation for e in result.all_events
-        if e.event_type_value == "ASSET_OBSERVATION")}
-    assert observed[("downstream_mv", "3")]["row_count"].value == 40  # unfinished: observed
-    barrier = observed[("downstream_mv", None)]
-    assert barrier["rows_read_from_snapshot"].value == 40
+    job = dg.Definitions(assets=assets, jobs=[build_backfill_job(vnode_partitions(VNODES))],
+                         resources=resources).resolve_job_def("backfill_job")
+    one = job.execute_in_process(instance=instance, partition_key="3")  # one barrier
+    assert one.success
+    done = _events(one, "ASSET_MATERIALIZATION")
+    assert {(a, p) for a, p, _ in done} == {("replicated_state", "3"),
+                                            ("backfill_progress", "3")}
+    meta = dict(next(m for a, p, m in done if a == "backfill_progress"))
+    assert meta["state"].value == "in progress" and meta["version"].value == 2
+    assert len(meta) == 2  # the per-vnode detail is in the barrier's table
+    (asset, partition, barrier), = _events(one, "ASSET_OBSERVATION")  # none finished yet
+    assert (asset, partition) == ("downstream_mv", None)
+    assert barrier["rows_read_from_snapshot"].value == 40 and barrier["mode"].value == \
+        "arrangement"
     assert 0 < barrier["percent_done"].value < 100 and barrier["state"].value == "backfilling"
     assert barrier["vnode_states"].value == "in progress 3; not started 0..2, 4..7"
+    assert barrier["mv_rows"].value > 0
+    rows = barrier["per_vnode"].value.records
+    assert [(r.data["vnode"], r.data["state"], r.data["row_count"]) for r in rows] == \
+        [(3, "in progress", 40)]
     assert "read_bound_by_layout" not in barrier  # its replica is laid out for the seek
-    # never observed: Dagster would then fetch its data versions, and an unranged run fails
-    assert ("upstream_table", None) not in observed
-    progress_check = result.get_asset_check_evaluations()[0]  # a warning until all finished
+    progress_check = one.get_asset_check_evaluations()[0]  # a warning until all finished
     assert progress_check.check_name == "backfill_finished" and not progress_check.passed
     assert progress_check.metadata["vnodes_finished"].value == 0
+
+    result = dg.materialize(assets, instance=instance, partition_key="3", resources=resources)
+    assert result.success
+    events = _events(result, "ASSET_MATERIALIZATION")
+    last = events[-1]  # the summary: on the vnode it finished, so the Overview shows it
+    assert last[:2] == ("downstream_mv", "3") and last[2]["vnodes_finished"].value == 1
+    assert [r.data["state"] for r in last[2]["per_vnode"].value.records] == ["finished"]
+    assert not [e for e in _events(result, "ASSET_OBSERVATION") if e[1] is not None]
+    # never observed: Dagster would then fetch its data versions, and an unranged run fails
+    assert all(a != "upstream_table" for a, _, _ in events)
     check = dg.materialize([*assets, build_oracle_check(d, settings)], instance=instance,
                            selection=dg.AssetSelection.checks_for_assets("downstream_mv"),
-                           resources={"spark": spark_resource(settings),
-                                      "warehouse": warehouse_resource(settings)})
+                           resources=resources)
     evaluation = check.get_asset_check_evaluations()[0]
     assert evaluation.passed and evaluation.metadata["vnodes_compared"].value == VNODES
 
@@ -130,15 +156,19 @@ def test_materialize_says_when_the_upstream_layout_bounds_no_shuffle(spark, tmp_
     monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
     settings = load_settings()
     d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=100, mode="no_shuffle"))
-    result = dg.materialize(build_assets(d, settings), instance=dg.DagsterInstance.ephemeral(),
-                            tags={"dagster/asset_partition_range_start": "0",  # one run: all
-                                  "dagster/asset_partition_range_end": str(VNODES - 1)},
-                            resources={"spark": spark_resource(settings),
-                                       "warehouse": warehouse_resource(settings)})
+    job = dg.Definitions(assets=build_assets(d, settings),
+                         jobs=[build_backfill_job(vnode_partitions(VNODES))],
+                         resources={"spark": spark_resource(settings),
+                                    "warehouse": warehouse_resource(settings)}
+                         ).resolve_job_def("backfill_job")
+    result = job.execute_in_process(  # one barrier over all vnodes in one run
+        instance=dg.DagsterInstance.ephemeral(),
+        tags={"dagster/asset_partition_range_start": "0",
+              "dagster/asset_partition_range_end": str(VNODES - 1)})
     assert result.success
-    barrier = next(o.metadata for o in (
-        e.event_specific_data.asset_observation for e in result.all_events
-        if e.event_type_value == "ASSET_OBSERVATION") if o.partition is None)
+    barrier = next(m for a, _, m in reversed(_events(result, "ASSET_OBSERVATION") +
+                                             _events(result, "ASSET_MATERIALIZATION"))
+                   if a == "downstream_mv" and "percent_done" in m)
     assert barrier["rows_read_from_snapshot"].value == 100
     scanned = barrier["snapshot_rows_scanned"].value
     assert scanned > 1000 and barrier["snapshot_read_amplification"].value == round(

@@ -16,6 +16,7 @@ from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import update_controls
 from backfill_assets.step.barrier import run_barrier
 from backfill_assets.step.follower import follow, stop_request
+from backfill_assets.wiring.events import is_summary
 from jobs.follower import build_follower_jobs
 from resources.settings import load_settings
 from resources.spark import spark_resource
@@ -90,9 +91,13 @@ def test_pause_resume_and_stop_while_the_follower_runs(spark, upstream, dagster_
     assert run_result.output_for_node("follow_upstream") >= 4
     assert stop_request(tables) is not None
     assert_verified(spark, d, tables)
-    observations = [e for e in instance.all_logs(run_result.run_id)
-                    if e.dagster_event and e.dagster_event.event_type_value == "ASSET_OBSERVATION"]
-    meta = observations[-1].dagster_event.event_specific_data.asset_observation.metadata
+    # the last barrier's summary: a materialization of a finished vnode (wiring/events.py)
+    summaries = [m for m in (
+        getattr(e.dagster_event.event_specific_data, "materialization", None)
+        for e in instance.all_logs(run_result.run_id)
+        if e.dagster_event and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION")
+        if m.asset_key.path == ["downstream_mv"] and is_summary(m.metadata)]
+    meta = summaries[-1].metadata
     assert meta["lag_versions"].value == 0 and meta["barrier_version"].value == latest
     tags = instance.get_run_by_id(run_result.run_id).tags
     assert int(tags["follower/barriers"]) >= 4 and tags["backfill/vnodes"] == f"0-{VNODES - 1}"

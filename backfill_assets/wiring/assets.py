@@ -1,45 +1,58 @@
 """The four vnode-partitioned assets. Wiring only: the work is `run_barrier`.
 
-Partition statuses say what is true of each vnode, not merely that a run touched it:
-`backfill_progress` (and `replicated_state`) are materialized for every vnode a barrier
-committed, `downstream_mv` only for vnodes whose backfill is finished. An unfinished vnode of
-the MV gets an observation with its position instead, so the MV's Partitions tab reads
-finished = materialized, in progress = missing with an observation, not started = missing
-(and `backfill_progress` tells the last two apart). The outputs are skippable and never
-yielded, so these runtime events are the only materializations. `upstream_table` gets no
-events: once it has any, Dagster fetches its data versions at step start, which fails in a run
-without a partition range (`backfill_job` without range tags).
+Partition statuses say what is true of each vnode (wiring/events.py): `backfill_progress` is
+materialized for every vnode that has started, `downstream_mv` for every vnode that is
+finished, `replicated_state` for the vnodes whose replica a barrier kept. The outputs are
+skippable and never yielded, so these runtime events are the only materializations. Each
+barrier ends with one summary event of `downstream_mv` (the MV's figures and a per-vnode
+table), which the asset's Overview shows. `upstream_table` gets no events: once it has any,
+Dagster fetches its data versions at step start, which fails in a run without a partition
+range (`backfill_job` without range tags).
+
+Two kinds of run execute the barrier op: `backfill_job` (the sensor's, the demo's) runs ONE
+barrier; a materialization launched from the asset pages or `dagster asset materialize` (a run
+of Dagster's asset job, alone or inside a Dagster backfill) runs barriers until every vnode it
+was asked for is finished, so each partition it targets ends materialized and the Dagster
+backfill ends Succeeded (unless the snapshot side is paused: then it says so and stops).
+
+`replicated_state` is part of the barrier's multi-asset only in arrangement mode, whose every
+barrier keeps it; in snapshot mode only the throttled path (a rate limit or a pause) keeps it
+and in no_shuffle mode nothing does, so there it is declared like the upstream (not
+materializable: the launch dialog never asks for it) and the lineage says so.
 """
 
 import time
-from collections.abc import Callable, Sequence
 
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import Controls
 from backfill_assets.step.barrier import controls_in_force, figures, run_barrier, vnode_states
-from backfill_assets.step.loop import Hook, StepReport, no_hook
+from backfill_assets.step.modes import mode_named
+from backfill_assets.step.request import Hook, StepReport, no_hook
 from backfill_assets.wiring.checks import progress_result
-from backfill_assets.wiring.metadata import barrier_metadata, read_cost, vnode_metadata
-from backfill_assets.wiring.partitions import split, vnode_key, vnode_partitions, vnodes_of
+from backfill_assets.wiring.events import (
+    MV,
+    PROGRESS,
+    REPLICA,
+    UPSTREAM,
+    record_barrier,
+    summary_metadata,
+)
+from backfill_assets.wiring.liveness import BACKFILL_JOB
+from backfill_assets.wiring.metadata import read_cost
+from backfill_assets.wiring.partitions import split, vnode_partitions, vnodes_of
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.spark import LazySession
 from resources.warehouse import WarehouseResource
 
-UPSTREAM = dg.AssetKey("upstream_table")
-REPLICA = dg.AssetKey("replicated_state")
-MV = dg.AssetKey("downstream_mv")
-PROGRESS = dg.AssetKey("backfill_progress")
-
 # what the barrier log says at each phase boundary (the step's hook points)
 PHASES = {
     "before_write": "upstream checked, progress recovered, step planned",
-    "after_replica_commit": "replicated_state committed (the change chunk)",
+    "after_replica_commit": "replicated_state committed (the change chunk)",  # if kept
     "after_mv_commit": "downstream_mv committed (forwarded changes + snapshot chunk)",
     "after_progress_commit": "backfill_progress committed",
 }
@@ -73,21 +86,25 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                     "upstream_load_job or another engine: the platform only reads it, so it "
                     "is not materialized here. The MV's lag behind it is in the barrier's "
                     "figures (downstream_mv/backfill_finished).")
+    owns_replica = mode_named(d.mode).owns_replica
+    replica = _replica_spec(d, parts, owns_replica)
+    mv_inputs = [REPLICA] if owns_replica else \
+        [UPSTREAM, REPLICA] if d.mode == "snapshot" else [UPSTREAM]
     specs = [
-        dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
+        dg.AssetSpec(MV, deps=mv_inputs, partitions_def=parts, group_name="backfill",
                      skippable=True,
-                     description="The backfill's arrangement of the upstream, per vnode: kept "
-                                 "by arrangement mode and by snapshot mode's throttled path "
-                                 "(a snapshot-mode bulk read needs none, so it stays empty)."),
-        dg.AssetSpec(MV, deps=[REPLICA], partitions_def=parts, group_name="backfill",
-                     skippable=True,
-                     description=f"MV {d.name!r}: Delta, partitioned by vnode, change feed on. "
-                                 "A partition is materialized once its vnode is finished."),
+                     description=f"MV {d.name!r} ({d.mode} mode): Delta, partitioned by vnode, "
+                                 "change feed on. A partition is materialized once its vnode is "
+                                 "finished (again by every barrier that brings it up to date); "
+                                 "each barrier's last event here has the MV's figures and a "
+                                 "per-vnode table."),
         dg.AssetSpec(PROGRESS, deps=[MV], partitions_def=parts, group_name="backfill",
                      skippable=True,
                      description="Backfill state: | vnode | pk... | finished | row_count |; "
                                  "a partition is materialized once its vnode has started."),
     ]
+    if owns_replica:
+        specs.insert(0, replica)
 
     @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts,
                     backfill_policy=dg.BackfillPolicy.single_run())
@@ -96,57 +113,87 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         ranged = context.has_partition_key or context.has_partition_key_range
         vnodes = vnodes_of(context.partition_keys) if ranged else list(range(d.vnode_count))
         tables = mv_tables(d, settings, warehouse.options())
-        controls = controls_in_force(d, tables, Controls(config.chunk_size,
-                                                         config.rate_limit).validated())
-        span = split(vnodes)
-        context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
+        overrides = Controls(config.chunk_size, config.rate_limit).validated()
         session = LazySession(lambda: spark.spark_session,  # a driver-only barrier: no JVM
                               spark.spark_config)
-        report = run_barrier(session, d, tables, vnodes,
-                             version=config.barrier_version, overrides=controls,
-                             hook=_PhaseLog(context, span, d, tables, controls,
-                                            hook or no_hook))
-        figs = figures(d, tables, controls, report.v_new)
-        cost = read_cost(report, figs, d.mode)
-        if cost is not None and cost.layout_bound:  # no_shuffle over an unclustered upstream
-            context.log.warning(cost.statement())
-        if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
-            context.log.warning(f"change feed gone, re-snapshot: {report.extra['resnapshots']}")
-            context.log_event(dg.AssetObservation(MV, metadata={
-                "resnapshots": dg.MetadataValue.text(report.extra["resnapshots"]),
-                "resnapshot_vnodes": dg.MetadataValue.int(report.extra["resnapshot_vnodes"])}))
-        context.log.info(
-            f"barrier v{report.v_new} vnodes {span}: "
-            f"{report.snapshot_rows} snapshot rows, {report.forwarded_rows} forwarded, "
-            f"{figs.percent_done:.1f}% done, {figs.vnodes_finished}/{d.vnode_count} finished, "
-            f"{figs.state}")
-        states = vnode_states(tables)
-        context.log_event(dg.AssetObservation(
-            MV, metadata=barrier_metadata(report, figs, controls, states)))
-        record_vnodes(context.log_event, d, report, vnodes, figs.upstream_version)
-        # last: the result targets the MV's latest materialization (this barrier's, if any)
-        context.log_event(progress_result(context.instance, figs, controls, states, report.v_new))
+        # the asset pages' launch (and `dagster asset materialize`): every partition asked
+        # for ends materialized, i.e. its vnode finished; backfill_job: one barrier
+        until_finished = context.run.job_name != BACKFILL_JOB
+        barriers = 0
+        while True:
+            barriers += 1
+            report = _barrier(context, d, tables, vnodes, session, config.barrier_version,
+                              overrides, owns_replica, hook or no_hook)
+            if not until_finished or report.finished:
+                break
+            if controls_in_force(d, tables, overrides).rate_limit == 0:
+                context.log.warning(
+                    f"the snapshot side is paused: vnodes {split(vnodes)} cannot finish, so "
+                    "their unfinished partitions stay unmaterialized; resume with "
+                    "set_controls_job (snapshot: resume) and launch again")
+                break
+            if report.snapshot_rows == 0 and not report.recovered:
+                break  # nothing moved (no snapshot rows left to read): never loop idle
+        if until_finished:
+            context.log.info(f"{barriers} barriers brought vnodes {split(vnodes)} to "
+                             f"{'finished' if report.finished else 'where they stand'}")
         yield from ()
 
     return [upstream, vnode_backfill]
 
 
-def record_vnodes(log_event: Callable[[object], None], d: MVDefinition, report: StepReport,
-                  vnodes: Sequence[int], upstream_version: int) -> None:
-    """The per-vnode events of a barrier (also the follower's): progress (and replica) are
-    materialized for every vnode committed, the MV only for finished vnodes, an unfinished
-    vnode of the MV is observed with its facts instead."""
-    # snapshot mode's chunked path (rate limit or pause) keeps the replica as arrangement does
-    chunked = str(report.extra.get("snapshot_path", "")).startswith("chunked")
-    owned = (REPLICA, PROGRESS) if d.mode == "arrangement" or chunked else (PROGRESS,)
-    for vnode in vnodes:
-        key = vnode_key(vnode, d.vnode_count)
-        meta = vnode_metadata(report, vnode, upstream_version)
-        for asset in owned:
-            log_event(dg.AssetMaterialization(asset, partition=key, metadata=meta))
-        done = isinstance(report.progress[vnode], Completed)
-        event = dg.AssetMaterialization if done else dg.AssetObservation
-        log_event(event(MV, partition=key, metadata=meta))
+def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],
+             session: LazySession, version: int | None, overrides: Controls,
+             owns_replica: bool, hook: Hook) -> StepReport:
+    """One barrier with its log lines and events (wiring/events.py), then the check's result."""
+    controls = controls_in_force(d, tables, overrides)
+    span = split(vnodes)
+    context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
+    report = run_barrier(session, d, tables, vnodes, version=version, overrides=controls,
+                         hook=_PhaseLog(context, span, d, tables, controls, hook,
+                                        owns_replica))
+    figs = figures(d, tables, controls, report.v_new)
+    cost = read_cost(report, figs, d.mode)
+    if cost is not None and cost.layout_bound:  # no_shuffle over an unclustered upstream
+        context.log.warning(cost.statement())
+    if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
+        context.log.warning(f"change feed gone, re-snapshot: {report.extra['resnapshots']}")
+    context.log.info(
+        f"barrier v{report.v_new} vnodes {span}: "
+        f"{report.snapshot_rows} snapshot rows, {report.forwarded_rows} forwarded, "
+        f"{figs.percent_done:.1f}% done, {figs.vnodes_finished}/{d.vnode_count} finished, "
+        f"{figs.state}")
+    states = vnode_states(tables)
+    record_barrier(context.log_event, d, report,
+                   summary_metadata(d, tables, report, figs, controls, states),
+                   figs.upstream_version, owns_replica)
+    # last: the result targets the MV's latest materialization (this barrier's, if any)
+    context.log_event(progress_result(context.instance, figs, controls, states, report.v_new))
+    return report
+
+
+def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition,
+                  owns_replica: bool) -> dg.AssetSpec:
+    """`replicated_state`: produced by the barrier in arrangement mode; elsewhere declared only
+    (its kind in the lineage says when it is kept)."""
+    if owns_replica:
+        return dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts,
+                            group_name="backfill", skippable=True,
+                            description="The backfill's arrangement of the upstream, per vnode "
+                                        "(arrangement mode): materialized for every started "
+                                        "vnode a barrier kept.")
+    used = d.mode == "snapshot"
+    return dg.AssetSpec(
+        REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
+        kinds={"delta", "throttled_path_only" if used else "unused_in_no_shuffle"},
+        description=(
+            "The backfill's arrangement of the upstream, per vnode. Snapshot mode keeps it "
+            "only on its throttled path (a rate limit or a pause: arrangement's chunked "
+            "steps); its bulk read takes the upstream directly, so after an unthrottled "
+            "backfill it stays empty. Not materializable here: barriers record it."
+            if used else
+            "Not used in no_shuffle mode (the MV reads the upstream directly); declared so "
+            "the asset set is the same in every mode."))
 
 
 class _PhaseLog:
@@ -156,14 +203,16 @@ class _PhaseLog:
     INTERIM_RESULT_SECONDS, then calls `then` (the kill points of the crash tests)."""
 
     def __init__(self, context: dg.AssetExecutionContext, span: str, d: MVDefinition,
-                 tables, controls: Controls, then: Hook) -> None:
+                 tables, controls: Controls, then: Hook, owns_replica: bool = False) -> None:
         self.context, self.span, self.d, self.tables = context, span, d, tables
         self.controls, self.then = controls, then
         self.started = self.reported = time.monotonic()
         self.commits = 0
+        # snapshot mode keeps the replica on its chunked path only (a rate limit or a pause)
+        self.replica = owns_replica or (d.mode == "snapshot" and controls.rate_limit is not None)
 
     def __call__(self, point: str) -> None:
-        if point in PHASES:
+        if point in PHASES and (point != "after_replica_commit" or self.replica):
             said = (f"barrier for vnodes {self.span}: {PHASES[point]} "
                     f"({time.monotonic() - self.started:.1f} s)")
             if point == "after_progress_commit":

@@ -1,34 +1,55 @@
 """What people watch: per-vnode and per-barrier progress as Dagster metadata values.
 
-Per-vnode events carry only that vnode's facts (a few hundred bytes), so a barrier's event
-volume grows linearly with the vnodes it touched; the MV-wide figures go into ONE observation
-per barrier (the asset's Plots tab draws them over barriers).
+The MV-wide figures and a table with one row per vnode go into ONE summary event per barrier
+(wiring/events.py: the asset's Overview shows it, its Plots tab draws the figures over
+barriers); the per-vnode events that set partition statuses carry two facts each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import dagster as dg
 
-from backfill_assets.core.figures import MVFigures, state_ranges
+from backfill_assets.core.figures import (
+    FINISHED,
+    IN_PROGRESS,
+    NOT_STARTED,
+    MVFigures,
+    state_ranges,
+)
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.read_cost import ReadCost
 from backfill_assets.mv.controls import Controls
-from backfill_assets.step.loop import StepReport
+from backfill_assets.step.request import StepReport
 
 
-def vnode_metadata(report: StepReport, vnode: int, upstream_version: int) -> dict:
-    """state, current_pos, row_count, version and lag of one vnode partition."""
-    p = report.progress[vnode]
-    pos = p.current_pos if isinstance(p, (InProgress, Completed)) else None
-    version = report.versions[vnode]
-    return {
-        "state": dg.MetadataValue.text("finished" if isinstance(p, Completed) else "in progress"),
-        "current_pos": dg.MetadataValue.text(_pos(pos)),
-        "row_count": dg.MetadataValue.int(p.row_count),
-        "finished": dg.MetadataValue.bool(isinstance(p, Completed)),
-        "version": dg.MetadataValue.int(version),
-        "lag_versions": dg.MetadataValue.int(max(0, upstream_version - version)),
-    }
+def vnode_table(report: StepReport, vnodes: Sequence[int], upstream_version: int
+                ) -> dg.TableMetadataValue:
+    """One row per vnode of the barrier (state, current_pos, row_count, version, lag): the
+    per-vnode detail of a barrier in one event (a not-started vnode has no position)."""
+    rows = []
+    for vnode in vnodes:
+        p = report.progress[vnode]
+        version = report.versions[vnode]
+        rows.append(dg.TableRecord({
+            "vnode": vnode,
+            "state": FINISHED if isinstance(p, Completed) else
+            IN_PROGRESS if isinstance(p, InProgress) else NOT_STARTED,
+            "current_pos": _pos(p.current_pos if isinstance(p, (InProgress, Completed))
+                                else None),
+            "row_count": getattr(p, "row_count", 0),
+            "version": version,
+            "lag_versions": max(0, upstream_version - version)}))
+    return dg.MetadataValue.table(rows, schema=VNODE_TABLE)
+
+
+VNODE_TABLE = dg.TableSchema(columns=[
+    dg.TableColumn("vnode", "int"), dg.TableColumn("state", "string"),
+    dg.TableColumn("current_pos", "string", description="last key read (pk values)"),
+    dg.TableColumn("row_count", "int", description="snapshot rows read"),
+    dg.TableColumn("version", "int", description="upstream version the vnode is at"),
+    dg.TableColumn("lag_versions", "int")])
 
 
 def controls_metadata(controls: Controls) -> dict:

@@ -1,10 +1,11 @@
 """The barrier sensor: keeps the MV current, by per-barrier runs or by followers.
 
-Per-barrier mode (default): each new upstream version becomes one `backfill_job` run per
-configured vnode range. Its cursor is the last upstream version handed out. While some vnode is
-unfinished it keeps asking for barriers even when the upstream is idle (a backfill must
-progress without writes), keyed by the progress table's version so the same state never yields
-two runs.
+Per-barrier mode (default): each upstream version the MV has not reached becomes one
+`backfill_job` run per configured vnode range (an MV already at the latest version, e.g. the
+demo's when `make ui` starts, gets none). While some vnode is unfinished it keeps asking for
+barriers even when the upstream is idle (a backfill must progress without writes), unless the
+snapshot side is paused, keyed by the progress table's version and the controls in force, so
+the same state never yields two runs and a resume yields one at once.
 
 Continuous mode (BACKFILL_CONTINUOUS=1): it makes sure one `follower_job` run per vnode range is
 alive, and restarts one whose run ended (a SIGKILLed follower is marked FAILURE by run
@@ -22,6 +23,7 @@ import dagster as dg
 
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv.controls import read_controls
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.follower import stop_request
 from backfill_assets.wiring.liveness import (
@@ -58,12 +60,22 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
 
 def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: MVTables,
                   version: int, ranges: int):
-    cursor = json.loads(context.cursor) if context.cursor else {}
     progress = mv_store.open_table(tables.progress, tables.storage_options)
-    unfinished = progress is None or _unfinished(progress, d.vnode_count)
-    if version == cursor.get("version") and not unfinished:
-        return dg.SkipReason(f"no new upstream version after {version}; MV is finished")
+    at, unfinished = _where(progress, d.vnode_count)
+    controls = read_controls(tables)
+    paused = controls.rate_limit == 0
+    if at is not None and at >= version and (not unfinished or paused):
+        # nothing to do at the upstream's version: on a start-up after `make demo` too, so
+        # serving a finished MV never re-runs its last barrier (its verification stays shown)
+        context.update_cursor(json.dumps({"version": version}))
+        return dg.SkipReason(f"MV is at the upstream's latest version v{version} and "
+                             + ("paused (resume with set_controls_job)" if unfinished
+                                else "finished"))
     state = progress.version() if progress is not None else -1
+    # the controls are part of the key: a resume (or a new rate) at the same upstream and
+    # progress versions is a new barrier, not the paused one again
+    knobs = f"r{'-' if controls.rate_limit is None else controls.rate_limit}" \
+            f"c{controls.chunk_size or '-'}"
     requests, waiting = [], []
     for first, last in vnode_ranges(d.vnode_count, ranges):
         busy = _busy(context.instance, first, last, d.vnode_count)
@@ -71,7 +83,7 @@ def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: 
             waiting.append(busy)
             continue
         requests.append(dg.RunRequest(
-            run_key=f"{d.name}:v{version}:p{state}:{first}-{last}",
+            run_key=f"{d.name}:v{version}:p{state}:{knobs}:{first}-{last}",
             run_config={"ops": {"vnode_backfill": {"config": {"barrier_version": version}}}},
             tags=range_tags(first, last, d.vnode_count)))
     if not waiting:  # a busy range still needs this version: hand it out again next tick
@@ -113,6 +125,12 @@ def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int)
             f"{run.status.value}")
 
 
-def _unfinished(progress, vnode_count: int) -> bool:
-    rows = mv_store.read_rows(progress, None, ["backfill_finished"])
-    return rows.num_rows < vnode_count or not all(rows["backfill_finished"].to_pylist())
+def _where(progress, vnode_count: int) -> tuple[int | None, bool]:
+    """The version every vnode has reached (None: some vnode has no progress row yet) and
+    whether any vnode is unfinished."""
+    if progress is None:
+        return None, True
+    rows = mv_store.read_rows(progress, None, ["backfill_finished", "version"])
+    versions = [v for v in rows["version"].to_pylist() if v is not None]
+    at = min(versions) if rows.num_rows == vnode_count and versions else None
+    return at, rows.num_rows < vnode_count or not all(rows["backfill_finished"].to_pylist())

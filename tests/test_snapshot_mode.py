@@ -5,6 +5,7 @@ the independent oracle after every barrier."""
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import replace
 
 import pyarrow as pa
@@ -84,10 +85,14 @@ def test_rate_limit_selects_the_chunked_path_then_bulk_finishes(spark, warehouse
     remainder after its position in one bulk read."""
     live, d, tables = _setup(warehouse, seed=33)
     write_controls(tables, Controls(rate_limit=16))
+    started, rows = time.time(), 0
     for _ in range(2):
         report = run_barrier(spark, d, tables, list(range(VNODES)))
-        assert report.extra["snapshot_path"].startswith("chunked (arrangement steps): rate")
-        assert 0 < report.snapshot_rows <= 16 and not report.finished
+        assert report.extra["snapshot_path"] == \
+            "chunked (arrangement steps): rate limit 16 rows/s"
+        rows += report.snapshot_rows  # at most 16 rows per second since the change (pacing)
+        assert 0 < report.snapshot_rows and rows <= 16 * (time.time() - started) + 16
+        assert not report.finished
         assert_verified(spark, d, tables)
         live.apply(live.random_batch(8))
     write_controls(tables, Controls(rate_limit=0))

@@ -83,16 +83,31 @@ def controls_uri(tables: MVTables) -> str:
     return objects.join(tables.root, "controls.json")
 
 
+CHANGED_AT = "changed_at"  # when the document was written (wall clock, s): the pace's start
+
+
 def read_controls(tables: MVTables) -> Controls:
     """The controls in force (defaults when none were ever set)."""
     stored = read_json(controls_uri(tables), tables.storage_options)
-    return Controls() if stored is None else Controls(**stored).validated()
+    if stored is None:
+        return Controls()
+    stored.pop(CHANGED_AT, None)
+    return Controls(**stored).validated()
+
+
+def controls_changed_at(tables: MVTables) -> float | None:
+    """When the controls were last written (None: never, or by a version that did not say):
+    a rate limit's pace starts there, so no credit from before a change (a pause, another
+    rate) is spent after it (step/pacing.py)."""
+    stored = read_json(controls_uri(tables), tables.storage_options)
+    return None if stored is None else stored.get(CHANGED_AT)
 
 
 def write_controls(tables: MVTables, controls: Controls) -> Controls:
     """Replace the controls atomically (a reader never sees half a document); bad values are
     refused with InvalidControl before anything is written."""
-    write_json(controls_uri(tables), asdict(controls.validated()), tables.storage_options)
+    document = {**asdict(controls.validated()), CHANGED_AT: time.time()}
+    write_json(controls_uri(tables), document, tables.storage_options)
     return controls
 
 

@@ -23,9 +23,11 @@ from backfill_assets.core.figures import (
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import Controls, read_controls
+from backfill_assets.mv.reset import nothing_left_on_refusal
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes import mode_named
+from backfill_assets.step.pacing import paced
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 
 RATE_WINDOW_COMMITS = 6  # progress commits the rows/s figure (and so the ETA) looks back over
@@ -45,13 +47,25 @@ def controls_in_force(d: MVDefinition, tables: MVTables,
 
 def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
                 *, version: int | None = None, overrides: Controls | None = None,
-                hook: Hook = no_hook) -> StepReport:
-    """Run one barrier for `vnodes` with the controls in force right now."""
+                hook: Hook = no_hook, pace_seconds: float = 0.0) -> StepReport:
+    """Run one barrier for `vnodes` with the controls in force right now; a refusal (a named
+    error) leaves none of the MV's state that the barrier would have created. Under a rate
+    limit the barrier steps at that rate for `pace_seconds` (0: one step; a Dagster run gives
+    `pacing.BARRIER_SECONDS`; step/pacing.py)."""
+    with nothing_left_on_refusal(tables):
+        return _run_barrier(spark, d, tables, vnodes, version, overrides, hook, pace_seconds)
+
+
+def _run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
+                 version: int | None, overrides: Controls | None, hook: Hook,
+                 pace_seconds: float) -> StepReport:
     controls = controls_in_force(d, tables, overrides)
     mode = mode_named(d.mode)
     request = StepRequest(d, mode, tables, tuple(vnodes), controls.chunk_size,
                           controls.rate_limit, version)
     run = mode.run_barrier or run_step  # snapshot: a bulk read in slices, then catch-up
+    if controls.rate_limit:  # a rate limit, kept over time: steps paced to it
+        return paced(spark, request, run, hook, pace_seconds)
     return run(spark, request, hook)
 
 
@@ -112,7 +126,10 @@ def _lag_seconds(upstream, mv_version: int | None) -> float:
     if mv_version is None or upstream.version() <= mv_version:
         return 0.0
     behind = upstream.history(min(LAG_HISTORY_LIMIT, upstream.version() - mv_version))
-    return max(0.0, time.time() - behind[-1]["timestamp"] / 1000.0)
+    stamps = [h["timestamp"] for h in behind if h.get("timestamp") is not None]
+    if not stamps:  # no commit time recorded or kept (delta-rs' history of such a log)
+        return 0.0
+    return max(0.0, time.time() - stamps[-1] / 1000.0)
 
 
 def _first_set(*values: int | None) -> int | None:

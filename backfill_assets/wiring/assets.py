@@ -31,6 +31,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
 from backfill_assets.step.barrier import controls_in_force, figures, run_barrier, vnode_states
 from backfill_assets.step.modes import mode_named
+from backfill_assets.step.pacing import BARRIER_SECONDS
 from backfill_assets.step.request import Hook, StepReport, no_hook
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import (
@@ -151,7 +152,8 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
     report = run_barrier(session, d, tables, vnodes, version=version, overrides=controls,
                          hook=_PhaseLog(context, span, d, tables, controls, hook,
-                                        owns_replica))
+                                        owns_replica),
+                         pace_seconds=BARRIER_SECONDS)  # a run costs seconds: a minute's worth
     figs = figures(d, tables, controls, report.v_new)
     cost = read_cost(report, figs, d.mode)
     if cost is not None and cost.layout_bound:  # no_shuffle over an unclustered upstream

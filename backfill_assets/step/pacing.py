@@ -1,0 +1,119 @@
+"""A rate limit of R snapshot rows per second, kept over minutes, not per step (a token bucket).
+
+Why: a step under a rate limit used to read at most one second's worth (R rows) and sleep out
+the second; with a Dagster run per barrier (a launch and a JVM start, ~30 s apart) that
+delivered 234 rows/s against a limit of 20,000. Here the rows a rate-limited barrier may read
+are the rate times the time since the rows already read were due (the pace's *anchor*), at
+most MAX_CREDIT_SECONDS of it and at least one second of it (the step waits for that):
+- within a barrier, step after step for `BARRIER_SECONDS` (a Dagster run: launching one costs
+  seconds, so one run reads about a minute's worth before the next barrier's run), each step
+  reading what came due while the previous one ran;
+- across barriers, the anchor is where the pace left it in this process (the follower runs its
+  barriers in one process), else the progress table's latest commit (a new run: the time
+  between runs is credited, so a sensor-driven backfill delivers R too), never before the
+  controls' last change (a resume or a new rate does not spend credit from before it).
+R per step is still a ceiling per vnode too: a step reads at most `chunk_size` rows per vnode,
+so a chunk size below R / unfinished vnodes bounds the rate instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from pyspark.sql import SparkSession
+
+from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv.controls import controls_changed_at
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.request import Hook, StepReport, StepRequest
+
+MAX_CREDIT_SECONDS = 60.0  # the most a pace lets accumulate (after a stall, a long gap)
+MIN_CREDIT_SECONDS = 1.0  # a step waits for at least a second's worth
+BARRIER_SECONDS = 60.0  # how long a rate-limited barrier of a Dagster run keeps stepping
+
+Run = Callable[[SparkSession, StepRequest, Hook], StepReport]
+
+
+@dataclass
+class Pace:
+    """The token bucket of one vnode range: R rows per second from `anchor` on."""
+
+    rate: int
+    since: float | None  # the controls' change it was started under
+    anchor: float  # wall clock (s) up to which the rows read were due
+
+    def credit(self, now: float) -> float:
+        return min(now - self.anchor, MAX_CREDIT_SECONDS)
+
+    def spend(self, rows: int, now: float) -> None:
+        self.anchor = max(self.anchor, now - MAX_CREDIT_SECONDS) + rows / self.rate
+
+
+_PACES: dict[tuple[str, tuple[int, ...]], Pace] = {}  # this process's, per (MV, vnode range)
+
+
+def pace_for(tables: MVTables, vnodes: tuple[int, ...], rate: int) -> Pace:
+    """This process's pace of the range, or a new one anchored as the module docstring says."""
+    since = controls_changed_at(tables)
+    key = (tables.root, tuple(sorted(vnodes)))
+    pace = _PACES.get(key)
+    if pace is None or pace.rate != rate or pace.since != since:
+        now = time.time()
+        known = [t for t in (_last_commit(tables), since) if t is not None]
+        anchor = min(max(known), now - MIN_CREDIT_SECONDS) if known else \
+            now - MIN_CREDIT_SECONDS
+        pace = _PACES[key] = Pace(rate, since, anchor)
+    return pace
+
+
+def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
+          seconds: float = BARRIER_SECONDS) -> StepReport:
+    """A barrier under the rate limit `req.rate_limit`: steps of `run`, each reading what came
+    due (`req.rate_limit` becomes that step's row budget), for `seconds` (0: one step) or
+    until every vnode is finished or a step reads nothing; one report for all of them."""
+    rate = req.rate_limit
+    assert rate, "paced() is for a positive rate limit"
+    pace = pace_for(req.tables, req.vnodes, rate)
+    started, reports = time.monotonic(), []
+    while True:
+        wait = pace.anchor + MIN_CREDIT_SECONDS - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        budget = max(1, int(rate * pace.credit(time.time())))
+        report = run(spark, replace(req, rate_limit=budget), hook)
+        pace.spend(report.snapshot_rows, time.time())
+        reports.append(report)
+        if report.finished or not report.snapshot_rows or \
+                time.monotonic() - started >= seconds:
+            break
+    return merged(reports, rate)
+
+
+def merged(reports: list[StepReport], rate: int) -> StepReport:
+    """The steps of a paced barrier as one report: sums of what they did, the last state."""
+    last = reports[-1]
+    out = replace(last, progress=dict(last.progress), versions=dict(last.versions),
+                  extra=dict(last.extra), recovered=[])
+    for r in reports:
+        out.recovered += [v for v in r.recovered if v not in out.recovered]
+    out.snapshot_rows = sum(r.snapshot_rows for r in reports)
+    out.forwarded_rows = sum(r.forwarded_rows for r in reports)
+    out.replicated_rows = sum(r.replicated_rows for r in reports)
+    out.seconds = sum(r.seconds for r in reports)
+    out.extra["paced_steps"] = len(reports)
+    out.extra["rate_limit_rows_per_second"] = rate
+    if "snapshot_path" in out.extra:  # snapshot mode's chunked path: name the rate, not a budget
+        out.extra["snapshot_path"] = f"chunked (arrangement steps): rate limit {rate} rows/s"
+    return out
+
+
+def _last_commit(tables: MVTables) -> float | None:
+    """When the progress table last committed (s), None before its first commit."""
+    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    if progress is None:
+        return None
+    history = progress.history(1)
+    stamp = history[0].get("timestamp") if history else None
+    return None if stamp is None else stamp / 1000.0

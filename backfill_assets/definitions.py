@@ -20,6 +20,7 @@ from jobs.controls import build_controls_job
 from jobs.follower import build_follower_jobs
 from jobs.maintain import build_maintain_job
 from jobs.reset import build_reset_job
+from jobs.resnapshot import build_resnapshot_job
 from jobs.upstream_load import upstream_load_job
 from jobs.verify import build_verify_job
 from resources.mv import load_mv_definition
@@ -37,7 +38,7 @@ defs = dg.Definitions(
     asset_checks=[build_oracle_check(mv, settings), build_progress_check(mv, settings)],
     jobs=[upstream_load_job, backfill_job, build_verify_job(mv, settings),
           build_controls_job(mv, settings), build_maintain_job(mv, settings),
-          build_reset_job(mv, settings),
+          build_reset_job(mv, settings), build_resnapshot_job(mv, settings),
           *build_follower_jobs(mv, settings, hook=kill_hook(settings.test_kill_at))],
     sensors=[build_barrier_sensor(mv, settings, "backfill_job", settings.run_ranges)],
     executor=dg.in_process_executor,

@@ -183,3 +183,7 @@ class MVDefinitionChanged(BackfillError):
 
 class MVResetRefused(BackfillError):
     """reset_mv_job was not confirmed with the MV's name, or cannot delete the MV's tables."""
+
+
+class ResnapshotRefused(BackfillError):
+    """resnapshot_job was asked for vnodes that are not finished or not the MV's."""

@@ -88,24 +88,28 @@ def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
         if report.finished or not report.snapshot_rows or \
                 time.monotonic() - started >= seconds:
             break
-    return merged(reports, rate)
-
-
-def merged(reports: list[StepReport], rate: int) -> StepReport:
-    """The steps of a paced barrier as one report: sums of what they did, the last state."""
-    last = reports[-1]
-    out = replace(last, progress=dict(last.progress), versions=dict(last.versions),
-                  extra=dict(last.extra), recovered=[])
-    for r in reports:
-        out.recovered += [v for v in r.recovered if v not in out.recovered]
-    out.snapshot_rows = sum(r.snapshot_rows for r in reports)
-    out.forwarded_rows = sum(r.forwarded_rows for r in reports)
-    out.replicated_rows = sum(r.replicated_rows for r in reports)
-    out.seconds = sum(r.seconds for r in reports)
+    out = merged(reports)
     out.extra["paced_steps"] = len(reports)
     out.extra["rate_limit_rows_per_second"] = rate
     if "snapshot_path" in out.extra:  # snapshot mode's chunked path: name the rate, not a budget
         out.extra["snapshot_path"] = f"chunked (arrangement steps): rate limit {rate} rows/s"
+    return out
+
+
+def merged(reports: list[StepReport]) -> StepReport:
+    """Steps of one barrier (over the same vnodes, or over slices of them) as one report: the
+    sums of what they did, each vnode's last state (and the last step's extra figures)."""
+    last = reports[-1]
+    out = replace(last, progress={}, versions={}, extra=dict(last.extra), recovered=[])
+    for r in reports:
+        out.recovered += [v for v in r.recovered if v not in out.recovered]
+        out.progress.update(r.progress)
+        out.versions.update(r.versions)
+    out.vnodes = tuple(sorted(out.progress))
+    out.snapshot_rows = sum(r.snapshot_rows for r in reports)
+    out.forwarded_rows = sum(r.forwarded_rows for r in reports)
+    out.replicated_rows = sum(r.replicated_rows for r in reports)
+    out.seconds = sum(r.seconds for r in reports)
     return out
 
 

@@ -17,6 +17,7 @@ import dagster as dg
 
 BACKFILL_JOB = "backfill_job"
 FOLLOWER_JOB = "follower_job"
+RESNAPSHOT_JOB = "resnapshot_job"
 VNODES_TAG = "backfill/vnodes"
 MV_TAG = "backfill/mv"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
@@ -57,8 +58,10 @@ def writers_over(instance: dg.DagsterInstance, vnodes: Sequence[int], vnode_coun
 
 
 def _writes_vnodes(job_name: str) -> bool:
-    """Barrier runs, followers, and asset-page materializations (Dagster's implicit job)."""
-    return job_name in (BACKFILL_JOB, FOLLOWER_JOB) or job_name.startswith("__ASSET_JOB")
+    """Barrier runs, followers, re-snapshots and asset-page materializations (Dagster's
+    implicit job)."""
+    return job_name in (BACKFILL_JOB, FOLLOWER_JOB, RESNAPSHOT_JOB) or \
+        job_name.startswith("__ASSET_JOB")
 
 
 @dataclass(frozen=True)

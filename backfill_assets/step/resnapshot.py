@@ -1,0 +1,66 @@
+"""Re-snapshot on demand: re-read a vnode range of a finished MV from the upstream's latest
+version, replacing those vnodes' MV rows (the Debezium "signal" case: a suspected drift, an
+upstream repaired in place by a writer that left no change feed behind).
+
+It is the re-snapshot snapshot mode already does when a change feed is gone (step/modes/
+snapshot.py): steps with `StepRequest.reset`, each over a slice of about `slice_rows`
+estimated rows, each one atomic MV commit that replaces its vnodes' rows (old rows deleted,
+the vnodes read whole at the version) and carries their progress (Completed at the version),
+so a crash loses at most the slice in flight and the next run or barrier recovers it. Any
+mode's MV: the vnodes are read by snapshot mode's bulk read, and finished vnodes need nothing
+of their mode afterwards (they only forward the change feed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pyspark.sql import SparkSession
+
+from backfill_assets.core.errors import ResnapshotRefused
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.snapshot import plan_slices
+from backfill_assets.mv.controls import read_controls
+from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.barrier import vnode_states
+from backfill_assets.step.loop import run_step
+from backfill_assets.step.modes.snapshot import SNAPSHOT, estimate_rows
+from backfill_assets.step.pacing import merged
+from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
+from backfill_assets.storage.delta import delta_rs as delta_store
+
+FINISHED = "finished"
+
+
+def resnapshot(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
+               hook: Hook = no_hook) -> StepReport:
+    """Re-read `vnodes` (all finished) at the upstream's latest version; ResnapshotRefused
+    (nothing written) for a vnode outside the MV or not finished."""
+    vnodes = tuple(sorted(set(vnodes)))
+    outside = [v for v in vnodes if not 0 <= v < d.vnode_count]
+    if not vnodes or outside:
+        raise ResnapshotRefused(
+            f"MV {d.name!r} has vnodes 0..{d.vnode_count - 1}; asked for "
+            f"{list(outside) or 'none'}: give first_vnode <= last_vnode within them")
+    states = vnode_states(tables)
+    unfinished = [v for v in vnodes if states.get(v) != FINISHED]
+    if unfinished:
+        raise ResnapshotRefused(
+            f"MV {d.name!r}: vnodes {_span(unfinished)} are not finished; a re-snapshot "
+            "re-reads finished vnodes (an unfinished one reads the latest version anyway: let "
+            "its backfill finish, or reset_mv_job to start the MV over)")
+    version = delta_store.latest_version(tables.upstream, tables.storage_options)
+    chunk = read_controls(tables).chunk_size or d.chunk_size
+    req = StepRequest(d, SNAPSHOT, tables, vnodes, chunk, None, version)
+    slices = plan_slices(estimate_rows(req, version, vnodes), d.slice_rows)
+    reports = [run_step(spark, replace(req, vnodes=s, reset=s), hook) for s in slices]
+    report = merged(reports)
+    report.extra["resnapshot"] = f"vnodes {_span(vnodes)} re-read at v{version}"
+    report.extra["resnapshot_vnodes"] = len(vnodes)
+    report.extra["slices_done"] = len(slices)
+    return report
+
+
+def _span(vnodes: Sequence[int]) -> str:
+    return f"{vnodes[0]}..{vnodes[-1]}" if len(vnodes) > 1 else str(vnodes[0])

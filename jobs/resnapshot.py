@@ -1,0 +1,78 @@
+"""resnapshot_job: re-read a vnode range of a finished MV from the upstream's latest version.
+
+The Debezium-signal case: a suspected drift, or an upstream repaired by a writer that left no
+change feed for it. The chosen vnodes' MV rows are replaced by a bulk read at the latest
+version (step/resnapshot.py); the run records it on the asset: materializations of those
+vnodes' partitions and a summary event with `resnapshot` ("vnodes a..b re-read at vN") and the
+reason given, then the `backfill_finished` check; `verify_job` afterwards compares them with
+the oracle as any other vnodes.
+
+    dagster job execute -m backfill_assets.definitions -j resnapshot_job \\
+        -c jobs/configs/resnapshot.yaml
+
+From the UI: Jobs > resnapshot_job > Launchpad, with the same config (first_vnode,
+last_vnode, reason).
+"""
+
+import dagster as dg
+from dagster_pyspark import LazyPySparkResource
+from pydantic import Field
+
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.step.modes import mode_named
+from backfill_assets.step.resnapshot import resnapshot
+from backfill_assets.wiring.checks import progress_result
+from backfill_assets.wiring.events import record_barrier, summary_metadata
+from backfill_assets.wiring.liveness import MV_TAG, RESNAPSHOT_JOB, vnodes_tag, writers_over
+from resources.mv import mv_tables
+from resources.settings import Settings
+from resources.warehouse import WarehouseResource
+
+
+class ResnapshotConfig(dg.Config):
+    """The vnode range to re-read (inclusive), and why (kept with the run's record)."""
+
+    first_vnode: int = Field(description="First vnode to re-read.")
+    last_vnode: int = Field(description="Last vnode to re-read (inclusive).")
+    reason: str = Field(default="", description="Why (recorded on the asset's event).")
+
+
+def build_resnapshot_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+    @dg.op(name="resnapshot_vnodes")
+    def resnapshot_vnodes(context: dg.OpExecutionContext, config: ResnapshotConfig,
+                          spark: LazyPySparkResource,
+                          warehouse: WarehouseResource) -> dg.Output:
+        vnodes = list(range(config.first_vnode, config.last_vnode + 1))
+        tables = mv_tables(d, settings, warehouse.options())
+        busy = writers_over(context.instance, vnodes, d.vnode_count, context.run_id)
+        if busy:
+            raise dg.Failure(f"{busy[0].job_name} run {busy[0].run_id} writes these vnodes: "
+                             "let it end (or stop the followers) and launch again")
+        if vnodes:  # the sensor and followers see this run as the vnodes' writer
+            context.instance.add_run_tags(context.run_id, {
+                **vnodes_tag(vnodes[0], vnodes[-1]), MV_TAG: d.name})
+        report = resnapshot(spark.spark_session, d, tables, vnodes)
+        said = report.extra["resnapshot"] + (f" ({config.reason})" if config.reason else "")
+        context.log.info(f"MV {d.name!r}: {said}: {report.snapshot_rows} rows read")
+        controls = controls_in_force(d, tables)
+        figs = figures(d, tables, controls, report.v_new)
+        states = vnode_states(tables)
+        summary = {**summary_metadata(d, tables, report, figs, controls, states),
+                   "resnapshot_reason": dg.MetadataValue.text(config.reason or "(none given)")}
+        record_barrier(context.log_event, d, report, summary, figs.upstream_version,
+                       mode_named(d.mode).owns_replica)
+        context.log_event(progress_result(context.instance, figs, controls, states,
+                                          report.v_new))
+        return dg.Output(report.snapshot_rows, metadata={
+            "resnapshot": said, "rows_read": report.snapshot_rows,
+            "upstream_version": report.v_new})
+
+    @dg.job(name=RESNAPSHOT_JOB, executor_def=dg.in_process_executor,
+            description="Re-read a vnode range of a finished MV from the upstream's latest "
+                        "version (its MV rows replaced), e.g. after a suspected drift or an "
+                        "upstream repair. Config: first_vnode, last_vnode, reason.")
+    def resnapshot_job():
+        resnapshot_vnodes()
+
+    return resnapshot_job

@@ -245,6 +245,8 @@ class Refused(Exception):
 class Twice:
     """Rows with qty > 0, plus 2 * qty; refuses the name 'refuse'."""
 
+    keeps_every_row = False
+
     def __call__(self, table: pa.Table) -> pa.Table:
         import pyarrow.compute as pc
 

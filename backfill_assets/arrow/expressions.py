@@ -255,7 +255,10 @@ def _run(op: _Op, table: pa.Table) -> pa.Array | pa.ChunkedArray:
 
 class ArrowProjection:
     """A compiled definition: plain data (typed trees, schemas), so it pickles to Spark's
-    Python workers. Input tables hold the upstream's columns (+ `vnode`) in its types."""
+    Python workers. Input tables hold the upstream's columns (+ `vnode`) in its types. Called,
+    it is a bulk write's transform (`project`)."""
+
+    keeps_every_row = False  # its filter may drop rows
 
     def __init__(self, columns: tuple[str, ...], mv_schema: pa.Schema, keep_op: _Op | None,
                  computed_ops: dict[str, _Op]):
@@ -295,6 +298,9 @@ class ArrowProjection:
         data = [_cast(table.column(f.name), f.type) if f.name not in computed
                 else computed[f.name] for f in self.mv_schema]
         return pa.Table.from_arrays(data, schema=self.mv_schema).filter(kept)
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return self.project(table)
 
 
 def compile_projection(definition: MVDefinition, upstream_schema: pa.Schema,

@@ -109,8 +109,7 @@ def plan_step(
     plans = tuple(
         _plan_vnode(state, strategy, v, replica_versions.get(v), v_new, limit) for v in run
     )
-    tail = 0 if strategy.shared or getattr(strategy, "bulk", False) else chunk_tail(
-        limit, rate_limit)
+    tail = 0 if strategy.shared or strategy.bulk else chunk_tail(limit, rate_limit)
     return StepPlan(v_new, plans, limit, rate_limit == 0, strategy.shared, tail)
 
 

@@ -72,6 +72,7 @@ class PositionStrategy(Protocol):
     name: str
     uses_replica: bool  # the snapshot is read from replicated_state (kept per vnode)
     shared: bool  # one position and one read for all the run's vnodes; limit is in total
+    bulk: bool  # a read takes every remaining row of a vnode (no limit, no tail, no sort)
 
     def recover(self, state: BackfillState) -> Key | None:
         """Check recovered states fit the strategy; return the shared position, if any."""
@@ -157,6 +158,7 @@ class PerVnodePositions:
     name = "arrangement"
     uses_replica = True
     shared = False
+    bulk = False
 
     def recover(self, state: BackfillState) -> Key | None:
         return None  # vnodes are independent: any mix of states is valid
@@ -205,6 +207,7 @@ class SharedPosition:
     name = "no_shuffle"
     uses_replica = False
     shared = True
+    bulk = False
 
     def recover(self, state: BackfillState) -> Key | None:
         """The shared position (None before the first row), refusing states that disagree."""

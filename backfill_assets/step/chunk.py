@@ -34,7 +34,12 @@ from backfill_assets.engine.projection import (
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.step.bulk_read import read_remainder
 from backfill_assets.step.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
-from backfill_assets.step.source_context import SourceContext
+from backfill_assets.step.source_context import (
+    ChunkSource,
+    SnapshotSource,
+    SourceContext,
+    WholeSource,
+)
 from backfill_assets.upstream.layout import keys_kept_unique
 
 
@@ -52,7 +57,7 @@ class Chunk:
     window_rows: int = 0  # rows a no_shuffle read holds for the next barriers (cut_window)
 
 
-def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
+def snapshot_chunk(ctx: SourceContext, source: ChunkSource, state: BackfillState, plan: StepPlan,
                    d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
     """Chunked modes: the next chunk after each unfinished vnode's position, read from only
     the files that can hold it (the rows never pass through the driver); per-vnode stats (rows
@@ -74,7 +79,7 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
             chunk.engine = "arrow: written by the replica's copy"
             return chunk
         written.discard()
-    if mv is not None and hasattr(source, "write_chunk"):
+    if mv is not None and source.writes_chunks:
         chunk, engine = _in_arrow(
             lambda: arrow_seek_chunk(ctx, source, positions, state, plan, d, mv))
         if chunk is not None:
@@ -107,8 +112,9 @@ def snapshot_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepP
     return Chunk(chunk, read, per_vnode, scanned, engine=engine)
 
 
-def arrow_seek_chunk(ctx: SourceContext, source, positions: dict, state: BackfillState,
-                     plan: StepPlan, d: MVDefinition, mv: storage.Snapshot) -> Chunk | None:
+def arrow_seek_chunk(ctx: SourceContext, source: ChunkSource, positions: dict,
+                     state: BackfillState, plan: StepPlan, d: MVDefinition,
+                     mv: storage.Snapshot) -> Chunk | None:
     """The first phase of a chunked step's commit: the chunk read, projected in Arrow and
     written into ``mv`` by Python tasks that report each vnode's rows and last key. None
     when the definition does not compile to Arrow, or when a pk is null or repeated (the
@@ -150,12 +156,12 @@ def _written_chunk(written: storage.BulkWritten, readers: list[int],
     return Chunk(None, read, per_vnode, scanned, written=written, engine="arrow")
 
 
-def first_chunk(ctx: SourceContext, source, d: MVDefinition, plan: StepPlan,
+def first_chunk(ctx: SourceContext, source: SnapshotSource, d: MVDefinition, plan: StepPlan,
                 mv: storage.Snapshot | None, fresh: list[int]) -> storage.FirstChunk | None:
     """What a replica's copy may write of this step's chunk: every reading vnode starts now
     (its chunk is the first rows of the copy) and the definition compiles to Arrow."""
     readers = plan.snapshot_vnodes
-    if mv is None or not hasattr(source, "write_chunk") or plan.shared_read \
+    if mv is None or not source.writes_chunks or plan.shared_read \
             or not readers or plan.chunk_limit == 0 or not set(readers) <= set(fresh):
         return None
     projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
@@ -166,7 +172,7 @@ def first_chunk(ctx: SourceContext, source, d: MVDefinition, plan: StepPlan,
                               plan.chunk_tail)
 
 
-def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
+def bulk_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, plan: StepPlan,
                d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
     """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached).
     ``mv``: the MV to write into when the step has nothing but these rows to commit; vnodes
@@ -196,7 +202,7 @@ def bulk_chunk(ctx: SourceContext, source, state: BackfillState, plan: StepPlan,
     return Chunk(project(rows, d), read, per_vnode, clustered=clustered, engine=engine)
 
 
-def arrow_chunk(ctx: SourceContext, source, state: BackfillState, d: MVDefinition,
+def arrow_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, d: MVDefinition,
                 mv: storage.Snapshot, readers: list[int], keys: DataFrame) -> Chunk | None:
     """The first phase of a bulk step's commit: the vnodes' rows read, projected in Arrow
     and written into ``mv`` by Python tasks, which report each vnode's rows and last key

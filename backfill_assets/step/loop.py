@@ -27,12 +27,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets import storage
 from backfill_assets.arrow import netting as arrow_changes
 from backfill_assets.core.planning import StepPlan, plan_step
+from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.engine.projection import BAD_KEY, KEEP, RN, validate_expressions
 from backfill_assets.mv import tables as mv_store
@@ -67,7 +69,7 @@ from backfill_assets.step.forward import (
 from backfill_assets.step.key_checks import check_inserted_keys, check_inserted_keys_local
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
-from backfill_assets.step.source_context import SourceContext
+from backfill_assets.step.source_context import SnapshotSource, SourceContext
 from backfill_assets.storage.writes import maintain
 
 SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a step keeps them on the driver
@@ -103,9 +105,9 @@ class _Step:
     ctx: SourceContext
     plan: StepPlan
     state: BackfillState
-    strategy: object
-    mv: object
-    progress_table: object
+    strategy: PositionStrategy
+    mv: DeltaTable
+    progress_table: DeltaTable
     mv_schema: pa.Schema
     report: StepReport
     hook: Hook
@@ -163,7 +165,7 @@ class _Step:
         source = self.req.mode.source
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
         fresh = [v for v in report.vnodes if isinstance(state.current(v), NotStarted)]
-        if not getattr(source, "checks_keys", False):
+        if not source.checks_keys:
             check_fresh_keys(self.ctx, fresh)
         self._check_inserted(changes, [v for v in report.vnodes if v not in fresh])
         if not self.replay and not self.req.reset:
@@ -217,13 +219,13 @@ class _Step:
                 self.ctx.first_written[1].discard()
         return self._finish()
 
-    def _read_chunk(self, source, fresh: list[int]) -> Chunk:
+    def _read_chunk(self, source: SnapshotSource, fresh: list[int]) -> Chunk:
         """The step's snapshot rows. A bulk step whose vnodes all start now (nothing to
         forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
         phase of its commit (`chunk_reads.arrow_chunk`)."""
         d, plan, state = self.req.definition, self.plan, self.state
         mv = self._mv_snapshot()
-        if not getattr(self.strategy, "bulk", False):
+        if not self.strategy.bulk:
             return snapshot_chunk(self.ctx, source, state, plan, d,
                                   None if self.req.reset else mv)
         alone = not self.req.reset and set(fresh) == set(self.report.vnodes)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -21,7 +20,7 @@ from backfill_assets.core.names import BAD_KEY
 from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.core.positions import rows_to_see
 from backfill_assets.engine.projection import exact_projection
-from backfill_assets.step.source_context import SourceContext
+from backfill_assets.step.source_context import SeekRead, SourceContext
 from backfill_assets.storage.rows import replica
 from backfill_assets.storage.rows.spark_types import col
 
@@ -40,15 +39,6 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                               picked, shared, changes)
     typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
     return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
-
-
-@dataclass(frozen=True)
-class SeekRead:
-    """What a chunk's read decoded: the live rows of every file it read, and the rows it
-    holds for the next barriers (a no_shuffle window, storage/cut_window.py; 0: none)."""
-
-    scanned: int
-    window_rows: int = 0
 
 
 def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,

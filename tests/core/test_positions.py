@@ -27,6 +27,7 @@ from backfill_assets.core.positions import (
     rows_to_see,
 )
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
+from backfill_assets.core.snapshot import BulkPositions
 
 KO = KeyOrder((KeyColumn("k", "int", descending=True),))
 NULL = (None,)
@@ -39,9 +40,10 @@ def state(**recovered) -> BackfillState:
 
 
 def test_strategies_implement_the_protocol() -> None:
-    strategies: list[PositionStrategy] = [ARR, SHARED]
-    assert [(s.name, s.uses_replica, s.shared) for s in strategies] == [
-        ("arrangement", True, False), ("no_shuffle", False, True)
+    strategies: list[PositionStrategy] = [ARR, SHARED, BulkPositions()]
+    assert [(s.name, s.uses_replica, s.shared, s.bulk) for s in strategies] == [
+        ("arrangement", True, False, False), ("no_shuffle", False, True, False),
+        ("snapshot", False, False, True)
     ]
 
 

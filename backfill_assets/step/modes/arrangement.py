@@ -24,9 +24,9 @@ from backfill_assets.core.positions import PerVnodePositions
 from backfill_assets.engine import netting as spark_ops
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.step.key_checks import check_snapshot_keys
-from backfill_assets.step.request import Mode
-from backfill_assets.step.seek_chunk import SeekRead, replica_schema, seek_chunk, write_seek_chunk
-from backfill_assets.step.source_context import SourceContext
+from backfill_assets.step.request import Hook, Mode
+from backfill_assets.step.seek_chunk import replica_schema, seek_chunk, write_seek_chunk
+from backfill_assets.step.source_context import SeekRead, SourceContext
 from backfill_assets.storage.rows import replica
 from backfill_assets.storage.rows.spark_types import col
 from backfill_assets.upstream.layout import same_vnodes
@@ -39,8 +39,11 @@ class ReplicaSource:
     log-structured table (storage/replica.py): base rows copied once per vnode, each
     barrier's changes appended as change rows, resolved on read."""
 
+    checks_keys = False  # the loop checks a fresh vnode's snapshot before its copy
+    writes_chunks = True
+
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
-                changes: DataFrame | pa.Table | None, hook) -> int:
+                changes: DataFrame | pa.Table | None, hook: Hook) -> int:
         if not replicate_from:  # every vnode finished: the replica is not read again
             hook("after_replica_commit")
             return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
 
 from backfill_assets import storage
@@ -17,9 +18,9 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import SharedPosition
 from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.request import Mode
-from backfill_assets.step.seek_chunk import SeekRead, seek_chunk, write_seek_chunk
-from backfill_assets.step.source_context import SourceContext
+from backfill_assets.step.request import Hook, Mode
+from backfill_assets.step.seek_chunk import seek_chunk, write_seek_chunk
+from backfill_assets.step.source_context import SeekRead, SourceContext
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.storage.delta.delta_rs import arrow_schema
 
@@ -27,8 +28,11 @@ from backfill_assets.storage.delta.delta_rs import arrow_schema
 class UpstreamSource:
     """No-shuffle backfill: snapshot reads are time-travel reads of the upstream itself."""
 
+    checks_keys = False  # the loop checks a fresh vnode's snapshot before its first chunk
+    writes_chunks = True
+
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
-                changes: DataFrame | None, hook) -> int:
+                changes: DataFrame | pa.Table | None, hook: Hook) -> int:
         # the layout was checked before anything was written (upstream_check)
         hook("after_replica_commit")
         return 0

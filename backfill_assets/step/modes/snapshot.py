@@ -273,10 +273,11 @@ def _slice_table(rows: list[dict]) -> str:
 class BulkSource:
     """Snapshot mode: every remaining row of a vnode, straight from the upstream version."""
 
-    checks_keys = True  # snapshot_read.read_remainder checks null / duplicate pks itself
+    checks_keys = True  # step/bulk_read.read_remainder checks null / duplicate pks itself
+    writes_chunks = False  # reads vnodes whole
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
-                changes: DataFrame | None, hook) -> int:
+                changes: DataFrame | pa.Table | None, hook: Hook) -> int:
         hook("after_replica_commit")
         return 0
 
@@ -314,7 +315,7 @@ class BulkSource:
             return None
         snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
         return storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
-                                projection.project, key_order, NotExact)
+                                projection, key_order, NotExact)
 
     def key_stats(self, ctx: SourceContext, positions: Mapping[int, Key | None],
                   key_order: KeyOrder, unique_keys: bool

@@ -34,6 +34,7 @@ import pickle
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -71,6 +72,17 @@ class TransformRefused(Exception):
     """A bulk transform refused some rows: write them through Spark instead (nothing written)."""
 
 
+class BulkTransform(Protocol):
+    """What the bulk tasks run over their rows (picklable): Arrow table in, Arrow table out,
+    keeping ``vnode`` and the key columns."""
+
+    # every row in comes out, in the order it came: the tasks then sort the rows once, by
+    # their key columns, before it (the replica's copy); False: they sort what it returns
+    keeps_every_row: bool
+
+    def __call__(self, rows: pa.Table) -> pa.Table: ...
+
+
 @dataclass(frozen=True)
 class BulkRows:
     """Every row of ``vnodes`` in ``snap`` (columns ``columns``, with ``vnode``), through
@@ -81,7 +93,7 @@ class BulkRows:
     snap: Snapshot
     vnodes: tuple[int, ...]
     columns: tuple[str, ...]
-    transform: Callable[[pa.Table], pa.Table]
+    transform: BulkTransform
     key_order: KeyOrder
     refusal: type[Exception] = TransformRefused
 
@@ -255,7 +267,7 @@ class _BulkTask:
         most."""
         table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
         keys = table.select([VNODE, *self.key_order.names])
-        if getattr(self.transform, "keeps_every_row", False):
+        if self.transform.keeps_every_row:
             order = pc.sort_indices(keys, self.order)
             return table.take(order), _stats(ranked(keys.take(order), self.key_order),
                                              self.key_order), True, set(task["vnodes"])

@@ -9,7 +9,8 @@ server, so it runs in its own session and the whole process group is stopped.
 first tick would queue a barrier (a Spark run) that marks every vnode "materializing". The
 instance gets a run queue that launches nothing, the sensors are stopped once the code
 location has loaded, and any run they queued meanwhile is canceled and deleted (it never
-started, so nothing of it remains).
+started, so nothing of it remains). `launches=True` keeps the queue open (the sensors still
+held), for runs a test launches from the UI.
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ NOTHING_LAUNCHES = "run_queue:\n  max_concurrent_runs: 0  # jobs/dagster_dev.py,
 
 @contextmanager
 def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
-                quiet: bool = False, port: int | None = None) -> Iterator[str]:
+                quiet: bool = False, port: int | None = None,
+                launches: bool = False) -> Iterator[str]:
     """Serve `workspace.yaml` with `env` (settings + DAGSTER_HOME); yields the base URL once
     the code location has loaded, and stops every process of the server afterwards. ``port``:
-    the webserver's (default: one the kernel says is free)."""
-    if quiet:
+    the webserver's (default: one the kernel says is free). ``launches`` (with ``quiet``): the
+    sensors are held still but runs launched from the UI do run (the browser test's)."""
+    if quiet and not launches:
         with open(os.path.join(env["DAGSTER_HOME"], "dagster.yaml"), "a", encoding="utf-8") as f:
             f.write(NOTHING_LAUNCHES)
     port = port or free_port()

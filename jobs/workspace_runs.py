@@ -66,3 +66,24 @@ def run_in_workspace(instance: dg.DagsterInstance, job_name: str, *,
         remote_job_origin=RemoteJobOrigin(repository_origin(), job_name),
         job_code_origin=recon.get_python_origin())
     return execute_run(recon, run, instance, raise_on_error=raise_on_error)
+
+
+def stop_sensor(instance: dg.DagsterInstance, name: str) -> None:
+    """Record the workspace's sensor `name` as stopped, as "Stop sensor" in the UI would, so a
+    `dagster dev` started afterwards never ticks it (tests that launch runs from the UI)."""
+    from dagster._core.remote_origin import RemoteInstigatorOrigin
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+        SensorInstigatorData,
+    )
+
+    origin = RemoteInstigatorOrigin(repository_origin(), name)
+    state = InstigatorState(origin, InstigatorType.SENSOR, InstigatorStatus.STOPPED,
+                            SensorInstigatorData(sensor_type=None))
+    if instance.get_instigator_state(origin.get_id(), state.selector_id) is None:
+        instance.add_instigator_state(state)
+    else:
+        instance.update_instigator_state(state)
+

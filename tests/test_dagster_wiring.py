@@ -106,13 +106,13 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
     one = job.execute_in_process(instance=instance, partition_key="3")  # one barrier
     assert one.success
     done = _events(one, "ASSET_MATERIALIZATION")
-    assert {(a, p) for a, p, _ in done} == {("replicated_state", "3"),
-                                            ("backfill_progress", "3")}
-    meta = dict(next(m for a, p, m in done if a == "backfill_progress"))
+    assert [(a, p) for a, p, _ in done] == [  # the MV's own: the summary, no partition
+        ("replicated_state", "3"), ("backfill_progress", "3"), ("downstream_mv", None)]
+    meta = dict(done[1][2])
     assert meta["state"].value == "in progress" and meta["version"].value == 2
     assert len(meta) == 2  # the per-vnode detail is in the barrier's table
-    (asset, partition, barrier), = _events(one, "ASSET_OBSERVATION")  # none finished yet
-    assert (asset, partition) == ("downstream_mv", None)
+    barrier = done[-1][2]
+    assert not _events(one, "ASSET_OBSERVATION")
     assert barrier["rows_read_from_snapshot"].value == 40 and barrier["mode"].value == \
         "arrangement"
     assert 0 < barrier["percent_done"].value < 100 and barrier["state"].value == "backfilling"
@@ -129,10 +129,11 @@ def test_materialize_records_progress_per_vnode(spark, tmp_path, warehouse, monk
     result = dg.materialize(assets, instance=instance, partition_key="3", resources=resources)
     assert result.success
     events = _events(result, "ASSET_MATERIALIZATION")
-    last = events[-1]  # the summary: on the vnode it finished, so the Overview shows it
-    assert last[:2] == ("downstream_mv", "3") and last[2]["vnodes_finished"].value == 1
+    last = events[-1]  # the summary, the latest materialization: the Overview shows it
+    assert last[:2] == ("downstream_mv", None) and last[2]["vnodes_finished"].value == 1
     assert [r.data["state"] for r in last[2]["per_vnode"].value.records] == ["finished"]
-    assert not [e for e in _events(result, "ASSET_OBSERVATION") if e[1] is not None]
+    assert ("downstream_mv", "3") in {(a, p) for a, p, _ in events}  # finished: materialized
+    assert not _events(result, "ASSET_OBSERVATION")
     # never observed: Dagster would then fetch its data versions, and an unranged run fails
     assert all(a != "upstream_table" for a, _, _ in events)
     check = dg.materialize([*assets, build_oracle_check(d, settings)], instance=instance,

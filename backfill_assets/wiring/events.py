@@ -13,11 +13,11 @@ Partition statuses (the Partitions tabs, the lineage's "filled"):
 The per-vnode events carry two facts only (state, version): the per-vnode detail (state,
 position, rows, version, lag) goes into ONE table per barrier, on the barrier's summary event.
 
-The summary event is the barrier's last event of `downstream_mv`: a materialization of its last
-finished vnode (so the asset's Overview, which shows the latest materialization, shows the MV's
-figures: mode, state, rows, vnodes finished / in progress / not started, percent done, lag,
-rows/s, ETA, and the table), or, while no vnode of the barrier's range is finished, an
-observation (the Overview shows the latest observation while no materialization exists).
+The summary event is the barrier's last event of `downstream_mv`: a materialization without a
+partition (the MV as a whole after the barrier; it changes no partition's status), so the
+asset's Overview, which shows the latest materialization, shows the MV's figures: mode, state,
+live rows, vnodes finished / in progress / not started, percent done, lag in versions and
+seconds, rows/s, ETA, and the per-vnode table.
 """
 
 from __future__ import annotations
@@ -62,19 +62,14 @@ def record_barrier(log_event: Callable[[object], None], d: MVDefinition, report:
         meta = _facts(report, vnode)
         for asset in owned:
             log_event(dg.AssetMaterialization(asset, partition=_key(d, vnode), metadata=meta))
-    # the summary goes on the last finished vnode the barrier covered (it brought that vnode
-    # up to date, so materializing it again is true)
-    done = [v for v in report.vnodes if isinstance(report.progress[v], Completed)]
-    last = done[-1] if done else None
     for vnode in started:
-        if vnode != last and isinstance(report.progress[vnode], Completed):
+        if isinstance(report.progress[vnode], Completed):
             log_event(dg.AssetMaterialization(MV, partition=_key(d, vnode),
                                               metadata=_facts(report, vnode)))
-    meta = {**summary, "per_vnode": vnode_table(report, vnodes, upstream_version)}
-    if last is None:
-        log_event(dg.AssetObservation(MV, metadata=meta))
-    else:
-        log_event(dg.AssetMaterialization(MV, partition=_key(d, last), metadata=meta))
+    # the MV as a whole: no partition, so no vnode's status changes, and it is the asset's
+    # latest materialization, which its Overview shows
+    log_event(dg.AssetMaterialization(
+        MV, metadata={**summary, "per_vnode": vnode_table(report, vnodes, upstream_version)}))
 
 
 def is_summary(metadata) -> bool:

@@ -6,13 +6,19 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env classes test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres
+.PHONY: env jars classes test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres chromium
 
-env: $(STAMP) classes
+env: $(STAMP) jars classes
+
+# Delta's JVM jars (resources/delta_jars.py): Maven copies the ones resources/maven/pom.xml pins
+# into the venv once, each checked against resources/maven/delta-jars.sha256; Spark sessions
+# load them from there (nothing is fetched at run time)
+jars: $(STAMP)
+	@$(PY) -m resources.delta_jars fetch
 
 # the driver JVM's class archive (resources/class_archive.py): every later Spark session of this
 # venv starts ~4 s sooner and runs its first job ~2 s sooner; built once per pyspark version
-classes: $(STAMP)
+classes: $(STAMP) jars
 	@$(PY) -m resources.class_archive_build
 
 # the project's Dagster instance config (run monitoring, see dagster.yaml) in DAGSTER_HOME
@@ -39,12 +45,12 @@ PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dis
 	--maxschedchunk 1) \
 	--durations=25
 
-test: env instance postgres
+test: env instance postgres chromium
 	$(PY) -m pytest $(PYTEST_XDIST)
 
 # everything but the soak: also the core scenarios' variants in the non-default modes (crash
 # matrix and races of arrangement / no_shuffle, no_shuffle e2e, the short soak); ~25 min more
-test-all: env instance postgres
+test-all: env instance postgres chromium
 	$(PY) -m pytest $(PYTEST_XDIST) -m "not soak"
 
 # PostgreSQL server binaries for the Postgres-backed Dagster test (tests/scale): Debian's
@@ -52,6 +58,12 @@ test-all: env instance postgres
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
+# Debian's Chromium for the browser test (tests/test_browser.py) and `make screenshots`,
+# installed only where missing like postgres; Playwright drives it (never `playwright install`)
+chromium:
+	@command -v chromium >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 demo: env instance
 	$(PY) -m jobs.demo
@@ -73,7 +85,7 @@ ui: env instance
 		exec $(PY) -m dagster dev -w workspace.yaml -h $(UI_HOST) -p $(UI_PORT)
 
 # screenshots of the main views for README/docs (needs Debian's `chromium`; not used by CI)
-screenshots: env
+screenshots: env chromium
 	$(PY) -m docs.screenshots.take
 
 lint: env

@@ -23,6 +23,7 @@ from typing import Any
 
 from dagster_pyspark import LazyPySparkResource
 
+from resources import delta_jars
 from resources.class_archive import java_options
 from resources.settings import Settings, load_settings
 
@@ -64,8 +65,9 @@ LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 
 def spark_conf(settings: Settings) -> dict[str, str]:
     """The full Spark conf: platform defaults, then the master and driver address (or the
-    Connect URL), then BACKFILL_SPARK_CONF, then the driver JVM's class archive when there
-    is one (resources/class_archive.py: a session starts ~4 s sooner)."""
+    Connect URL), Delta's jars, SQL extension and catalog (resources/delta_jars.py: classic
+    sessions, local or cluster), then BACKFILL_SPARK_CONF, then the driver JVM's class archive
+    when there is one (resources/class_archive.py: a session starts ~4 s sooner)."""
     conf = dict(BASE_SPARK_CONF)
     if settings.spark_remote:
         conf[REMOTE_KEY] = settings.spark_remote
@@ -75,6 +77,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         conf["spark.driver.host"] = host
         # a loopback driver binds loopback only; a routable one must accept remote executors
         conf["spark.driver.bindAddress"] = host if host in LOOPBACK_HOSTS else "0.0.0.0"
+    if not settings.spark_remote:  # a Connect server loads Delta at its own start
+        conf.update(delta_jars.session_conf())
     conf.update(settings.spark_conf)
     if not settings.spark_remote:  # a Connect client starts no JVM
         mapped = java_options(settings.spark_class_archive)

@@ -15,6 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from resources import delta_jars
 from tests.infra import procs
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -119,6 +120,9 @@ def start_connect_server(work_dir: str, master: str = "local[2]",
         "spark.ui.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
         "spark.log.level": "WARN",
+        # Delta on the server (its jars, SQL extension and catalog are static conf): a client
+        # then reads and writes format("delta") and runs Delta SQL (resources/delta_jars.py)
+        **delta_jars.session_conf(),
         **(conf or {}),
     }
     argv = [os.path.join(spark_home(), "bin", "spark-submit"),

@@ -33,9 +33,9 @@ from backfill_assets.storage import (
     ensure_mor_table,
     file_reader,
 )
-from backfill_assets.storage.chunks import shared_cut
 from backfill_assets.storage.chunks.chunk_task import BAD_KEY
 from backfill_assets.storage.chunks.key_ranks import packed_ranks
+from backfill_assets.storage.chunks.shared_cut import shared_cut
 
 SCHEMA = pa.schema([("region", pa.string()), ("id", pa.int64()), ("name", pa.string()),
                     ("vnode", pa.int32())])

@@ -61,6 +61,7 @@ PHASES = {
 # later progress commits at most this often, so the asset page moves while it runs; the
 # barrier's end always does (a one-step barrier records only that one)
 INTERIM_RESULT_SECONDS = 30.0
+BACKFILL_TAG = "dagster/backfill"  # a run launched by a Dagster backfill (the asset pages')
 
 
 class BarrierConfig(dg.Config):
@@ -168,7 +169,8 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     states = vnode_states(tables)
     record_barrier(context.log_event, d, report,
                    summary_metadata(d, tables, report, figs, controls, states),
-                   figs.upstream_version, owns_replica)
+                   figs.upstream_version, owns_replica,
+                   in_backfill=BACKFILL_TAG in context.run.tags)
     # last: the result targets the MV's latest materialization (this barrier's, if any)
     context.log_event(progress_result(context.instance, figs, controls, states, report.v_new))
     return report

@@ -17,7 +17,9 @@ The summary event is the barrier's last event of `downstream_mv`: a materializat
 partition (the MV as a whole after the barrier; it changes no partition's status), so the
 asset's Overview, which shows the latest materialization, shows the MV's figures: mode, state,
 live rows, vnodes finished / in progress / not started, percent done, lag in versions and
-seconds, rows/s, ETA, and the per-vnode table.
+seconds, rows/s, ETA, and the per-vnode table. (In a run of a Dagster backfill, which refuses
+a materialization without a partition, it goes on the last finished vnode the barrier covered,
+or is an observation; see `record_barrier`.)
 """
 
 from __future__ import annotations
@@ -50,11 +52,14 @@ def keeps_replica(report: StepReport, owns_replica: bool) -> bool:
 
 def record_barrier(log_event: Callable[[object], None], d: MVDefinition, report: StepReport,
                    summary: dict, upstream_version: int, owns_replica: bool,
-                   changed: Sequence[int] | None = None) -> None:
+                   changed: Sequence[int] | None = None, in_backfill: bool = False) -> None:
     """Log the barrier's per-vnode events, then its summary event (see the module docstring);
     `summary` is the MV-wide metadata (`summary_metadata`). `changed`: the vnodes to record
     (a follower's: those whose progress moved; default every vnode the barrier covered); the
-    per-vnode table lists the same vnodes."""
+    per-vnode table lists the same vnodes. `in_backfill`: the run belongs to a Dagster
+    backfill, which fails on a materialization without a partition: the summary then goes on
+    the last finished vnode the barrier covered (it brought that vnode up to date), or is an
+    observation while none is finished."""
     vnodes = report.vnodes if changed is None else changed
     started = [v for v in vnodes if not isinstance(report.progress[v], NotStarted)]
     owned = (REPLICA, PROGRESS) if keeps_replica(report, owns_replica) else (PROGRESS,)
@@ -66,10 +71,15 @@ def record_barrier(log_event: Callable[[object], None], d: MVDefinition, report:
         if isinstance(report.progress[vnode], Completed):
             log_event(dg.AssetMaterialization(MV, partition=_key(d, vnode),
                                               metadata=_facts(report, vnode)))
-    # the MV as a whole: no partition, so no vnode's status changes, and it is the asset's
-    # latest materialization, which its Overview shows
-    log_event(dg.AssetMaterialization(
-        MV, metadata={**summary, "per_vnode": vnode_table(report, vnodes, upstream_version)}))
+    meta = {**summary, "per_vnode": vnode_table(report, vnodes, upstream_version)}
+    if not in_backfill:  # the MV as a whole: no partition, so no vnode's status changes, and
+        log_event(dg.AssetMaterialization(MV, metadata=meta))  # the Overview shows it
+        return
+    done = [v for v in report.vnodes if isinstance(report.progress[v], Completed)]
+    if done:
+        log_event(dg.AssetMaterialization(MV, partition=_key(d, done[-1]), metadata=meta))
+    else:
+        log_event(dg.AssetObservation(MV, metadata=meta))
 
 
 def is_summary(metadata) -> bool:

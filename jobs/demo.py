@@ -7,7 +7,8 @@
 4. a few more barriers of pure change-feed maintenance follow, the writer stops, one last
    barrier catches up,
 5. continuous mode: `follower_job` follows a new writer for DEMO_CONTINUOUS_SECONDS (15; 0
-   skips it) in one run on a warm Spark session, then `stop_follower_job` stops it, and
+   skips it) in one run on a warm Spark session, then `stop_follower_job` stops it (and the
+   stop request is withdrawn, so `BACKFILL_CONTINUOUS=1 make ui` starts a follower), and
 6. `verify_job` recomputes the MV independently and compares row for row.
 Every run is executed here but recorded as a run of the workspace's code location
 (`jobs.workspace_runs`), so `dagster dev` shows it on the Runs page *and* the Timeline.

@@ -204,3 +204,33 @@ def test_barrier_sensor_turns_versions_into_ranged_runs(tmp_path, warehouse, mon
     again = sensor(dg.build_sensor_context(instance=instance, cursor=ctx.cursor))
     assert [r.run_key for r in again] == [r.run_key for r in requests]  # idempotent barrier
     assert json.loads(ctx.cursor)["version"] == version
+
+
+def test_sensor_skips_a_current_mv_and_runs_at_once_on_a_resume(tmp_path, warehouse, monkeypatch):
+    """No run for an MV at the upstream's latest version that is finished or paused (so `make
+    ui` after `make demo` changes nothing); a resume is a new run key at the same versions."""
+    from backfill_assets.mv.controls import Controls, write_controls
+    from backfill_assets.wiring import sensors
+
+    monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
+    settings = load_settings()
+    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40))
+    run_load(f"{warehouse}/upstream", LoadParams(seed=1, initial_rows=100, versions=1,
+                                                 changes_per_version=5), vnode_count=VNODES)
+    version = DeltaTable(f"{warehouse}/upstream").version()
+    sensor = build_barrier_sensor(d, settings, "backfill_job", ranges=1)
+    instance = dg.DagsterInstance.ephemeral()
+    monkeypatch.setattr(sensors, "_where", lambda progress, n: (version, False))  # finished
+    skipped = sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(skipped, dg.SkipReason) and "finished" in skipped.skip_message
+    tables = sensors.mv_tables(d, settings)
+    monkeypatch.setattr(sensors, "_where", lambda progress, n: (version, True))  # unfinished
+    write_controls(tables, Controls(rate_limit=0))
+    paused = sensor(dg.build_sensor_context(instance=instance))
+    assert isinstance(paused, dg.SkipReason) and "paused" in paused.skip_message
+    write_controls(tables, Controls())  # resume
+    (resumed,) = sensor(dg.build_sensor_context(instance=instance))
+    write_controls(tables, Controls(rate_limit=500))  # a new rate: another barrier at once
+    (again,) = sensor(dg.build_sensor_context(instance=instance))
+    assert resumed.run_key != again.run_key
+

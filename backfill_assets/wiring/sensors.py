@@ -23,7 +23,7 @@ import dagster as dg
 
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
-from backfill_assets.mv.controls import read_controls
+from backfill_assets.mv.controls import controls_changed_at, read_controls
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.follower import stop_request
 from backfill_assets.wiring.liveness import (
@@ -72,10 +72,9 @@ def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: 
                              + ("paused (resume with set_controls_job)" if unfinished
                                 else "finished"))
     state = progress.version() if progress is not None else -1
-    # the controls are part of the key: a resume (or a new rate) at the same upstream and
-    # progress versions is a new barrier, not the paused one again
-    knobs = f"r{'-' if controls.rate_limit is None else controls.rate_limit}" \
-            f"c{controls.chunk_size or '-'}"
+    # the controls' last change is part of the key: a resume (or a new rate) at the same
+    # upstream and progress versions is a new barrier, not the one before the pause again
+    knobs = f"c{int((controls_changed_at(tables) or 0) * 1000)}"
     requests, waiting = [], []
     for first, last in vnode_ranges(d.vnode_count, ranges):
         busy = _busy(context.instance, first, last, d.vnode_count)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import unquote
@@ -32,6 +31,7 @@ from backfill_assets.storage.delta.delta_rs import (
     latest_version,
 )
 from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.lru import LRU
 
 STEP_METADATA_KEY = "backfill.step"
 
@@ -93,14 +93,15 @@ def open_table(uri: str, storage_options: Mapping[str, str], version: int | None
         return None
 
 
-_LATEST: dict[tuple, tuple[DeltaTable, tuple | None]] = {}
-_LATEST_LOCK = threading.Lock()
+# (uri, options) -> (the table, its commit file's identity); the lock is held around a whole
+# lookup, which may bring the table forward in place (update_incremental)
+_LATEST: LRU[tuple, tuple[DeltaTable, tuple | None]] = LRU(32)
 
 
 def _latest(uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
     key = (uri.rstrip("/"), tuple(sorted(dict(storage_options or {}).items())))
-    with _LATEST_LOCK:
-        table, seen = _LATEST.pop(key, (None, None))
+    with _LATEST.lock:
+        table, seen = _LATEST.pop(key) or (None, None)
         if table is not None and seen is not None and seen == _commit_identity(table, key):
             try:
                 if latest_version(uri, storage_options) != table.version():
@@ -112,9 +113,7 @@ def _latest(uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
                 table = DeltaTable(uri, storage_options=dict(storage_options) or None)
             except TableNotFoundError:
                 return None
-        _LATEST[key] = (table, _commit_identity(table, key))
-        while len(_LATEST) > 32:
-            del _LATEST[next(iter(_LATEST))]
+        _LATEST.put(key, (table, _commit_identity(table, key)))
         return table
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +49,7 @@ from backfill_assets.storage.chunks.window_scan import WINDOW_CAP, read_all
 from backfill_assets.storage.delta.change_log import change_log
 from backfill_assets.storage.delta.log import DataFile, Snapshot
 from backfill_assets.storage.rows.change_feed import metadata_changed, read_change_range
+from backfill_assets.storage.store.lru import LRU
 
 # chunks a window holds: a barrier in this many reads the upstream's files (a quarter chunk
 # more: the writer's deletes in the window must not leave its last chunk short)
@@ -77,8 +77,7 @@ class _Window:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_WINDOWS: OrderedDict[tuple, _Window] = OrderedDict()
-_REGISTRY = threading.Lock()
+_WINDOWS: LRU[tuple, _Window] = LRU(_KEPT)
 
 
 def windowed_cut(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
@@ -91,10 +90,7 @@ def windowed_cut(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos
     window's files when it read one, else the change rows."""
     key = (snap.uri, snap.table.metadata().id, tuple(sorted(vnodes)), key_order,
            tuple(columns))
-    with _REGISTRY:
-        window = _WINDOWS.get(key)
-        if window is not None:
-            _WINDOWS.move_to_end(key)
+    window = _WINDOWS.get(key)
     if window is not None:
         with window.lock:
             taken = _take_from(window, snap, key_order, pos, limit)
@@ -121,17 +117,13 @@ def windowed_cut(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos
     if taken is None:  # keys that do not pack in 62 bits: the plain cut, every barrier
         return shared_cut(snap, files, key_order, vnodes, pos, limit, floors, read_rows)
     if taken.key is not None:
-        with _REGISTRY:
-            _WINDOWS[key] = window
-            while len(_WINDOWS) > _KEPT:
-                _WINDOWS.popitem(last=False)
+        _WINDOWS.put(key, window)
     return SharedCut(taken.key, taken.rows, held=taken.held, rows_read=rows_read,
                      window_rows=len(window.ranks))
 
 
 def _forget(key: tuple) -> None:
-    with _REGISTRY:
-        _WINDOWS.pop(key, None)
+    _WINDOWS.pop(key)
 
 
 def _new_window(version: int, vnodes: tuple[int, ...], lo: Key | None,

@@ -9,14 +9,13 @@ changes the metadata, its timestamp, and its change rows by its operation metric
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.storage.delta.log import Snapshot, commit_uri
 from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.lru import LRU
 
 
 @dataclass(frozen=True)
@@ -57,22 +56,14 @@ def change_log(snap: Snapshot, v: int) -> ChangeLog:
     if snap.table is None:  # no table id to key on (a bare look at the log): not kept
         return _parsed(snap, v)
     key = (snap.uri, snap.table.metadata().id, v)
-    with _LOG_LOCK:
-        found = _LOGS.get(key)
-        if found is not None:
-            _LOGS.move_to_end(key)
-            return found
-    found = _parsed(snap, v)
-    with _LOG_LOCK:
-        _LOGS[key] = found
-        while len(_LOGS) > _LOGS_KEPT:
-            _LOGS.popitem(last=False)
+    found = _LOGS.get(key)
+    if found is None:
+        found = _parsed(snap, v)
+        _LOGS.put(key, found)
     return found
 
 
-_LOGS: OrderedDict[tuple, ChangeLog] = OrderedDict()
-_LOG_LOCK = threading.Lock()
-_LOGS_KEPT = 64
+_LOGS: LRU[tuple, ChangeLog] = LRU(64)
 _KEPT_FIELDS = ("path", "partitionValues", "size", "deletionVector", "dataChange")
 
 

@@ -19,8 +19,6 @@ What delta-rs 1.6 does that callers must know (measured, see tests/test_change_f
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,6 +32,7 @@ from backfill_assets.core.errors import (
     TableNotFound,
 )
 from backfill_assets.storage.store import conditional, objects
+from backfill_assets.storage.store.lru import LRU
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 PK_PROPERTY = "backfill.primaryKey"  # JSON list of the primary-key columns
@@ -78,27 +77,21 @@ def _pinned(uri: str, version: int, storage_options: StorageOptions) -> DeltaTab
     if info is None:  # the commit file is gone (log cleanup): no identity to key on
         return _load(uri, version, storage_options)
     key = (uri.rstrip("/"), version, tuple(sorted((storage_options or {}).items())), info)
-    with _PINNED_LOCK:
-        known = _PINNED.get(key)
-        if known is not None:
-            _PINNED.move_to_end(key)
-            return known[0]
+    known = _PINNED.get(key)
+    if known is not None:
+        return known[0]
     table = _load(uri, version, storage_options)
-    with _PINNED_LOCK:
-        _PINNED[key] = (table, pa.table(table.get_add_actions(flatten=False)).num_rows)
-        while len(_PINNED) > _PINNED_KEPT or (
-                len(_PINNED) > 2 and sum(n for _, n in _PINNED.values()) > _PINNED_FILES):
-            _PINNED.popitem(last=False)
+    _PINNED.put(key, (table, pa.table(table.get_add_actions(flatten=False)).num_rows))
     return table
 
 
 # (uri, version, options, commit file identity) -> (table, its live files), least recently
 # used first out: delta-rs keeps ~1.8 KB per live file of a loaded version (23 MiB for a
 # 12,800-file table), so the cache is bounded by files as well as by tables
-_PINNED: OrderedDict[tuple, tuple[DeltaTable, int]] = OrderedDict()
-_PINNED_LOCK = threading.Lock()
 _PINNED_KEPT = 16
 _PINNED_FILES = 10_000
+_PINNED: LRU[tuple, tuple[DeltaTable, int]] = LRU(
+    _PINNED_KEPT, weight=lambda pinned: pinned[1], max_weight=_PINNED_FILES, keep_at_least=2)
 
 
 def _load(uri: str, version: int | None, storage_options: StorageOptions) -> DeltaTable:

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -31,6 +29,7 @@ from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.delta_rs import arrow_schema, latest_version, open_table
 from backfill_assets.storage.delta.file_stats import FileStats, StatColumns, partition_values
 from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.lru import LRU
 
 # a log path decoded once per process (thousands of files, several snapshots per barrier)
 unquote = lru_cache(maxsize=1 << 20)(_unquote)
@@ -87,17 +86,12 @@ class Snapshot:
             version = latest_version(uri, storage_options)  # loaded once per process
         table = open_table(uri, version, storage_options)
         key = (uri.rstrip("/"), tuple(sorted((storage_options or {}).items())))
-        with _LOADED_LOCK:
-            known = _LOADED.get(key)
-            if known is not None and known.table is table:  # the same pinned version
-                _LOADED.move_to_end(key)
-                return known
+        known = _LOADED.get(key, valid=lambda s: s.table is table)  # the same pinned version
+        if known is not None:
+            return known
         snap = cls(uri.rstrip("/"), dict(storage_options or {}), table)
         if pa.table(table.get_add_actions(flatten=False)).num_rows <= _LOADED_FILES:
-            with _LOADED_LOCK:
-                _LOADED[key] = snap
-                while len(_LOADED) > _LOADED_KEPT:
-                    _LOADED.popitem(last=False)
+            _LOADED.put(key, snap)
         return snap
 
     @property
@@ -206,8 +200,7 @@ class Snapshot:
         process made at or before it (only the commits since are read: a warm loop of barriers
         reads each commit once), else from the last checkpoint."""
         key = (self.uri, self.table.metadata().id)
-        with _REPLAY_LOCK:
-            known = _REPLAYS.get(key)
+        known = _REPLAYS.get(key, touch=False)
         if known is None or known.version > self.version:
             known = Replayed(-1, {}, {})
             known.version = self._replay_checkpoint(known.live, known.txns)
@@ -223,13 +216,8 @@ class Snapshot:
                 if txn:
                     out.txns[txn["appId"]] = int(txn["version"])
         out.version = self.version
-        with _REPLAY_LOCK:
-            current = _REPLAYS.get(key)
-            if current is None or current.version <= out.version:
-                _REPLAYS[key] = Replayed(out.version, dict(out.live), dict(out.txns))
-                _REPLAYS.move_to_end(key)
-                while len(_REPLAYS) > _REPLAYS_KEPT:
-                    _REPLAYS.popitem(last=False)
+        _REPLAYS.put(key, Replayed(out.version, dict(out.live), dict(out.txns)),
+                     replaces=lambda current: current.version <= out.version)
         return out
 
     def _replay_checkpoint(self, live: dict, txns: dict) -> int:
@@ -279,16 +267,12 @@ class Replayed:
 # a barrier loads the replica's latest version two or three times, and each new Snapshot
 # converted its file list again (41 ms for 5,120 files); tables of more files are not kept
 # (their file lists are what a driver's memory must not hold on to)
-_LOADED: OrderedDict[tuple, Snapshot] = OrderedDict()
-_LOADED_LOCK = threading.Lock()
-_LOADED_KEPT = 4
+_LOADED: LRU[tuple, Snapshot] = LRU(4)
 _LOADED_FILES = 10_000
 
 # (table uri, table id) -> the newest replay this process made (a table recreated at the same
 # uri has a new id); each Snapshot copies it, so nothing shared is ever changed
-_REPLAYS: OrderedDict[tuple[str, str], Replayed] = OrderedDict()
-_REPLAY_LOCK = threading.Lock()
-_REPLAYS_KEPT = 32
+_REPLAYS: LRU[tuple[str, str], Replayed] = LRU(32)
 
 
 def _apply(live: dict, add: dict | None, remove: dict | None) -> None:

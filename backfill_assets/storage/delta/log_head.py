@@ -18,8 +18,6 @@ does not know) makes ``open_head`` return delta-rs' own table instead: never a g
 from __future__ import annotations
 
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,6 +26,7 @@ from deltalake import Schema
 from backfill_assets.storage.delta.delta_rs import open_table
 from backfill_assets.storage.delta.log import commit_uri, read_checkpoint
 from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.lru import LRU
 
 
 @dataclass(frozen=True)
@@ -130,15 +129,12 @@ class _Known:
     identity: tuple | None  # size and mtime of that version's commit file
 
 
-_HEADS: OrderedDict[tuple, _Known] = OrderedDict()
-_LOCK = threading.Lock()
-_KEPT = 32
+_HEADS: LRU[tuple, _Known] = LRU(32)
 
 
 def _head(uri: str, version: int, options: dict) -> TableHead:
     key = (uri, tuple(sorted(options.items())))
-    with _LOCK:
-        known = _HEADS.get(key)
+    known = _HEADS.get(key, touch=False)
     if known is not None and (known.version > version
                               or _identity(uri, known.version, options) != known.identity):
         known = None  # an older version, or the table was recreated: start over
@@ -152,13 +148,7 @@ def _head(uri: str, version: int, options: dict) -> TableHead:
     if not meta or not protocol:
         raise _Unhandled(f"{uri} v{version}: no metaData or protocol action found")
     ahead = _Known(version, meta, protocol, _identity(uri, version, options))
-    with _LOCK:
-        current = _HEADS.get(key)
-        if current is None or current.version <= version:
-            _HEADS[key] = ahead
-            _HEADS.move_to_end(key)
-            while len(_HEADS) > _KEPT:
-                _HEADS.popitem(last=False)
+    _HEADS.put(key, ahead, replaces=lambda current: current.version <= version)
     return TableHead(uri, version, meta, protocol, options)
 
 

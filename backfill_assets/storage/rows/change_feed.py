@@ -14,8 +14,6 @@ before they go to Spark).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -32,6 +30,7 @@ from backfill_assets.storage.delta.change_log import change_log as _change_log
 from backfill_assets.storage.delta.log import Snapshot
 from backfill_assets.storage.rows.scan import file_rows
 from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.lru import LRU
 
 CHANGE_TYPE, VERSION, TIMESTAMP = "_change_type", "_commit_version", "_commit_timestamp"
 _UPSERTS = ("insert", "update_postimage")
@@ -54,23 +53,17 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
     key = None if latest.table is None else (
         latest.uri, latest.table.metadata().id, start_exclusive, end,
         None if vnodes is None else tuple(vnodes), latest.arrow_schema)
-    with _RANGES_LOCK:
-        table = _RANGES.get(key) if key is not None and reuse else None
+    table = _RANGES.get(key, touch=False) if key is not None and reuse else None
     if table is None:
         table = _read_range(latest, start_exclusive, end, vnodes)
         if key is not None and table.nbytes <= _RANGE_MAX_BYTES:
-            with _RANGES_LOCK:
-                _RANGES[key] = table
-                while len(_RANGES) > _RANGES_KEPT:
-                    _RANGES.popitem(last=False)
+            _RANGES.put(key, table)
     if columns is not None:
         table = table.select([*columns, *(c for c in (CHANGE_TYPE, VERSION) if c not in columns)])
     return table
 
 
-_RANGES: OrderedDict[tuple, pa.Table] = OrderedDict()
-_RANGES_LOCK = threading.Lock()
-_RANGES_KEPT = 4  # change ranges kept (a barrier's worth of rows each)
+_RANGES: LRU[tuple, pa.Table] = LRU(4)  # change ranges kept (a barrier's worth of rows each)
 _RANGE_MAX_BYTES = 16 << 20  # a larger range (a long catch-up) is not kept: 64 MiB at most held
 
 

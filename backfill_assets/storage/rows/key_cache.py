@@ -19,8 +19,6 @@ starts pays the reads.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -28,7 +26,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.storage.store.lru import LRU
+
 DEFAULT_LIMIT_BYTES = 512 << 20
+_DVS_KEPT = 4096  # decoded deletion vectors kept
 _ROW = "__bf_row"
 
 
@@ -100,78 +101,61 @@ class KeyCache:
     """Bytes-bounded LRU of ``FileKeys`` per (table, file), plus decoded DVs per unique id."""
 
     def __init__(self, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
-        self.limit = limit_bytes
-        self._files: OrderedDict[tuple, FileKeys] = OrderedDict()
-        self._dvs: OrderedDict[tuple, object] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
+        self._files: LRU[tuple, FileKeys] = LRU(None, weight=lambda keys: keys.nbytes,
+                                                 max_weight=limit_bytes)
+        self._dvs: LRU[tuple, object] = LRU(_DVS_KEPT)
         self.hits = self.misses = 0
+
+    @property
+    def limit(self) -> int:
+        return self._files.max_weight or 0
 
     def file_keys(self, table: str, path: str, size: int, rows: int | None,
                   key_names: Sequence[str], read: Callable[[], pa.Table]) -> FileKeys:
         """The keys of one file, read by ``read`` (key columns, file order) on a miss."""
         key = (table, path, size, rows, tuple(key_names))
-        with self._lock:
+        with self._files.lock:
             found = self._files.get(key)
             if found is not None:
-                self._files.move_to_end(key)
                 self.hits += 1
                 return found
         entry = FileKeys.of(read())
-        with self._lock:
+        with self._files.lock:
             self.misses += 1
-            if key not in self._files and entry.nbytes <= self.limit:
-                self._files[key] = entry
-                self._bytes += entry.nbytes
-                self._evict()
+            if entry.nbytes <= self.limit:  # kept unless another thread kept it first
+                self._files.put(key, entry, replaces=lambda _: False)
         return entry
 
     def deleted_rows(self, table: str, unique_id: str, load: Callable[[], object]):
         """A DV's deleted rows (a pyroaring bitmap: callers must not change it)."""
         key = (table, unique_id)
-        with self._lock:
-            found = self._dvs.get(key)
-            if found is not None:
-                self._dvs.move_to_end(key)
-                return found
+        found = self._dvs.get(key)
+        if found is not None:
+            return found
         bitmap = load()
-        with self._lock:
-            self._dvs[key] = bitmap
-            while len(self._dvs) > 4096:
-                self._dvs.popitem(last=False)
+        self._dvs.put(key, bitmap)
         return bitmap
 
     def keep_live(self, table: str, live_paths: Iterable[str]) -> None:
         """Forget the files of ``table`` that are not in ``live_paths`` (removed files)."""
         live = set(live_paths)
-        with self._lock:
-            gone = [k for k in self._files if k[0] == table and k[1] not in live]
-            for k in gone:
-                self._bytes -= self._files.pop(k).nbytes
+        self._files.discard_where(lambda k: k[0] == table and k[1] not in live)
 
     def cached_paths(self, table: str) -> set[str]:
-        with self._lock:
-            return {k[1] for k in self._files if k[0] == table}
+        return {k[1] for k in self._files.keys() if k[0] == table}
 
     def set_limit(self, limit_bytes: int) -> None:
-        with self._lock:
-            self.limit = limit_bytes
-            self._evict()
+        self._files.set_max_weight(limit_bytes)
 
     def clear(self) -> None:
-        with self._lock:
+        with self._files.lock:
             self._files.clear()
             self._dvs.clear()
-            self._bytes = 0
             self.hits = self.misses = 0
 
     @property
     def bytes(self) -> int:
-        return self._bytes
-
-    def _evict(self) -> None:
-        while self._bytes > self.limit and self._files:
-            self._bytes -= self._files.popitem(last=False)[1].nbytes
+        return self._files.weight
 
 
 CACHE = KeyCache()

@@ -14,10 +14,12 @@ def build_backfill_job(partitions_def: dg.PartitionsDefinition, mv_name: str | N
     """The job; every run of it carries ``backfill/mv=<mv_name>`` (a per-MV concurrency key)."""
     return dg.define_asset_job(
         "backfill_job",
-        # the barrier's multi-asset: downstream_mv, backfill_progress and, in arrangement mode
-        # only, replicated_state (wiring/assets.py)
-        selection=dg.AssetSelection.assets("downstream_mv").required_multi_asset_neighbors()
-        .without_checks(),
+        # every asset of the barrier's multi-asset: downstream_mv, backfill_progress and, in
+        # arrangement mode only, replicated_state (wiring/assets.py); an input of the run's
+        # assets that is not selected but has events would have Dagster fetch its data
+        # versions, which fails in a run without a partition range
+        selection=(dg.AssetSelection.assets("backfill_progress").upstream(depth=2)
+                   .materializable()).without_checks(),
         partitions_def=partitions_def,
         executor_def=dg.in_process_executor,
         description="One barrier of the vnode backfill for the run's vnode range.",

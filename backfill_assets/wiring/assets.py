@@ -90,8 +90,9 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                     "figures (downstream_mv/backfill_finished).")
     owns_replica = mode_named(d.mode).owns_replica
     replica = _replica_spec(d, parts, owns_replica)
-    mv_inputs = [REPLICA] if owns_replica else \
-        [UPSTREAM, REPLICA] if d.mode == "snapshot" else [UPSTREAM]
+    # snapshot mode reads the replica on its throttled path only: no edge (an edge to an
+    # asset with events has Dagster fetch its data versions, which fails in an unranged run)
+    mv_inputs = [REPLICA] if owns_replica else [UPSTREAM]
     specs = [
         dg.AssetSpec(MV, deps=mv_inputs, partitions_def=parts, group_name="backfill",
                      skippable=True,
@@ -108,7 +109,9 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
     if owns_replica:
         specs.insert(0, replica)
 
-    @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts,
+    # can_subset: "Materialize" of downstream_mv alone (the asset page, `dagster asset
+    # materialize --select downstream_mv`) runs the barrier, which records all its assets
+    @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts, can_subset=True,
                     backfill_policy=dg.BackfillPolicy.single_run())
     def vnode_backfill(context: dg.AssetExecutionContext, config: BarrierConfig,
                        spark: LazyPySparkResource, warehouse: WarehouseResource):
@@ -137,11 +140,12 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
             if report.snapshot_rows == 0 and not report.recovered:
                 break  # nothing moved (no snapshot rows left to read): never loop idle
         if until_finished:
-            context.log.info(f"{barriers} barriers brought vnodes {split(vnodes)} to "
+            context.log.info(f"{barriers} barrier{'s' * (barriers != 1)} brought vnodes "
+                             f"{split(vnodes)} to "
                              f"{'finished' if report.finished else 'where they stand'}")
         yield from ()
 
-    return [upstream, vnode_backfill]
+    return [upstream, vnode_backfill] + ([] if owns_replica else [replica])
 
 
 def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],

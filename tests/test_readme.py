@@ -1,0 +1,130 @@
+"""Every command block of the README runs as written, after `make demo`, in a copy of the tree.
+
+The blocks are taken from README.md as it is (```bash and ```python fences), so a block that
+is added or edited is run too. In a copy of the working tree (the venv shared, file times kept
+so `make` does not reinstall it; its own warehouse, DAGSTER_HOME and demo.env), with no
+BACKFILL_* or DAGSTER_HOME from this process's environment:
+- the first block's `make demo` runs first (DEMO_ROWS smaller, the one change), and its
+  `make test` is this very suite, so it is not run again;
+- a block that starts `make ui` is run until the UI answers on its port, then stopped;
+- every other bash block runs with `bash -e`, every python block with the venv's Python, from
+  the copy's root; each must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from jobs.dagster_dev import ROOT
+from tests.infra import procs
+
+FENCE = re.compile(r"^```(bash|python)\n(.*?)^```", re.M | re.S)
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
+DEMO_ROWS = "30000"
+
+
+def blocks(path: str = os.path.join(ROOT, "README.md")) -> list[tuple[str, str]]:
+    with open(path, encoding="utf-8") as f:
+        return [(m.group(1), m.group(2)) for m in FENCE.finditer(f.read())]
+
+
+def _copy_tree(dst: str) -> None:
+    """The working tree's files (tracked and new, not ignored), times kept; the venv linked."""
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, names):
+        src = os.path.join(ROOT, name)
+        if os.path.isfile(src):
+            os.makedirs(os.path.dirname(os.path.join(dst, name)), exist_ok=True)
+            shutil.copy2(src, os.path.join(dst, name))
+    os.symlink(os.path.join(ROOT, ".venv"), os.path.join(dst, ".venv"))
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BACKFILL_", "DEMO_")) and k != "DAGSTER_HOME"}
+    # the venv is shared: never let make reinstall it from the copy (MAKEFLAGS reaches every
+    # make a block starts)
+    return {**env, "DEMO_ROWS": DEMO_ROWS, "MAKEFLAGS": "-o .venv/.installed"}
+
+
+def _run(cmd: list[str], cwd: str, env: dict, timeout: float = 900) -> str:
+    """Run to the end; its output through a file, not a pipe: Dagster's compute-log capture
+    leaves `tail -F` children that would hold a pipe open after the command ended."""
+    path = os.path.join(cwd, "block.log")
+    with open(path, "wb") as log:
+        code = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=timeout).returncode
+    with open(path, encoding="utf-8", errors="replace") as f:
+        out = f.read()
+    assert code == 0, f"{cmd!r} exited {code}:\n{out[-4000:]}"
+    return out
+
+
+def _stop_leftovers(tree: str) -> None:
+    """Processes still running in the copy (the compute logs' `tail -F`): SIGTERM."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").startswith(tree):
+                os.kill(int(pid), signal.SIGTERM)
+        except OSError:
+            continue
+
+
+def _serve_ui(block: str, cwd: str, env: dict) -> None:
+    """Run the block (it execs `dagster dev`) until the UI answers, then stop its group."""
+    port = procs.free_port()
+    env = {**env, "UI_PORT": str(port)}
+    with open(os.path.join(cwd, "make_ui.log"), "wb") as log:
+        proc = subprocess.Popen(["bash", "-ec", block], cwd=cwd, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, open(os.path.join(cwd, "make_ui.log")).read()[-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info",
+                                            timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                time.sleep(2)
+        raise AssertionError("make ui did not answer: "
+                             + open(os.path.join(cwd, "make_ui.log")).read()[-3000:])
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(20)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+
+
+@pytest.mark.slow
+def test_every_readme_block_runs_as_written(tmp_path):
+    found = blocks()
+    assert found and "make demo" in found[0][1], "the first block must be the two commands"
+    copy = str(tmp_path / "tree")
+    _copy_tree(copy)
+    env = _env()
+    try:
+        out = _run(["make", "demo"], copy, env, timeout=1800)
+        assert "verify_job: verified" in out and "0 mismatches" in out, out[-3000:]
+        for kind, block in found[1:]:
+            if kind == "python":
+                _run([PYTHON, "-c", block], copy, env)
+            elif re.search(r"^\s*make ui\b", block, re.M):
+                _serve_ui(block, copy, env)
+            else:
+                _run(["bash", "-ec", block], copy, env)
+    finally:
+        _stop_leftovers(copy)

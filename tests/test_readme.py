@@ -6,7 +6,8 @@ so `make` does not reinstall it; its own warehouse, DAGSTER_HOME and demo.env), 
 BACKFILL_* or DAGSTER_HOME from this process's environment:
 - the first block's `make demo` runs first (DEMO_ROWS smaller, the one change), and its
   `make test` is this very suite, so it is not run again;
-- a block that starts `make ui` is run until the UI answers on its port, then stopped;
+- a block that starts `make ui` is run until the UI answers on its port and shows the demo as
+  the demo left it (the sensor runs no barrier, the verification is shown), then stopped;
 - every other bash block runs with `bash -e`, every python block with the venv's Python, from
   the copy's root; each must exit 0.
 """
@@ -79,8 +80,36 @@ def _stop_leftovers(tree: str) -> None:
             continue
 
 
+SENSOR_TICKS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { sensors {
+  name sensorState { ticks(limit: 5) { status skipReason } } } } } } }"""
+
+
+def _demo_shown_as_left(url: str) -> None:
+    """`make ui` after `make demo`: the sensor's first tick runs no barrier (the MV is finished
+    at the upstream's latest version) and matches_oracle shows the demo's verification."""
+    from jobs.dagster_dev import graphql
+    from tests.test_ui import CHECK_NAME, CHECK_STATUS
+
+    def ticks() -> list[dict]:
+        return [t for repo in graphql(url, SENSOR_TICKS)["repositoriesOrError"]["nodes"]
+                for sensor in repo["sensors"] for t in sensor["sensorState"]["ticks"]]
+
+    deadline = time.monotonic() + 120
+    while not [t for t in ticks() if t["status"] != "STARTED"]:
+        assert time.monotonic() < deadline, "the barrier sensor never ticked"
+        time.sleep(3)
+    done = [t for t in ticks() if t["status"] != "STARTED"]
+    assert all(t["status"] == "SKIPPED" for t in done), done
+    assert "finished" in done[0]["skipReason"], done
+    shown = graphql(url, CHECK_STATUS, {"keys": [{"path": ["downstream_mv"]}]})
+    checks = {c["name"]: c["executionForLatestMaterialization"]
+              for c in shown["assetNodes"][0]["assetChecksOrError"]["checks"]}
+    assert checks[CHECK_NAME] and checks[CHECK_NAME]["status"] == "SUCCEEDED", checks
+
+
 def _serve_ui(block: str, cwd: str, env: dict) -> None:
-    """Run the block (it execs `dagster dev`) until the UI answers, then stop its group."""
+    """Run the block (it execs `dagster dev`) until the UI answers and shows the demo as the
+    demo left it, then stop its group."""
     port = procs.free_port()
     env = {**env, "UI_PORT": str(port)}
     with open(os.path.join(cwd, "make_ui.log"), "wb") as log:
@@ -94,11 +123,13 @@ def _serve_ui(block: str, cwd: str, env: dict) -> None:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info",
                                             timeout=5) as resp:
                     if resp.status == 200:
-                        return
+                        break
             except OSError:
                 time.sleep(2)
-        raise AssertionError("make ui did not answer: "
-                             + open(os.path.join(cwd, "make_ui.log")).read()[-3000:])
+        else:
+            raise AssertionError("make ui did not answer: "
+                                 + open(os.path.join(cwd, "make_ui.log")).read()[-3000:])
+        _demo_shown_as_left(f"http://127.0.0.1:{port}")
     finally:
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:

@@ -13,7 +13,7 @@ commit boundary for the crash tests.
 
 A step whose change rows are few (`keyed_barrier`) keeps them on the driver: they are netted
 in Arrow (`arrow_changes`), the visible ones projected in one small Spark job, and merged on
-read by key lookups (`storage.apply_changes(keyed=...)`, the replica's by `storage.apply_keyed`)
+read by key lookups (`storage.apply_keyed`, with the chunk's Spark-written rows in the same commit)
 instead of a Spark merge that reads every column of every file a changed key may be in (for
 changes spread over all vnodes, the whole MV). The snapshot chunk, which can be large, stays in
 Spark and lands in the same MV commit. A small barrier (finished vnodes only) then runs no other
@@ -188,16 +188,7 @@ class _Step:
                 state.advance_version(vnode, plan.v_new)
             if not keyed:
                 report.forwarded_rows = forward.count() if forward is not None else 0
-            report.snapshot_rows = chunk.read
-            if (keyed or changes is None) and chunk.rows is None and chunk.written is None \
-                    and not fresh:  # no Spark job: changes (if any) applied on the driver
-                report.engine = "driver"
-            if chunk.scanned is not None:
-                report.extra["snapshot_rows_scanned"] = chunk.scanned
-            if chunk.window_rows:
-                report.extra["snapshot_window_rows"] = chunk.window_rows
-            if chunk.engine is not None:
-                report.extra["bulk_engine"] = chunk.engine
+            self._record_chunk(chunk, (keyed or changes is None) and not fresh)
             forward = forward if report.forwarded_rows else None
             if chunk.written is not None and forward is not None:
                 # a commit that deletes needs change files for all its rows: the forwarded
@@ -218,6 +209,20 @@ class _Step:
             if self.ctx.first_written is not None:  # a copy's chunk no read took
                 self.ctx.first_written[1].discard()
         return self._finish()
+
+    def _record_chunk(self, chunk: Chunk, on_driver: bool) -> None:
+        """The snapshot read's figures in the report; ``on_driver``: the changes (if any) were
+        applied on the driver and no vnode started, so without chunk rows no Spark job ran."""
+        report = self.report
+        report.snapshot_rows = chunk.read
+        if on_driver and chunk.rows is None and chunk.written is None:
+            report.engine = "driver"
+        if chunk.scanned is not None:
+            report.extra["snapshot_rows_scanned"] = chunk.scanned
+        if chunk.window_rows:
+            report.extra["snapshot_window_rows"] = chunk.window_rows
+        if chunk.engine is not None:
+            report.extra["bulk_engine"] = chunk.engine
 
     def _read_chunk(self, source: SnapshotSource, fresh: list[int]) -> Chunk:
         """The step's snapshot rows. A bulk step whose vnodes all start now (nothing to
@@ -287,10 +292,12 @@ class _Step:
         snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv) \
             if self.mv_version is None else storage.Snapshot.load(
                 self.req.tables.mv, self.mv_version, self.req.tables.storage_options)
+
+        def hook(point: str) -> None:
+            self.hook(f"mv_{point}")
+
         if written is not None:
-            storage.apply_changes(self.ctx.spark, snap, key_order.names, intent,
-                                  inserts=written, rows_hint=self.report.snapshot_rows,
-                                  hook=lambda point: self.hook(f"mv_{point}"))
+            storage.commit_written(snap, intent, written, hook=hook)
             return
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         keyed = forward if isinstance(forward, storage.KeyedRows) else None
@@ -301,12 +308,19 @@ class _Step:
         # files sized by the upstream's rows, for what Spark writes (reading the upstream's log
         # for that costs ~0.03 s at 20M rows: a small barrier's keyed rows make one file anyway)
         spark_writes = changes is not None or rows is not None
-        self.mv_version = storage.apply_changes(
-            self.ctx.spark, snap, key_order.names, intent, changes=changes, keyed=keyed,
-            inserts=rows, rows_hint=self.report.snapshot_rows,
-            file_rows=mv_file_rows(self.ctx) if spark_writes else None,
-            clustered_inserts=clustered and rows is not None,
-            hook=lambda point: self.hook(f"mv_{point}")).version
+        file_rows = mv_file_rows(self.ctx) if spark_writes else None
+        clustered = clustered and rows is not None
+        if keyed is not None:
+            applied = storage.apply_keyed(
+                snap, key_order.names, intent, keyed, inserts=rows,
+                rows_hint=self.report.snapshot_rows, file_rows=file_rows,
+                clustered_inserts=clustered, hook=hook)
+        else:
+            applied = storage.apply_changes(
+                self.ctx.spark, snap, key_order.names, intent, changes, inserts=rows,
+                rows_hint=self.report.snapshot_rows, file_rows=file_rows,
+                clustered_inserts=clustered, hook=hook)
+        self.mv_version = applied.version
 
 
 def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:

@@ -16,16 +16,17 @@ Public surface (everything else in the package is its inside):
   replica's base and change rows (replica.py);
 - ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed (an exact Arrow
   projection) and written by Python tasks alone, which report each vnode's rows and last key;
-  the ``BulkWritten`` files are then committed by ``apply_changes(inserts=...)`` with the
-  progress they make (``TransformRefused``: nothing written, write them through Spark);
-- ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
-  commit of new clustered files, deletion vectors and exact change-data files (files sized by
+  the ``BulkWritten`` files are then committed by ``commit_written`` with the progress they
+  make (``TransformRefused``: nothing written, write them through Spark);
+- ``apply_changes`` (Spark frames: keyed changes merged on read and/or inserts) / ``append``
+  (inserts alone) with an ``Intent`` (app transactions + commit metadata): one commit of new
+  clustered files, deletion vectors and exact change-data files (files sized by
   ``file_rows_for`` the table's rows);
 - ``KeyedRows`` (each changed key's row before and after): found by key lookups on the
-  driver instead of a Spark merge, with ``apply_changes(keyed=...)`` (a chunked barrier's
-  forwarded changes beside its Spark-written chunk, one commit) or ``apply_keyed`` (a small
-  barrier: no Spark job); ``replace_keyed``: the rows of a few keys overwritten (the
-  progress table); ``key_counts``: rows per key, reading only key columns;
+  driver instead of a Spark merge, with ``apply_keyed`` (a small barrier: no Spark job; or a
+  chunked barrier's forwarded changes beside its Spark-written chunk, one commit);
+  ``replace_keyed``: the rows of a few keys overwritten (the progress table); ``key_counts``:
+  rows per key, reading only key columns;
 - ``change_rows_by_vnode``: a version range's change rows per vnode, estimated from the log
   alone (how snapshot mode sizes its catch-up steps);
 - ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
@@ -70,6 +71,7 @@ from backfill_assets.storage.writes.merge import (
     append,
     apply_changes,
     apply_keyed,
+    commit_written,
     file_rows_for,
 )
 from backfill_assets.storage.writes.replica_copy import FirstChunk, write_copy
@@ -78,6 +80,7 @@ __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile
            "Intent",
            "HeldChunk", "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "change_rows_by_vnode", "apply_keyed", "chunk_files",
+           "commit_written",
            "chunk_tasks",
            "ensure_mor_table",
            "file_reader", "file_rows_for", "key_counts", "local_threads", "open_mor_table",

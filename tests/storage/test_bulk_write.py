@@ -28,6 +28,7 @@ from backfill_assets.storage import (
     TransformRefused,
     apply_changes,
     apply_keyed,
+    commit_written,
     ensure_mor_table,
     write_bulk,
 )
@@ -84,7 +85,7 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, r
     dst = _target(str(base / "dst"))
     bulk = BulkRows(src, tuple(sorted(vnodes)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
     written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=5)
-    apply_changes(spark, dst, ["id"], Intent({"t/dst/0": 5}), inserts=written)
+    commit_written(dst, Intent({"t/dst/0": 5}), written)
     live = [r for r in data if r["id"] not in set(deleted) and r["vnode"] in vnodes]
     per_vnode: dict[int, list[int]] = {}
     for r in live:
@@ -141,6 +142,8 @@ def test_bulk_files_are_committed_alone(spark, tmp_path):
     written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
     keyed = KeyedRows(TARGET.empty_table(), TARGET.empty_table())
     with pytest.raises(ValueError, match="committed alone"):
-        apply_changes(spark, dst, ["id"], Intent(), keyed=keyed, inserts=written)
+        apply_keyed(dst, ["id"], Intent(), keyed, inserts=written)
+    with pytest.raises(ValueError, match="committed alone"):
+        apply_changes(spark, dst, ["id"], Intent(), inserts=written)
     written.discard()
     assert _parquet_files(dst.uri) == set()

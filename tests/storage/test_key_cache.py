@@ -37,7 +37,7 @@ def _seeded(uri: str, file_rows: int) -> str:
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = _rows(*[(i, "seed") for i in range(40)])
     apply_keyed(Snapshot.load(uri), KEY, Intent({"t/mv/0": 0}),
-                KeyedRows(seed.slice(0, 0), seed), file_rows_max=file_rows)
+                KeyedRows(seed.slice(0, 0), seed), file_rows=file_rows)
     return uri
 
 

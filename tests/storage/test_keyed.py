@@ -39,7 +39,7 @@ def table(tmp_path) -> str:
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = _rows(*[(i, "seed") for i in range(20)])
     apply_keyed(Snapshot.load(uri), KEY, Intent({"t/mv/0": 0}), KeyedRows(seed.slice(0, 0), seed),
-                file_rows_max=6)
+                file_rows=6)
     return uri
 
 

@@ -91,16 +91,16 @@ def _apply(spark, uri, model, ops, fresh, step, file_rows, engine):
         after += [(k, "new", k % 4) for k in inserts]
         rows = KeyedRows(_arrow(before), _arrow(after))
         return apply_keyed(Snapshot.load(uri), ["id"], intent, rows,
-                           file_rows_max=file_rows), expected
+                           file_rows=file_rows), expected
     ins = spark.createDataFrame([(k, "new", k % 4) for k in inserts], SPARK_SCHEMA) \
         if inserts else None
     if engine == "combined":
         after = [(k, n, v) for k, n, v, op in changes if op == "upsert"]
         chunk = ins.coalesce(1).sortWithinPartitions("vnode", "id") if ins else None
-        return apply_changes(spark, Snapshot.load(uri), ["id"], intent,
-                             keyed=KeyedRows(_arrow(before), _arrow(after)), inserts=chunk,
-                             rows_hint=len(inserts), file_rows=file_rows,
-                             clustered_inserts=True), expected
+        return apply_keyed(Snapshot.load(uri), ["id"], intent,
+                           KeyedRows(_arrow(before), _arrow(after)), inserts=chunk,
+                           rows_hint=len(inserts), file_rows=file_rows,
+                           clustered_inserts=True), expected
     ch = spark.createDataFrame(changes, SPARK_SCHEMA + f", {OP} string") if changes else None
     applied = apply_changes(spark, Snapshot.load(uri), ["id"], intent,
                             changes=ch, inserts=ins, rows_hint=len(changes) + len(inserts),
@@ -196,10 +196,10 @@ def test_keyed_changes_beside_spark_inserts_make_one_exact_commit(spark, tmp_pat
 
     def commit(step, before, after, keys):
         points = []
-        applied = apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/mv/0": step}),
-                                keyed=KeyedRows(_arrow(before), _arrow(after)),
-                                inserts=chunk(keys), rows_hint=len(keys), file_rows=4,
-                                clustered_inserts=True, hook=points.append)
+        applied = apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/mv/0": step}),
+                              KeyedRows(_arrow(before), _arrow(after)),
+                              inserts=chunk(keys), rows_hint=len(keys), file_rows=4,
+                              clustered_inserts=True, hook=points.append)
         feed = pa.table(DeltaTable(uri).load_cdf(starting_version=applied.version,
                                                  ending_version=applied.version))
         return applied, points, Counter((r["id"], r["name"], r["_change_type"])

@@ -87,7 +87,7 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
                          configuration={"backfill.vnodeCount": str(VNODES)})
         if layout == "keyed":  # (vnode, key)-sorted files, their exact bounds tagged
             apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 0}),
-                        KeyedRows(_rows([]), _rows(keys)), file_rows_max=file_rows)
+                        KeyedRows(_rows([]), _rows(keys)), file_rows=file_rows)
         else:  # files as an upstream appends them: stats only, a box per file
             ordered = sorted(keys, key=lambda k: k[1]) if layout == "by_id" else keys
             for i in range(0, len(ordered), file_rows):
@@ -187,7 +187,7 @@ def test_the_cut_reports_every_file_it_read_not_only_those_holding_the_chunk(tmp
 def test_a_first_bound_estimated_too_tight_is_read_again_without_it(tmp_path):
     """Four files of one floor, (a, 0): the first holds (a, 1..21) but (a, 9), which a
     second holds among (a, 1000..). The cap estimated from the first file (its rows' share
-    of the chunk, ``_CAP`` chunks of room) lands at (a, 8), under which only 8 rows lie,
+    of the chunk, ``CAP`` chunks of room) lands at (a, 8), under which only 8 rows lie,
     fewer than the 15 of the chunk, and (a, 9) was not held: the cut is read again without
     a cap and is exact ((a, 15), not (a, 16)), and both reads are reported."""
     uri = str(tmp_path / "up")

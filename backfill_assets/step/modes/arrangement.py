@@ -97,7 +97,7 @@ class ReplicaSource:
                     ctx.spark, snap, ctx.upstream_schema.names)).where(
                     mv_store.vnode_in(vnodes)), ctx.key_names, ctx.tables.upstream, ctx.v_new)
                 raise AssertionError("the replica's tasks flagged a pk the key check did not find")
-            storage.apply_changes(ctx.spark, target, ctx.key_names, intent, inserts=written)
+            storage.commit_written(target, intent, written)
             return sum(f.rows for f in written.files)
         up = storage.read_snapshot(ctx.spark, snap, ctx.upstream_schema.names)
         up = ctx.with_vnode(up).where(mv_store.vnode_in(vnodes))

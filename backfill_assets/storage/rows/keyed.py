@@ -7,8 +7,8 @@ feed's pre-images, which is what the MV or replica was built from) and the row i
 columns (never the other columns) of the files whose statistics admit a changed key, takes the
 rows' positions for the deletion vectors, and writes one file of new rows and one change-data
 file from the rows it was given. Nothing goes through Spark. The commit itself is
-``merge.apply_changes(keyed=...)``: a small barrier's alone (``merge.apply_keyed``), or a
-chunked barrier's forwarded changes beside the snapshot chunk that Spark writes, in one commit.
+``merge.apply_keyed``: a small barrier's alone, or a chunked barrier's forwarded changes
+beside the snapshot chunk that Spark writes, in one commit.
 
 The table and the change feed must agree: a key ``before`` says is held must be found exactly
 once, and a key only ``after`` names must not be found. Otherwise the barrier stops with

@@ -101,7 +101,7 @@ class BulkRows:
 @dataclass(frozen=True)
 class BulkWritten:
     """Files a bulk write left uncommitted, and per vnode read: (rows read, last key in key
-    order, whether a pk was null or repeated). Commit them (``apply_changes(inserts=...)``)
+    order, whether a pk was null or repeated). Commit them (``merge.commit_written``)
     or ``discard`` them."""
 
     table_uri: str

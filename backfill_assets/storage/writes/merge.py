@@ -14,13 +14,17 @@ they are found by key lookups on the driver (``keyed.py``: key columns only) rat
 Spark read of every column of every file a changed key may be in, which for changes spread
 over all vnodes is the whole table. Their new rows and change rows are written on the driver;
 the ``inserts`` (a snapshot chunk, possibly large) are still written by Spark; one commit.
+
+One function per kind of input, each one commit: ``apply_changes`` (Spark frames: changes
+and/or inserts; ``append``: inserts alone), ``apply_keyed`` (keyed rows on the driver, with
+Spark inserts or not), ``commit_written`` (files Python tasks already wrote).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyroaring import BitMap64
@@ -88,111 +92,161 @@ def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequ
                          file_rows=file_rows)
 
 
-def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
-                *, file_rows_max: int = NEW_FILE_ROWS, hook: Hook = _no_hook) -> Applied:
-    """One commit of a small barrier's ``rows`` on the driver: ``apply_changes(keyed=rows)``
-    without Spark (nothing is written by a Spark job when there are no ``inserts``)."""
-    return apply_changes(None, snap, key_names, intent, keyed=rows, file_rows=file_rows_max,
-                         hook=hook)
-
-
-def apply_changes(spark: SparkSession | None, snap: Snapshot, key_names: Sequence[str],
-                  intent: Intent, *, changes: DataFrame | None = None,
-                  keyed: KeyedRows | None = None,
-                  inserts: DataFrame | BulkWritten | None = None,
-                  rows_hint: int = 0, file_rows: int | None = None,
-                  clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
-    """One commit: keyed ``changes`` (table columns + ``OP``) merged on read in Spark, or
-    ``keyed`` rows (each changed key's row before and after) found by key lookups on the
-    driver, plus ``inserts`` (rows whose keys cannot be in the table: a Spark frame, or the
-    ``BulkWritten`` files of `write_bulk`, committed here). ``rows_hint``: about how many
-    rows will be written (sizes the files). ``clustered_inserts``: each Spark
-    partition of ``inserts`` already holds one vnode range in (vnode, key) order (a seek
-    chunk), so they are written as they come, without a shuffle whose only purpose would be
-    the layout. A table with ``backfill.seekFileRows`` (the replica) gets its inserts in files
-    of one vnode each, about that many rows (what a chunk seeks by). ``hook`` is called
-    between the writes (the crash tests kill the process there): ``data_files_written``,
+def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
+                  intent: Intent, changes: DataFrame | None = None, *,
+                  inserts: DataFrame | None = None, rows_hint: int = 0,
+                  file_rows: int | None = None, clustered_inserts: bool = False,
+                  hook: Hook = _no_hook) -> Applied:
+    """One commit of Spark frames: keyed ``changes`` (table columns + ``OP``) merged on read,
+    plus ``inserts`` (rows whose keys cannot be in the table). ``rows_hint``: about how many
+    rows will be written (sizes the files). ``clustered_inserts``: each Spark partition of
+    ``inserts`` already holds one vnode range in (vnode, key) order (a seek chunk), so they
+    are written as they come, without a shuffle whose only purpose would be the layout. A
+    table with ``backfill.seekFileRows`` (the replica) gets its inserts in files of one vnode
+    each, about that many rows (what a chunk seeks by). ``hook`` is called between the
+    writes (the crash tests kill the process there): ``data_files_written``,
     ``change_files_written``, then ``dv_file_written`` just before the log entry is
-    published. A ``keyed`` side the table disagrees with raises ``StorageMismatch`` before
-    anything is written."""
-    if changes is not None and keyed is not None:
-        raise ValueError("apply_changes takes `changes` (Spark) or `keyed` (driver), not both")
-    bulk = inserts if isinstance(inserts, BulkWritten) else None
-    if bulk is not None:
-        if changes is not None or keyed is not None:
-            raise ValueError("bulk files are committed alone: they have no change rows for a "
-                             "change file")
-        inserts = None
-    schema = snap.arrow_schema
-    cols = schema.names
-    cdf = snap.configuration.get("delta.enableChangeDataFeed") == "true"
-    file_rows = file_rows or file_rows_for(snap.live_rows + rows_hint)
-    located = keyed_mod.locate(snap, key_names, keyed) if keyed is not None else None
-    deletes: dict[str, BitMap64] = dict(located.deletes) if located is not None else {}
-    parts: list[DataFrame] = []
-    cdc_parts: list[DataFrame] = []
+    published."""
+    side = _SparkSide.of(snap, key_names, rows_hint, file_rows)
     matched = None
-    if changes is not None:
-        matched = _match(spark, snap, changes, key_names, cols).cache()
-        deletes = _deleted_rows(matched)
+    try:
+        deletes: dict[str, BitMap64] = {}
+        if changes is not None:
+            matched = _match(spark, snap, changes, key_names, snap.arrow_schema.names).cache()
+            deletes = _deleted_rows(matched)
+            side.add_matched(matched)
+        side.add_inserts(inserts, clustered_inserts)
+        adds = side.write()
+        return _published(snap, intent, adds, deletes, bool(side.laid_out),
+                          lambda: _feed_files(snap, side.cdc_parts, one_file=True), hook)
+    finally:
+        if matched is not None:
+            matched.unpersist()
+
+
+def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
+                *, inserts: DataFrame | None = None, rows_hint: int = 0,
+                file_rows: int | None = None,
+                clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
+    """One commit of ``rows`` (each changed key's row before and after) found by key lookups
+    on the driver, plus Spark ``inserts`` as in `apply_changes` (a chunked barrier's
+    forwarded changes beside its chunk; without inserts, a small barrier's alone: no Spark
+    job). Their new rows are written in files of at most ``file_rows`` (and NEW_FILE_ROWS)
+    rows. A side the table disagrees with raises ``StorageMismatch`` before anything is
+    written."""
+    _refuse_written(inserts)
+    located = keyed_mod.locate(snap, key_names, rows)
+    side = _SparkSide.of(snap, key_names, rows_hint, file_rows)
+    side.add_inserts(inserts, clustered_inserts)
+    adds = side.write() + keyed_mod.write_located(snap, key_names, located,
+                                                  min(side.file_rows, NEW_FILE_ROWS))
+    # the keyed side's change rows are few and written here; a chunk's inserts keep their
+    # tasks (one vnode range each) instead of funnelling through one
+    return _published(snap, intent, adds, dict(located.deletes), bool(side.laid_out),
+                      lambda: _feed_files(snap, side.cdc_parts, one_file=False)
+                      + keyed_mod.write_located_feed(snap, key_names, located), hook)
+
+
+def commit_written(snap: Snapshot, intent: Intent, written: BulkWritten, *,
+                   hook: Hook = _no_hook) -> Applied:
+    """One commit of the files `write_bulk` (or `write_chunk`) left uncommitted. They are
+    committed alone: inserts only, they have no change rows for a change file."""
+    return _published(snap, intent, list(written.files), {}, True, list, hook)
+
+
+@dataclass
+class _SparkSide:
+    """The Spark frames one commit writes: ``laid_out`` (rows, rows per file, split column),
+    ``merged`` (rows clustered together into files of ``file_rows``), and their exact change
+    rows (``cdc_parts``)."""
+
+    snap: Snapshot
+    key_names: Sequence[str]
+    rows_hint: int
+    file_rows: int
+    merged: list[DataFrame] = field(default_factory=list)
+    laid_out: list[tuple[DataFrame, int, str | None]] = field(default_factory=list)
+    cdc_parts: list[DataFrame] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, snap: Snapshot, key_names: Sequence[str], rows_hint: int,
+           file_rows: int | None) -> _SparkSide:
+        return cls(snap, key_names, rows_hint,
+                   file_rows or file_rows_for(snap.live_rows + rows_hint))
+
+    @property
+    def vnode_count(self) -> int | None:
+        count = self.snap.configuration.get(VNODE_COUNT_PROPERTY)
+        return int(count) if count else None
+
+    def add_matched(self, matched: DataFrame) -> None:
+        """Changed upserts become new rows; every change its exact change rows."""
         is_up, has_old = F.col(OP) == "upsert", F.col(_OLD).isNotNull()
         changed = is_up & ~F.col(_SAME)
-        parts.append(matched.where(changed).select(f"{_NEW}.*"))
-        cdc_parts += [
+        self.merged.append(matched.where(changed).select(f"{_NEW}.*"))
+        self.cdc_parts += [
             _typed(matched.where(changed & has_old), _OLD, "update_preimage"),
             _typed(matched.where(changed & has_old), _NEW, "update_postimage"),
             _typed(matched.where(changed & ~has_old), _NEW, "insert"),
             _typed(matched.where((F.col(OP) == "delete") & has_old), _OLD, "delete"),
         ]
-    vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
-    vnode_count = int(vnode_count) if vnode_count else None
-    seek_rows = int(snap.configuration.get(SEEK_ROWS_PROPERTY) or 0)
-    laid_out: list[tuple[DataFrame, int, str | None]] = []  # (rows, file rows, split column)
-    if inserts is not None:
-        rows = inserts.select(*[col(c) for c in cols])
+
+    def add_inserts(self, inserts: DataFrame | None, clustered_inserts: bool) -> None:
+        _refuse_written(inserts)
+        if inserts is None:
+            return
+        rows = inserts.select(*[col(c) for c in self.snap.arrow_schema.names])
+        seek_rows = int(self.snap.configuration.get(SEEK_ROWS_PROPERTY) or 0)
         if clustered_inserts:
-            laid_out.append((rows, file_rows, None))
+            self.laid_out.append((rows, self.file_rows, None))
         elif seek_rows:
-            shaped = clustered(rows, key_names, rows_hint, vnode_count, file_rows)
-            laid_out.append((shaped, seek_rows, VNODE))
+            shaped = clustered(rows, self.key_names, self.rows_hint, self.vnode_count,
+                               self.file_rows)
+            self.laid_out.append((shaped, seek_rows, VNODE))
         else:
-            parts.append(rows)
-        cdc_parts.append(rows.withColumn(CHANGE_TYPE, F.lit("insert")))
-    try:
-        if parts:
-            data = parts[0]
-            for p in parts[1:]:
+            self.merged.append(rows)
+        self.cdc_parts.append(rows.withColumn(CHANGE_TYPE, F.lit("insert")))
+
+    def write(self) -> list:
+        """The data files of every frame (none when there is none)."""
+        if self.merged:
+            data = self.merged[0]
+            for p in self.merged[1:]:
                 data = data.unionByName(p)
-            laid_out.append((clustered(data, key_names, rows_hint, vnode_count, file_rows),
-                             file_rows, None))
+            self.laid_out.append((clustered(data, self.key_names, self.rows_hint,
+                                            self.vnode_count, self.file_rows),
+                                  self.file_rows, None))
+            self.merged = []
         adds = []
-        if bulk is not None:
-            adds += bulk.files
-        for rows, per_file, split in laid_out:
-            adds += write_files(rows, snap.uri, snap.storage_options, schema,
-                                max_rows_per_file=per_file, split_column=split)
-        if located is not None:
-            adds += keyed_mod.write_located(snap, key_names, located,
-                                            min(file_rows, NEW_FILE_ROWS))
-        if adds or laid_out or bulk is not None:
-            hook("data_files_written")
-        cdc = []
-        if cdf and deletes:
-            # the keyed side's change rows are few and written here; a chunk's inserts keep
-            # their tasks (one vnode range each) instead of funnelling through one
-            cdc = _feed_files(snap, cdc_parts, one_file=located is None)
-            if located is not None:
-                cdc += keyed_mod.write_located_feed(snap, key_names, located)
-            hook("change_files_written")
-        change = Change(adds=[a for a in adds if a.rows], cdc=cdc, deletes=deletes)
-        written = sum(a.rows for a in adds)
-        if change.empty and not intent.txns:
-            return Applied(None, 0, 0)
-        version = commit(snap, change, intent, hook)
-        return Applied(version, written, sum(len(b) for b in deletes.values()))
-    finally:
-        if matched is not None:
-            matched.unpersist()
+        for rows, per_file, split in self.laid_out:
+            adds += write_files(rows, self.snap.uri, self.snap.storage_options,
+                                self.snap.arrow_schema, max_rows_per_file=per_file,
+                                split_column=split)
+        return adds
+
+
+def _refuse_written(inserts: object) -> None:
+    if isinstance(inserts, BulkWritten):
+        raise ValueError("bulk files are committed alone (commit_written): they have no change "
+                         "rows for a change file")
+
+
+def _published(snap: Snapshot, intent: Intent, adds: list, deletes: dict[str, BitMap64],
+               wrote: bool, feed: Callable[[], list], hook: Hook) -> Applied:
+    """The commit of ``adds`` and ``deletes`` (DV bits), with the change files ``feed``
+    writes when the table has a change feed and the commit deletes anything (``wrote``: a
+    write ran, even one that wrote no row)."""
+    if adds or wrote:
+        hook("data_files_written")
+    cdc = []
+    if snap.configuration.get("delta.enableChangeDataFeed") == "true" and deletes:
+        cdc = feed()
+        hook("change_files_written")
+    change = Change(adds=[a for a in adds if a.rows], cdc=cdc, deletes=deletes)
+    if change.empty and not intent.txns:
+        return Applied(None, 0, 0)
+    version = commit(snap, change, intent, hook)
+    return Applied(version, sum(a.rows for a in adds), sum(len(b) for b in deletes.values()))
 
 
 def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame], one_file: bool) -> list:

@@ -337,36 +337,3 @@ def test_warehouse_that_is_not_writable(spark, warehouse, tmp_path):
     refused(spark, H.definition(raw), tables, errors.WarehouseNotWritable,
             r"is not writable; point BACKFILL_WAREHOUSE at a folder this user can write")
     assert blocker.read_text() == "x"
-
-
-# ------------------------------------------------------- a refused first barrier writes nothing
-
-
-def _no_state_left(tables: MVTables) -> None:
-    assert H.table_versions(tables) == {"mv": None, "replica": None, "progress": None}
-    assert not glob.glob(os.path.join(os.path.dirname(tables.mv), "*")), \
-        "a refused first barrier left files beside the MV's tables"
-
-
-@pytest.mark.parametrize("mode", ["arrangement", "snapshot"])
-def test_a_repeated_key_refuses_a_new_mv_and_leaves_nothing(spark, warehouse, mode):
-    live = H.orders(warehouse, 33)
-    live.create(rows=60)
-    key = sorted(live.keys)[0]
-    write_deltalake(live.uri, _duplicate(live, key).slice(0, 1), mode="append")
-    raw = H.mv_raw(f"dupnew_{mode}", mode, 5, live.uri)
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    refused(spark, d, tables, errors.BadPrimaryKeyInUpstream,
-            rf"2 rows with the primary key \(id={key}\).*fix those rows")
-    _no_state_left(tables)
-
-
-def test_an_unknown_reader_feature_refuses_a_new_mv_before_any_write(spark, warehouse):
-    uri = f"{warehouse}/widened"
-    _foreign(uri, _foreign_rows(20), FOREIGN)
-    with open(os.path.join(uri, "_delta_log", "00000000000000000001.json"), "w") as f:
-        f.write('{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, '
-                '"readerFeatures": ["typeWidening"], "writerFeatures": ["typeWidening"]}}\n')
-    d, tables = _foreign_mv(warehouse, uri, "widened_mv")
-    refused(spark, d, tables, errors.UnsupportedTableFeature, r"typeWidening.*Rewrite the table")
-    _no_state_left(tables)

@@ -52,39 +52,12 @@ def read_raw_changes(
     were vacuumed, InvalidVersionRange when ``end < start_exclusive`` or
     ``start_exclusive < -1``.
     """
-    if start_exclusive < -1 or end < start_exclusive:
-        raise InvalidVersionRange(
-            f"change range ({start_exclusive}, {end}] of {uri} is empty or reversed: the start "
-            "(exclusive) must be >= -1 and <= the end"
-        )
-    latest = latest_version(uri, storage_options)
-    if end > latest:
-        raise HistoryUnavailable(
-            f"versions out of range: changes up to version {end} of {uri} were asked for, but "
-            f"the table is at version {latest}; ask for a range that ends at or before {latest}"
-        )
-    dt = open_head(uri, end, storage_options)  # the version the range ends at (no files)
+    dt = _checked_range(uri, start_exclusive, end, storage_options)
     wanted = None
     if columns is not None:
         wanted = [*columns, *(c for c in CDF_COLUMNS[:2] if c not in columns)]
-    if not change_feed_enabled(dt.metadata().configuration):
-        raise ChangeFeedDisabled(
-            f"{uri} has its change data feed off ({CDF_PROPERTY} is not 'true'): enable it "
-            f"(ALTER TABLE ... SET TBLPROPERTIES ({CDF_PROPERTY} = true)) and rebuild from a "
-            "version written after that"
-        )
     if end == start_exclusive:
         return _empty_changes(dt, wanted)
-    # the configuration at start + 1 is the one at `end` unless a later version of the range
-    # changed the metadata: only then is that version loaded
-    first = (open_head(uri, start_exclusive + 1, storage_options)
-             if metadata_changed(uri, start_exclusive + 2, end, storage_options, dt) else dt)
-    if not change_feed_enabled(first.metadata().configuration):
-        raise ChangeFeedDisabled(
-            f"{uri} had its change data feed off at version {start_exclusive + 1}: changes "
-            f"({start_exclusive}, {end}] cannot be read; start from a version written after "
-            f"{CDF_PROPERTY} was set to true"
-        )
     try:
         table = read_change_range(Snapshot(uri.rstrip("/"), dict(storage_options or {}), dt),
                                   start_exclusive, end, wanted, vnodes)
@@ -98,6 +71,43 @@ def read_raw_changes(
             ) from None
         raise
     return _normalize_changes(table)
+
+
+def _checked_range(uri: str, start_exclusive: int, end: int,
+                   storage_options: StorageOptions):
+    """The head of ``end`` once the range is known to be readable: in order, inside the
+    table's history, and with the change data feed on at both of its ends."""
+    if start_exclusive < -1 or end < start_exclusive:
+        raise InvalidVersionRange(
+            f"change range ({start_exclusive}, {end}] of {uri} is empty or reversed: the start "
+            "(exclusive) must be >= -1 and <= the end"
+        )
+    latest = latest_version(uri, storage_options)
+    if end > latest:
+        raise HistoryUnavailable(
+            f"versions out of range: changes up to version {end} of {uri} were asked for, but "
+            f"the table is at version {latest}; ask for a range that ends at or before {latest}"
+        )
+    dt = open_head(uri, end, storage_options)  # the version the range ends at (no files)
+    if not change_feed_enabled(dt.metadata().configuration):
+        raise ChangeFeedDisabled(
+            f"{uri} has its change data feed off ({CDF_PROPERTY} is not 'true'): enable it "
+            f"(ALTER TABLE ... SET TBLPROPERTIES ({CDF_PROPERTY} = true)) and rebuild from a "
+            "version written after that"
+        )
+    if end == start_exclusive:
+        return dt
+    # the configuration at start + 1 is the one at `end` unless a later version of the range
+    # changed the metadata: only then is that version loaded
+    first = (open_head(uri, start_exclusive + 1, storage_options)
+             if metadata_changed(uri, start_exclusive + 2, end, storage_options, dt) else dt)
+    if not change_feed_enabled(first.metadata().configuration):
+        raise ChangeFeedDisabled(
+            f"{uri} had its change data feed off at version {start_exclusive + 1}: changes "
+            f"({start_exclusive}, {end}] cannot be read; start from a version written after "
+            f"{CDF_PROPERTY} was set to true"
+        )
+    return dt
 
 
 def _normalize_changes(table: pa.Table) -> pa.Table:

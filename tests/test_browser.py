@@ -25,10 +25,8 @@ from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 from backfill_assets.wiring.partitions import range_tags
 from jobs.dagster_dev import dagster_dev, graphql
 from jobs.workspace_runs import ASSET_JOB, run_in_workspace, stop_sensor
-from resources.mv import load_mv_definition
-from resources.settings import load_settings
 from tests.infra import procs
-from tests.test_ui import VNODES, platform  # noqa: F401 - the fixture, shared
+from tests.test_ui import VNODES, loaded, platform  # noqa: F401 - the fixture, shared
 
 playwright = pytest.importorskip("playwright.sync_api")
 CHROMIUM = "/usr/bin/chromium"
@@ -132,12 +130,7 @@ def _backfill_ended(url: str, seen: set[str]) -> dict | None:
 @pytest.mark.spark
 def test_the_ui_tells_the_truth_in_every_state(spark, tmp_path, platform):  # noqa: F811
     env = platform
-    settings = load_settings(env)
-    d = load_mv_definition(settings)
-    run_load(settings.table_uri("upstream"), LoadParams(seed=5, initial_rows=600, versions=1,
-                                                        changes_per_version=20),
-             vnode_count=VNODES)
-    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    settings, d, instance = loaded(env)
     stop_sensor(instance, "upstream_barrier_sensor")
     assert run_in_workspace(instance, ASSET_JOB, tags=range_tags(0, 3, VNODES),
                             asset_selection=set(_barrier_assets())).success

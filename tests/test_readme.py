@@ -70,12 +70,35 @@ def _run(cmd: list[str], cwd: str, env: dict, timeout: float = 900) -> str:
     return out
 
 
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole group (make, dagster dev's webserver, daemon, code server), then
+    SIGKILL to whatever is left of it."""
+    for sig, grace in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the group's leader, so it does not linger as a zombie
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.5)
+
+
+def _default_signals() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _stop_leftovers(tree: str) -> None:
-    """Processes still running in the copy (the compute logs' `tail -F`): SIGTERM."""
+    """Processes still running in the copy (a compute log's `tail -F`, a server): SIGKILL."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if os.readlink(f"/proc/{pid}/cwd").startswith(tree):
-                os.kill(int(pid), signal.SIGTERM)
+                os.kill(int(pid), signal.SIGKILL)
         except OSError:
             continue
 
@@ -114,7 +137,8 @@ def _serve_ui(block: str, cwd: str, env: dict) -> None:
     env = {**env, "UI_PORT": str(port)}
     with open(os.path.join(cwd, "make_ui.log"), "wb") as log:
         proc = subprocess.Popen(["bash", "-ec", block], cwd=cwd, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_default_signals)  # dagster dev then obeys SIGTERM
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -131,13 +155,7 @@ def _serve_ui(block: str, cwd: str, env: dict) -> None:
                                  + open(os.path.join(cwd, "make_ui.log")).read()[-3000:])
         _demo_shown_as_left(f"http://127.0.0.1:{port}")
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-                proc.wait(20)
-                break
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                continue
+        _stop_group(proc)
 
 
 @pytest.mark.slow

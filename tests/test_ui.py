@@ -108,14 +108,20 @@ def _forget_definitions() -> None:
     ReconstructableJob.get_repository_definition.cache_clear()
 
 
-def _small_platform(env: dict) -> dict:
-    """vnodes 0..3 finished, 4..5 in progress, 6..7 not started; verified; then paused."""
+def loaded(env: dict):
+    """The platform's settings, MV definition and Dagster instance, its upstream created
+    (600 rows, then one version of 20 changes)."""
     settings = load_settings(env)
-    d = load_mv_definition(settings)
     run_load(settings.table_uri("upstream"), LoadParams(seed=5, initial_rows=600, versions=1,
                                                         changes_per_version=20),
              vnode_count=VNODES)
-    instance = dg.DagsterInstance.from_config(env["DAGSTER_HOME"])
+    return (settings, load_mv_definition(settings),
+            dg.DagsterInstance.from_config(env["DAGSTER_HOME"]))
+
+
+def _small_platform(env: dict) -> dict:
+    """vnodes 0..3 finished, 4..5 in progress, 6..7 not started; verified; then paused."""
+    settings, d, instance = loaded(env)
     # "Materialize" on the asset pages: barriers until vnodes 0..3 are finished; then one
     # barrier of backfill_job (the sensor's) over 4..5, which leaves them in progress
     for job, first, last in ((ASSET_JOB, 0, 3), ("backfill_job", 4, 5)):

@@ -121,31 +121,39 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         overrides = Controls(config.chunk_size, config.rate_limit).validated()
         session = LazySession(lambda: spark.spark_session,  # a driver-only barrier: no JVM
                               spark.spark_config)
-        # the asset pages' launch (and `dagster asset materialize`): every partition asked
-        # for ends materialized, i.e. its vnode finished; backfill_job: one barrier
-        until_finished = context.run.job_name != BACKFILL_JOB
-        barriers = 0
-        while True:
-            barriers += 1
-            report = _barrier(context, d, tables, vnodes, session, config.barrier_version,
-                              overrides, owns_replica, hook or no_hook)
-            if not until_finished or report.finished:
-                break
-            if controls_in_force(d, tables, overrides).rate_limit == 0:
-                context.log.warning(
-                    f"the snapshot side is paused: vnodes {split(vnodes)} cannot finish, so "
-                    "their unfinished partitions stay unmaterialized; resume with "
-                    "set_controls_job (snapshot: resume) and launch again")
-                break
-            if report.snapshot_rows == 0 and not report.recovered:
-                break  # nothing moved (no snapshot rows left to read): never loop idle
-        if until_finished:
-            context.log.info(f"{barriers} barrier{'s' * (barriers != 1)} brought vnodes "
-                             f"{split(vnodes)} to "
-                             f"{'finished' if report.finished else 'where they stand'}")
+        _barriers(context, d, tables, vnodes, session, config.barrier_version, overrides,
+                  owns_replica, hook or no_hook)
         yield from ()
 
     return [upstream, vnode_backfill] + ([] if owns_replica else [replica])
+
+
+def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],
+              session: LazySession, version: int | None, overrides: Controls,
+              owns_replica: bool, hook: Hook) -> None:
+    """One barrier for `backfill_job` (the sensor's, the demo's); for the asset pages' launch
+    (and `dagster asset materialize`) barriers until every partition asked for ends
+    materialized, i.e. its vnode finished (or the snapshot side is paused, or nothing moves)."""
+    until_finished = context.run.job_name != BACKFILL_JOB
+    barriers = 0
+    while True:
+        barriers += 1
+        report = _barrier(context, d, tables, vnodes, session, version, overrides,
+                          owns_replica, hook)
+        if not until_finished or report.finished:
+            break
+        if controls_in_force(d, tables, overrides).rate_limit == 0:
+            context.log.warning(
+                f"the snapshot side is paused: vnodes {split(vnodes)} cannot finish, so "
+                "their unfinished partitions stay unmaterialized; resume with "
+                "set_controls_job (snapshot: resume) and launch again")
+            break
+        if report.snapshot_rows == 0 and not report.recovered:
+            break  # nothing moved (no snapshot rows left to read): never loop idle
+    if until_finished:
+        context.log.info(f"{barriers} barrier{'s' * (barriers != 1)} brought vnodes "
+                         f"{split(vnodes)} to "
+                         f"{'finished' if report.finished else 'where they stand'}")
 
 
 def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],

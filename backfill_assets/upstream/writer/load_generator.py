@@ -250,30 +250,59 @@ def run_load(
     """Create the generated upstream at ``uri`` if missing (then bulk-load ``initial_rows``),
     and write ``versions`` DML versions of ``changes_per_version`` changes each."""
     started = time.monotonic()
-    weights = params.weights()
-    created = not delta_store.table_exists(uri, storage_options)
-    if created:
+    weights = params.weights()  # refused before anything is written
+    spec, created = _opened(uri, name, vnode_count, composite_key, storage_options, log)
+    first_version = delta_store.latest_version(uri, storage_options)
+    rows_initial = _initial_load(uri, spec, params, storage_options, log) if created else 0
+    version, counts = _write_versions(uri, spec, params, weights, storage_options, log, sleep)
+    from backfill_assets.upstream.writer import row_count
+
+    return LoadSummary(
+        table_uri=uri, created=created, first_version=first_version, last_version=version,
+        versions_written=version - first_version, rows_initial=rows_initial,
+        row_count=row_count(uri, storage_options=storage_options), changes=counts,
+        seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _opened(uri: str, name: str, vnode_count: int, composite_key: bool, storage_options,
+            log: Callable[[str], None]) -> tuple[UpstreamSpec, bool]:
+    """The generated upstream's spec, and whether it was created now (refusing a table the
+    generator did not make)."""
+    if not delta_store.table_exists(uri, storage_options):
         spec = demo_spec(name, vnode_count, composite_key)
         create_upstream(uri, spec, storage_options)
         log(f"created upstream table {uri} (key {', '.join(spec.primary_key)}, "
             f"{spec.vnode_count} vnodes, change data feed on)")
-    else:
-        spec = read_upstream_spec(uri, storage_options)
-        if set(spec.columns) != set(demo_columns()):
-            raise ValueError(
-                f"{uri} exists but was not made by the load generator (columns "
-                f"{', '.join(spec.columns)}): point the job at another table name"
-            )
-    first_version = delta_store.latest_version(uri, storage_options)
+        return spec, True
+    spec = read_upstream_spec(uri, storage_options)
+    if set(spec.columns) != set(demo_columns()):
+        raise ValueError(
+            f"{uri} exists but was not made by the load generator (columns "
+            f"{', '.join(spec.columns)}): point the job at another table name"
+        )
+    return spec, False
+
+
+def _initial_load(uri: str, spec: UpstreamSpec, params: LoadParams, storage_options,
+                  log: Callable[[str], None]) -> int:
+    """``initial_rows`` inserted in versions of a million rows; the rows written."""
     rows_initial = 0
-    if created and params.initial_rows > 0:
-        step = 1_000_000
-        for start in range(0, params.initial_rows, step):
-            count = min(step, params.initial_rows - start)
-            insert_rows(uri, initial_rows_table(params.seed, start, count), spec=spec,
-                        storage_options=storage_options, check_existing=False)
-            rows_initial += count
-            log(f"initial load: {rows_initial}/{params.initial_rows} rows")
+    step = 1_000_000
+    for start in range(0, params.initial_rows, step):
+        count = min(step, params.initial_rows - start)
+        insert_rows(uri, initial_rows_table(params.seed, start, count), spec=spec,
+                    storage_options=storage_options, check_existing=False)
+        rows_initial += count
+        log(f"initial load: {rows_initial}/{params.initial_rows} rows")
+    return rows_initial
+
+
+def _write_versions(uri: str, spec: UpstreamSpec, params: LoadParams, weights: list[float],
+                    storage_options, log: Callable[[str], None],
+                    sleep: Callable[[float], None]) -> tuple[int, dict[str, int]]:
+    """``versions`` DML versions at ``rate`` per second at most; the last version and the
+    changes written per operation."""
     live, next_id = _live_keys(uri, storage_options)
     gen = Generator(spec, params.seed, live, next_id)
     counts = dict.fromkeys(OPS, 0)
@@ -291,14 +320,7 @@ def run_load(
             wait = 1.0 / params.rate - (time.monotonic() - t0)
             if wait > 0:
                 sleep(wait)
-    from backfill_assets.upstream.writer import row_count
-
-    return LoadSummary(
-        table_uri=uri, created=created, first_version=first_version, last_version=version,
-        versions_written=version - first_version, rows_initial=rows_initial,
-        row_count=row_count(uri, storage_options=storage_options), changes=counts,
-        seconds=round(time.monotonic() - started, 3),
-    )
+    return version, counts
 
 
 def versions_summary(uri: str, storage_options=None, limit: int = 20) -> Iterator[dict]:

@@ -107,11 +107,13 @@ BENCH_PROFILE_ROWS ?= 5000000
 BENCH_QUICK_ROWS ?= 100000
 BENCH_SCALE_OUT_ROWS ?= 100000000
 BENCH_SCALE_OUT_DML ?= --dml-kind inserts --catch-up-batches 5
+BENCH_BASELINE_ROWS ?= 5000000
 BENCH_ARGS ?=
 export BENCH_LOCK
 
 .PHONY: bench bench-bulk bench-bulk-20m bench-bulk-100m bench-incremental bench-latency bench-scaling bench-profile \
-	bench-upstream bench-quick bench-scale-out
+	bench-upstream bench-quick bench-scale-out bench-baselines bench-baselines-refresh \
+	bench-baselines-streaming
 
 bench: bench-bulk bench-bulk-20m bench-incremental bench-scaling bench-profile bench-latency
 
@@ -150,6 +152,21 @@ bench-scale-out: env
 
 bench-upstream: env
 	$(PY) -m benchmarks.bench_upstream $(BENCH_ARGS)
+
+# issue 38: our figures and what a Delta user runs instead, in one run (the snapshot backfill,
+# barriers and the follower's latency against the delta-spark full refresh, the Structured
+# Streaming MERGE pattern and the machine's floors) -> vs_baselines.json. The drivers lock each
+# worker; run whole under `flock $(BENCH_LOCK)`, they notice it and take no lock of their own.
+bench-baselines: env
+	$(PY) -m benchmarks.bench_vs_baselines --rows $(BENCH_BASELINE_ROWS) $(BENCH_ARGS)
+
+# the baselines alone: (a) delta-spark full refresh + (c) pyarrow / plain JVM Spark copies
+bench-baselines-refresh: env
+	$(PY) -m benchmarks.baseline_delta_spark --rows $(BENCH_BASELINE_ROWS) $(BENCH_ARGS)
+
+# (b) the Structured Streaming pattern: change-set cost and commit-to-MV latency
+bench-baselines-streaming: env
+	$(PY) -m benchmarks.baseline_streaming --rows $(BENCH_BASELINE_ROWS) $(BENCH_ARGS)
 
 # CI-sized run of every benchmark (100k rows; results under benchmarks/results/*_quick.json)
 bench-quick: env

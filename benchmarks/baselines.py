@@ -1,7 +1,9 @@
 """The baselines every benchmark measures its figures against, on the same rows in the same
 run: (a) a Spark copy, (b) a pyarrow copy, (c) the naive full refresh of the MV, and (d) the
 full refresh written in the storage layer's layout (rows of a task in (vnode, key) order), the
-least work any backfill that keeps that layout can do."""
+least work any backfill that keeps that layout can do, and (e) the plain JVM Spark copy of the
+version's files. The delta-spark baselines (what a Delta user runs instead) are in
+benchmarks/delta_spark.py."""
 
 from __future__ import annotations
 
@@ -71,4 +73,17 @@ def clustered_refresh(spark, d, uri: str, version: int, out: str) -> float:
     mv = project(df, d).where(F.col(KEEP)).drop(KEEP)
     keys = [F.col(f"`{k.name}`") for k in d.primary_key]
     mv.sortWithinPartitions(F.col("vnode"), *keys).write.mode("overwrite").parquet(out)
+    return time.perf_counter() - t0
+
+
+def jvm_spark_copy(spark, uri: str, version: int, out: str) -> float:
+    """Baseline (e), a floor: the plain JVM Spark copy of the version's data files,
+    ``spark.read.parquet(*files).write.parquet(out)`` (files listed by delta-rs inside the
+    clock; no Delta log, no Python tasks: what the JVM alone reads and writes; the files hold
+    no deleted rows at the benchmarks' bulk version, which has no DML yet)."""
+    from deltalake import DeltaTable
+
+    t0 = time.perf_counter()
+    files = [u.removeprefix("file://") for u in DeltaTable(uri, version=version).file_uris()]
+    spark.read.parquet(*files).write.mode("overwrite").parquet(out)
     return time.perf_counter() - t0

@@ -16,7 +16,18 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from backfill_assets.core.errors import BackfillError, MVResetRefused
+from backfill_assets.core.errors import (
+    BadPrimaryKeyInUpstream,
+    ChangeFeedDisabled,
+    HistoryUnavailable,
+    InvalidMVDefinition,
+    MVResetRefused,
+    NoShuffleLayoutMismatch,
+    UnsupportedColumnType,
+    UnsupportedTableFeature,
+    UpstreamNotFound,
+    UpstreamSchemaChanged,
+)
 from backfill_assets.mv.run_layout import layout_path
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.storage.store import objects
@@ -65,22 +76,40 @@ def _local(uri: str) -> str:
     return path
 
 
+# what a barrier raises when it refuses its input: the user's to fix, and nothing of the MV
+# should be left behind. Not a concurrent run (ConcurrentBackfillRun: the other run's tables
+# are the MV), a kill, or what the store does wrong (StorageMismatch: kept to be looked at).
+INPUT_REFUSALS = (BadPrimaryKeyInUpstream, UnsupportedTableFeature, UnsupportedColumnType,
+                  UpstreamSchemaChanged, ChangeFeedDisabled, InvalidMVDefinition,
+                  NoShuffleLayoutMismatch, UpstreamNotFound, HistoryUnavailable)
+CREATED_VERSIONS = 1  # a platform table is created at version 0 and upgraded at version 1
+
+
 @contextmanager
 def nothing_left_on_refusal(tables: MVTables) -> Iterator[None]:
-    """A barrier that refuses its input (a named error: an upstream feature the layer cannot
+    """A barrier that refuses its input (INPUT_REFUSALS: an upstream feature the layer cannot
     read, a repeated or null primary key, a definition that does not fit) leaves no trace:
-    the MV's state that did not exist before the barrier (its tables, the run layout) is
-    deleted again, so the user finds what they had, not an empty MV to clean up. State that
-    existed before is never touched. Other exceptions (a crash, a kill) leave everything for
-    the next barrier's recovery."""
+    the MV's state that did not exist before the barrier is deleted again, so the user finds
+    what they had, not an empty MV to clean up. Only while it holds nothing but its creation
+    (every new table at most at version 1): a table another run has committed rows to since
+    is never touched. State that existed before is never touched either, and other errors
+    (a concurrent run, a crash, a kill) leave everything for the next barrier's recovery."""
     so = tables.storage_options
     new = [p for p in mv_state_paths(tables) if not _holds_state(p, so)]
     try:
         yield
-    except BackfillError:
-        for path in new:
-            objects.delete_prefix(path, so)
+    except INPUT_REFUSALS:
+        if all(_only_created(p, so) for p in new):
+            for path in new:
+                objects.delete_prefix(path, so)
         raise
+
+
+def _only_created(path: str, storage_options) -> bool:
+    """No commit after the table's creation (or no table: a folder of documents, nothing)."""
+    log = objects.join(path, "_delta_log")
+    later = objects.join(log, f"{CREATED_VERSIONS + 1:020d}.json")
+    return not objects.exists(later, storage_options)
 
 
 def _holds_state(path: str, storage_options) -> bool:

@@ -39,6 +39,7 @@ from backfill_assets.step.request import UpstreamCheck
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.storage.delta import log_head
 from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.storage.delta.log import check_readable
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
     """Open and check the upstream at `version` (latest when None); raise before any write.
     ``check``: what the step's mode needs of the upstream besides (`Mode.check_upstream`)."""
     table = _opened(tables, d, version)
+    check_readable(tables.upstream, table.version(), table)  # refused before any write
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
         raise ChangeFeedDisabled(
             f"upstream {tables.upstream} has no change data feed, so the MV cannot follow its "

@@ -28,10 +28,12 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	@mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
 
+# BACKFILL_SHARED_VENV=1: a venv shared with another checkout is never reinstalled from this
+# one (tests/test_readme.py runs the README's blocks in a copy of the tree with the venv linked)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+	@if [ -n "$$BACKFILL_SHARED_VENV" ]; then echo "shared venv: not reinstalled"; else \
+		$(PY) -m pip install --quiet -e '.[dev]' && touch $(STAMP); fi
 
 # 2 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
 # them, its own standalone cluster, Connect server and S3 server, on ports of its own block

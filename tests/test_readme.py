@@ -52,9 +52,9 @@ def _copy_tree(dst: str) -> None:
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("BACKFILL_", "DEMO_")) and k != "DAGSTER_HOME"}
-    # the venv is shared: never let make reinstall it from the copy (MAKEFLAGS reaches every
-    # make a block starts)
-    return {**env, "DEMO_ROWS": DEMO_ROWS, "MAKEFLAGS": "-o .venv/.installed"}
+    # the venv is shared: never let make reinstall it from the copy (make ignores -o in
+    # MAKEFLAGS, so the Makefile reads BACKFILL_SHARED_VENV; every make a block starts sees it)
+    return {**env, "DEMO_ROWS": DEMO_ROWS, "BACKFILL_SHARED_VENV": "1"}
 
 
 def _run(cmd: list[str], cwd: str, env: dict, timeout: float = 900) -> str:

@@ -76,7 +76,10 @@ def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: 
     # upstream and progress versions is a new barrier, not the one before the pause again
     knobs = f"c{int((controls_changed_at(tables) or 0) * 1000)}"
     requests, waiting = [], []
+    current = _current_vnodes(progress, version, paused)
     for first, last in vnode_ranges(d.vnode_count, ranges):
+        if all(v in current for v in range(first, last + 1)):
+            continue  # this range already took this version: no second run for it
         busy = _busy(context.instance, first, last, d.vnode_count)
         if busy:
             waiting.append(busy)
@@ -122,6 +125,18 @@ def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int)
     run = runs[0]
     return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
             f"{run.status.value}")
+
+
+def _current_vnodes(progress, version: int, paused: bool) -> set[int]:
+    """The vnodes with nothing to do at ``version``: at it (or past it) and finished, or
+    paused. Why: the progress table's version is part of the run key, so once one range's
+    run commits, a range that already took this version would otherwise get a second run."""
+    if progress is None:
+        return set()
+    rows = mv_store.read_rows(progress, None, ["vnode", "backfill_finished", "version"])
+    return {r["vnode"] for r in rows.to_pylist()
+            if r["version"] is not None and r["version"] >= version
+            and (r["backfill_finished"] or paused)}
 
 
 def _where(progress, vnode_count: int) -> tuple[int | None, bool]:

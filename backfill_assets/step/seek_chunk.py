@@ -1,7 +1,8 @@
 """The chunked modes' snapshot reads: a seek in the files of the table a chunk comes from
 (the arrangement replica, or the upstream itself in no_shuffle), read into Spark
 (``seek_chunk``) or projected and written into the MV by Python tasks (``write_seek_chunk``).
-Shared by the sources of sources.py, which differ only in the table and version they seek in.
+Shared by the chunked modes' sources (step/modes/arrangement.py, no_shuffle.py), which differ only
+in the table and version they seek in.
 """
 
 from __future__ import annotations

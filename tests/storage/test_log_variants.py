@@ -1,7 +1,9 @@
 """Generated Delta logs that exercise what foreign writers do and the protocol allows: a file's
 deletion vector changing in any direction between versions (grown, shrunk, dropped, swapped,
 the file removed and added back as a RESTORE does), column mapping with physical names in the
-files and in ``partitionValues``, and commits without ``commitInfo``.
+files and in ``partitionValues``, commits without ``commitInfo``, and ``remove`` actions
+without ``partitionValues`` (optional in the protocol; Delta-Spark's DML on a table with DVs
+writes ``{}``).
 
 The oracle is the live rows of each version computed here from the generated history (the
 file's rows minus its DV at that version): the change feed the storage layer reads for a
@@ -41,8 +43,9 @@ def _field(name: str, type_: str, mapped: bool, fid: int) -> dict:
 class Log:
     """A Delta table written action by action: files of ``ROWS`` rows (id, v, part)."""
 
-    def __init__(self, root: str, mapped: bool, commit_info: bool):
+    def __init__(self, root: str, mapped: bool, commit_info: bool, bare_removes: bool = False):
         self.root, self.mapped, self.commit_info = root, mapped, commit_info
+        self.bare_removes = bare_removes  # removes without partitionValues (Delta-Spark's DML)
         self.version = -1
         self.live: dict[str, BitMap64] = {}  # path -> its DV now
         self.rows: dict[str, pa.Table] = {}  # path -> its logical rows
@@ -104,7 +107,8 @@ class Log:
     def _remove(self, path: str) -> dict:
         old = self.live.pop(path)
         rm = {"path": path, "deletionTimestamp": 1, "dataChange": True,
-              "partitionValues": {self.physical["part"]: path[5:7]}, "size": 1}
+              "partitionValues": {} if self.bare_removes else {self.physical["part"]: path[5:7]},
+              "size": 1}
         if len(old):  # a remove repeats the DV the file had
             rm["deletionVector"] = self.descriptors[path]
         return {"remove": rm}
@@ -143,11 +147,12 @@ def histories(draw):
 
 @settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(history=histories(), mapped=st.booleans(), commit_info=st.booleans())
+@given(history=histories(), mapped=st.booleans(), commit_info=st.booleans(),
+       bare_removes=st.booleans())
 def test_every_version_and_its_changes_match_the_history(tmp_path_factory, history, mapped,
-                                                         commit_info):
+                                                         commit_info, bare_removes):
     root = str(tmp_path_factory.mktemp("log"))
-    log = Log(root, mapped, commit_info)
+    log = Log(root, mapped, commit_info, bare_removes)
     log.commit([log.new_file(n) for n in range(FILES)])
     removed: dict[str, BitMap64] = {}
     states = [log.live_rows()]

@@ -12,8 +12,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from backfill_assets.core.errors import HistoryUnavailable
-from backfill_assets.storage.delta.log import Snapshot, commit_uri
+from backfill_assets.core.errors import HistoryUnavailable, StorageMismatch
+from backfill_assets.storage.delta.log import Snapshot, commit_uri, unquote
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.lru import LRU
 
@@ -33,13 +33,41 @@ def actions_of(snap: Snapshot, v: int) -> list[dict]:
     Why translated here: under column mapping the log keys ``partitionValues`` by physical
     name (the protocol's rule), while every reader addresses columns by logical name. The
     names of the newest version are used: a physical name never changes, a logical one may
-    (RENAME COLUMN), and rows are read as the range's end names them."""
+    (RENAME COLUMN), and rows are read as the range's end names them.
+
+    A ``remove`` may leave its ``partitionValues`` out (optional in the protocol: Delta-Spark's
+    DML on a table with deletion vectors writes ``{}``); its rows are still the file's, so
+    they are the file's ``add``'s, in the same commit or else in the version before."""
     actions = change_log(snap, v).actions
+    if snap.table is not None and snap.partition_columns:
+        actions = _removes_with_partitions(snap, v, actions)
     if snap.column_mapping == "none":
         return actions
     logical = {p: name for name, p in snap.physical_names.items()}
     return [{kind: _logical_partitions(body, logical) if kind in ("cdc", "add", "remove")
              else body for kind, body in a.items()} for a in actions]
+
+
+def _removes_with_partitions(snap: Snapshot, v: int, actions: list[dict]) -> list[dict]:
+    """``actions`` with each ``remove`` that names no partition values given its file's."""
+    bare = {unquote(a["remove"]["path"]) for a in actions
+            if "remove" in a and not a["remove"].get("partitionValues")}
+    if not bare:
+        return actions
+    known = {unquote(a["add"]["path"]): a["add"]["partitionValues"] for a in actions
+             if "add" in a and unquote(a["add"]["path"]) in bare
+             and a["add"].get("partitionValues")}
+    if bare - set(known):
+        before = Snapshot.load(snap.uri, v - 1, snap.storage_options).add_actions
+        for path in bare - set(known):
+            if not (before.get(path) or {}).get("partitionValues"):
+                raise StorageMismatch(
+                    f"{snap.uri} version {v} removes {path} without its partition values, "
+                    f"and version {v - 1} has no such file to take them from: the log is not "
+                    "one this layer understands; stop and report it")
+            known[path] = before[path]["partitionValues"]
+    return [{"remove": {**a["remove"], "partitionValues": known[unquote(a["remove"]["path"])]}}
+            if "remove" in a and unquote(a["remove"]["path"]) in bare else a for a in actions]
 
 
 def _logical_partitions(action: dict, logical: Mapping[str, str]) -> dict:

@@ -2,6 +2,14 @@
 version and of its change feed, compared with delta-rs' (an independent reader) and with the
 rows the platform's oracle recomputes.
 
+`assert_mv_as_delta_spark_reads` is the oracle of an MV over a foreign upstream that shares
+nothing with the platform's readers: the upstream at the version each vnode's progress
+records, read by Delta-Spark (`versionAsOf`: deletion vectors, column mapping, checkpoints,
+partition values as the reference implementation honours them), restricted to each vnode's
+backfilled keys (the progress table, read by Delta-Spark too), the definition's filter and
+computed columns applied by Spark SQL; compared row for row with the MV (read by delta-rs, an
+independent reader) and column for column by type.
+
 Every check goes through the session's Delta catalog (`format("delta")`, `readChangeFeed`,
 `DESCRIBE HISTORY` / `DETAIL`): the jars resources/delta_jars.py puts on every classic
 session, nothing fetched at run time.
@@ -15,6 +23,13 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from pyspark.sql import functions as F
+
+from backfill_assets.arrow.types import type_name
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.vnode import spark_vnode_sql
+from backfill_assets.mv.tables import MVTables
+from tests.foreign import spark_quote
 
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 
@@ -86,3 +101,58 @@ def assert_history_and_detail(spark, uri: str) -> None:
     assert detail["format"] == "delta"
     files = pa.table(DeltaTable(uri).get_add_actions(flatten=True)).num_rows
     assert detail["numFiles"] == files
+
+
+# ------------------------------------------------------- an MV over a foreign upstream
+
+
+def recorded_versions(spark, tables: MVTables) -> set[int]:
+    """The upstream versions the progress table records (one once a barrier over every vnode
+    found them all finished)."""
+    prog = spark.read.format("delta").load(tables.progress).select("version").toArrow()
+    return set(prog.column(0).to_pylist())
+
+
+def delta_spark_mv(spark, d: MVDefinition, tables: MVTables) -> pa.Table:
+    """f(upstream @ each vnode's recorded version, its backfilled keys), by Delta-Spark alone:
+    its reads of the upstream and of the progress table, Spark SQL for the definition."""
+    key = d.primary_key[0]
+    assert len(d.primary_key) == 1 and not key.descending, "one ascending key column here"
+    progress = spark.read.format("delta").load(tables.progress)
+    key_type = progress.schema[key.name].dataType.simpleString()  # the platform's key types
+    vnode = spark_vnode_sql([key.name], [key_type], d.vnode_count)
+    keep = F.coalesce(F.expr(d.filter), F.lit(False)) if d.filter else F.lit(True)
+    parts = []
+    for version in sorted(recorded_versions(spark, tables)):
+        at = progress.where(F.col("version") == version).select(
+            F.col("vnode").alias("__vnode"), F.col(spark_quote(key.name)).alias("__pos"),
+            F.col("backfill_finished").alias("__finished"))
+        up = spark.read.format("delta").option("versionAsOf", version).load(d.upstream)
+        up = up.withColumn("__v", F.expr(vnode))
+        kept = up.join(at, up["__v"] == at["__vnode"]).where(
+            at["__finished"] | (F.col(spark_quote(key.name)) <= at["__pos"])).where(keep)
+        parts.append(kept.select(*[F.col(spark_quote(c)) for c in d.columns],
+                                 *[F.expr(c.expr).alias(c.name) for c in d.computed],
+                                 F.col("__v").alias("vnode")).toArrow())
+    return pa.concat_tables(parts) if parts else None
+
+
+def assert_mv_as_delta_spark_reads(spark, d: MVDefinition, tables: MVTables) -> int:
+    """The MV == Delta-Spark's recompute, row for row, each column's type exact; the rows
+    compared."""
+    want = delta_spark_mv(spark, d, tables)
+    mv = pa.table(DeltaTable(tables.mv).scan())
+    if want is None:
+        assert mv.num_rows == 0, "rows in the MV with no progress recorded"
+        return 0
+    types = {f.name: type_name(f.type) for f in want.schema}
+    have = {f.name: type_name(f.type) for f in mv.schema}
+    assert have == types, f"MV column types {have} != Delta-Spark's {types}"
+    expected = multiset(want.to_pylist())
+    actual = multiset(mv.select(want.schema.names).to_pylist())
+    missing, extra = expected - actual, actual - expected
+    assert not missing and not extra, (
+        f"MV != Delta-Spark's recompute at v{sorted(recorded_versions(spark, tables))}: "
+        f"{sum(missing.values())} missing, e.g. {list(missing)[:2]}; {sum(extra.values())} "
+        f"unexpected, e.g. {list(extra)[:2]}")
+    return want.num_rows

@@ -89,10 +89,9 @@ def _run_breakdown(instance) -> list[dict]:
                 error = (err.message if err is not None else de.message or "").strip()[:300]
             if de.event_type_value == "STEP_START" and step_start is None:
                 step_start = ev.timestamp
-            if de.event_type_value == "ASSET_OBSERVATION" and step_seconds is None:
-                meta = de.event_specific_data.asset_observation.metadata
-                if "step_seconds" in meta:  # the barrier's own observation
-                    step_seconds = meta["step_seconds"].value
+            meta = _event_metadata(de)
+            if step_seconds is None and "step_seconds" in meta:  # the barrier's summary
+                step_seconds = meta["step_seconds"].value
             if de.event_type_value == "ASSET_MATERIALIZATION" and mat is None:
                 mat = ev.timestamp
         out.append({"run_id": run.run_id, "status": run.status.value,
@@ -104,18 +103,28 @@ def _run_breakdown(instance) -> list[dict]:
     return sorted(out, key=lambda r: r["created"])
 
 
+def _event_metadata(de) -> dict:
+    """The metadata of an asset materialization or observation (else empty)."""
+    data = de.event_specific_data
+    event = getattr(data, "materialization", None) or getattr(data, "asset_observation", None)
+    return dict(event.metadata) if event is not None else {}
+
+
 def _follower_barriers(instance) -> list[dict]:
-    """Per follower barrier: version, step seconds and when Dagster recorded it."""
+    """Per follower barrier: version, step seconds and when Dagster recorded its summary (a
+    materialization of the MV without a partition since 55713e1, an observation before)."""
     import dagster as dg
     from dagster._core.events import DagsterEventType
 
+    kinds = {DagsterEventType.ASSET_OBSERVATION, DagsterEventType.ASSET_MATERIALIZATION}
     out = []
     for rec in instance.get_run_records(dg.RunsFilter(job_name="follower_job")):
-        for ev in instance.all_logs(rec.dagster_run.run_id,
-                                    of_type=DagsterEventType.ASSET_OBSERVATION):
-            meta = ev.dagster_event.event_specific_data.asset_observation.metadata
-            out.append({"barrier_version": meta["barrier_version"].value,
-                        "step_seconds": meta["step_seconds"].value, "recorded": ev.timestamp})
+        for ev in instance.all_logs(rec.dagster_run.run_id, of_type=kinds):
+            meta = _event_metadata(ev.dagster_event)
+            if "barrier_version" in meta and "step_seconds" in meta:
+                out.append({"barrier_version": meta["barrier_version"].value,
+                            "step_seconds": meta["step_seconds"].value,
+                            "recorded": ev.timestamp})
     return out
 
 

@@ -54,7 +54,7 @@ def latency_ours(args) -> dict:
 def run(args) -> dict:
     out: dict = {"machine": C.machine_info(), "args": vars(args), "sizes": []}
     common = ["--pk", "single", "--vnodes", str(args.vnodes)]
-    for rows in args.rows:
+    for rows in [] if args.latency_only else args.rows:
         n = ["--rows", str(rows)]
         print(f"== {C.human_rows(rows)} rows ({load_note()})", flush=True)
         prepare(rows, "single", args.vnodes)
@@ -105,6 +105,7 @@ def main(argv=None) -> None:
     p.add_argument("--floors-max-rows", type=int, default=100_000_000,
                    help="above this size, the delta-spark refresh only")
     p.add_argument("--no-latency", dest="latency", action="store_false")
+    p.add_argument("--latency-only", action="store_true", help="the latency pair alone")
     p.add_argument("--latency-rows", type=int, default=1_000_000)
     p.add_argument("--intervals", type=float, nargs="+", default=[1.0, 5.0])
     p.add_argument("--commits", type=int, default=40)

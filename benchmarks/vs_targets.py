@@ -17,6 +17,19 @@ def _top(phases: dict, n: int = 4) -> list[str]:
     return [f"{k} {v[0]:.2f}s (driver {v[1]:.2f} / jvm {v[2]:.2f} cpu s)" for k, v in items]
 
 
+def _with_rest(phases: dict, total: float) -> dict:
+    """The phases plus the wall time none of them covers (the profiler wraps named functions
+    of the step; glue between them, and work of functions it does not wrap, is the rest)."""
+    rest = total - sum(v[0] for v in phases.values())
+    return {**phases, "(outside the profiled phases)": [rest, 0.0, 0.0]}
+
+
+def _case_phases(case: dict) -> list[str]:
+    """The top phases of a barrier case's median run, the unprofiled rest among them."""
+    run = case["median_run"]
+    return _top(_with_rest(run["phases"], run["seconds"]))
+
+
 def _row(target: str, figure: float | None, baseline: float | None, ratio: float | None,
          met: bool | None, phases: list[str] | None = None, note: str = "") -> dict:
     return {"target": target, "figure_s": figure, "baseline_s": baseline,
@@ -33,9 +46,7 @@ def _bulk(size: dict) -> list[dict]:
     parts = [b["seconds"] for b in bulk.get("per_barrier", [])]
     note = (f"bulk {sum(parts[:-1]):.2f}s + catch-up {parts[-1]:.2f}s; "
             f"{bulk.get('load', '')}") if len(parts) > 1 else bulk.get("load", "")
-    profiled = bulk.get("phases") or {}
-    rest = e2e - sum(v[0] for v in profiled.values())
-    phases = _top({**profiled, "(outside the profiled phases)": [rest, 0.0, 0.0]})
+    phases = _top(_with_rest(bulk.get("phases") or {}, e2e))
     refresh = base.get("delta_spark_refresh_median")
     if refresh:
         r = e2e / refresh
@@ -61,7 +72,8 @@ def _incremental(size: dict) -> list[dict]:
     cases, ss_cases = inc["cases"], (ss or {}).get("cases", [])
     ours, theirs = _case(cases, 0.001), _case(ss_cases, 0.001)
     if ours:
-        b, phases = ours["median_seconds"], _top(ours["median_run"]["phases"])
+        b = ours["median_seconds"]
+        phases = _case_phases(ours)
         if theirs:
             r = theirs["median_merge_seconds"] / b
             out.append(_row(f"0.1% barrier >= 20x cheaper than delta-spark's MERGE of the same "
@@ -82,13 +94,15 @@ def _incremental(size: dict) -> list[dict]:
         out.append(_row(f"0.01% barrier < 100 ms, {n}" + ("" if target else
                                                           " (the target is at 20M)"),
                         b, theirs_small and theirs_small["median_merge_seconds"], None,
-                        (b < 0.1) if target else None, _top(small["median_run"]["phases"]),
+                        (b < 0.1) if target else None,
+                        _case_phases(small),
                         "baseline: the streaming pattern's MERGE of the same changes"))
     idle = _case(cases, 0.0)
     if idle:
         b = idle["median_seconds"]
         out.append(_row(f"idle barrier < 50 ms, {n}", b, (ss or {}).get("idle_query_seconds"),
-                        None, b < 0.05, _top(idle["median_run"]["phases"]),
+                        None, b < 0.05,
+                        _case_phases(idle),
                         "baseline: an availableNow query with nothing new"))
     big, theirs_big = _case(cases, 0.01), _case(ss_cases, 0.01)
     if big and theirs_big:
@@ -113,7 +127,8 @@ def _latency(out: dict) -> list[dict]:
                    key=lambda s: s["latency"]["median"], default=None)
         base = best["latency"]["median"] if best else None
         trig = f"processingTime {best['trigger_seconds']:g} s" if best else ""
-        phases = [f"{k}: median {v.get('median', 0):.2f}s" for k, v in r["breakdown"].items()]
+        phases = [f"{k}: median {v['median']:.2f}s, p95 {v['p95']:.2f}s" if v.get("n")
+                  else f"{k}: no samples" for k, v in r["breakdown"].items()]
         if interval == 1.0:
             rows.append(_row("continuous, 1 commit/s: commit-to-MV median <= 0.5 s",
                              lat["median"], base, None, lat["median"] <= 0.5, phases))

@@ -30,6 +30,8 @@ import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_ROWS = int(os.environ.get("DEMO_ROWS", "300000"))
@@ -198,8 +200,6 @@ def _how(mv) -> str:
 def _continuous_phase(instance, tables) -> None:
     """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
     committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
-    import dagster as dg
-
     from backfill_assets.step.follower import clear_stop
     from jobs.workspace_runs import run_in_workspace
 
@@ -211,8 +211,46 @@ def _continuous_phase(instance, tables) -> None:
     thread = threading.Thread(target=lambda: result.update(run=run_in_workspace(
         instance, "follower_job", run_config=config, raise_on_error=False)), daemon=True)
     writer = _Writer(tables.upstream, dict(tables.storage_options))
-    thread.start()
-    writer.start()
+    with _stdout_kept():
+        thread.start()
+        writer.start()
+        _show_follower(instance)
+        writer.stop.set()
+        writer.join()
+        time.sleep(2)  # let the follower take the writer's last version
+        run_in_workspace(instance, "stop_follower_job", run_config=QUIET)
+        thread.join()
+    # the stop request stays in force until withdrawn: withdraw it, so `BACKFILL_CONTINUOUS=1
+    # make ui` starts a follower with that setting alone (start_follower_job does the same)
+    clear_stop(tables)
+    print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}; "
+          "stop request withdrawn")
+
+
+@contextmanager
+def _stdout_kept() -> Iterator[None]:
+    """Two runs at once in this process (the follower in a thread, stop_follower_job here)
+    each redirect fds 1 and 2 into their compute log and put back what they found. When the
+    follower's run ends first, stop_follower_job puts back the follower's (finished) capture
+    and everything printed after it is lost (the demo once ended silently, exit 0, without its
+    verdict). So the fds found here are put back here, whatever order the runs end in."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _show_follower(instance) -> None:
+    """One line per follower barrier, from the run's tags, for CONTINUOUS_SECONDS."""
+    import dagster as dg
+
     deadline, shown = time.monotonic() + CONTINUOUS_SECONDS, None
     while time.monotonic() < deadline:
         time.sleep(1)
@@ -221,17 +259,8 @@ def _continuous_phase(instance, tables) -> None:
         if tags.get("follower/barriers") not in (None, shown):
             shown = tags["follower/barriers"]
             print(f"  follower barrier {shown:>3} @v{tags['follower/version']:<4} lag "
-                  f"{tags['follower/lag_versions']} versions / {tags['follower/lag_seconds']} s")
-    writer.stop.set()
-    writer.join()
-    time.sleep(2)  # let the follower take the writer's last version
-    run_in_workspace(instance, "stop_follower_job", run_config=QUIET)
-    thread.join()
-    # the stop request stays in force until withdrawn: withdraw it, so `BACKFILL_CONTINUOUS=1
-    # make ui` starts a follower with that setting alone (start_follower_job does the same)
-    clear_stop(tables)
-    print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}; "
-          "stop request withdrawn")
+                  f"{tags['follower/lag_versions']} versions / {tags['follower/lag_seconds']} s",
+                  flush=True)
 
 
 def _catch_up(instance, mv, tables) -> None:

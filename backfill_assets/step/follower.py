@@ -2,10 +2,10 @@
 
 Why: a run per barrier pays a Dagster launch and a JVM start (~10 s) before any work, so an
 upstream commit reaches the MV tens of seconds later. The follower stays inside one run and
-loops: poll the upstream's version (milliseconds), run the barrier (`barrier.run_barrier`, the
-very step `backfill_job` runs) over every version that arrived since (coalesced), record it,
-repeat. Exactly once, recovery and fencing are the step's: a follower killed anywhere is
-repaired by the next barrier of the next follower.
+loops: wait for the upstream's next log entry (a stat per 10 ms, storage/delta/log_wait.py),
+run the barrier (`barrier.run_barrier`, the very step `backfill_job` runs) over every version
+that arrived since (coalesced), record it, repeat. Exactly once, recovery and fencing are the
+step's: a follower killed anywhere is repaired by the next barrier of the next follower.
 
 Stopping: a stop request (`request_stop`, written by `stop_follower_job`) or an interrupt (Dagster
 run termination, Ctrl-C) ends the loop after the barrier in flight has committed; a second
@@ -35,6 +35,7 @@ from backfill_assets.mv.controls import read_controls
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.barrier import controls_in_force, figures, run_barrier
 from backfill_assets.step.request import Hook, StepReport, no_hook
+from backfill_assets.storage.delta.log_wait import wait_for_commit
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.documents import read_json, write_json
 
@@ -113,8 +114,14 @@ def follow(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Seque
             return summary
         latest = upstream_version(tables)
         paused = read_controls(tables).rate_limit == 0
-        if latest is None or (latest == done_version and (not unfinished or paused)):
+        if latest is None:
             stop.wait(poll_seconds)
+            continue
+        if latest == done_version and (not unfinished or paused):
+            # idle: wait on the next log entry itself, not a poll interval (log_wait.py); the
+            # stop request and the controls are looked at again every poll_seconds
+            wait_for_commit(tables.upstream, latest + 1, tables.storage_options,
+                            timeout=poll_seconds, stop=stop)
             continue
         try:
             report = run_barrier(spark, d, tables, vnodes, hook=hook)

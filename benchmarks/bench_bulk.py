@@ -98,6 +98,7 @@ def worker_backfill(args) -> dict:
     from backfill_assets.core.read_cost import ReadCost
     from backfill_assets.mv.tables import MVTables
     from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.step.modes import mode_named
 
     mem = C.Memory()
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
@@ -149,7 +150,7 @@ def worker_backfill(args) -> dict:
         scanned = report.extra.get("snapshot_rows_scanned")
         if scanned is not None and not stated:  # what the barrier's Dagster run would warn
             done = sum(b["snapshot_rows"] for b in barriers)
-            cost = ReadCost(args.mode, report.snapshot_rows, scanned,
+            cost = ReadCost(mode_named(args.mode).seeks_upstream, report.snapshot_rows, scanned,
                             max(0, args.rows - done), chunk, args.rows)
             if cost.layout_bound:
                 stated.append(n)

@@ -190,9 +190,11 @@ def _start_spark() -> float:
 
 
 def _how(mv) -> str:
-    """What one barrier reads, by mode."""
-    if mv.mode == "snapshot":
-        return ("snapshot mode: the first barrier reads every row at one pinned version, in "
+    """What one barrier reads, as the MV's mode declares it."""
+    from backfill_assets.step.modes import mode_named
+
+    if mode_named(mv.mode).bulk:
+        return (f"{mv.mode} mode: the first barrier reads every row at one pinned version, in "
                 f"slices of about {mv.slice_rows} rows, then the change feed keeps it current")
     return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
 

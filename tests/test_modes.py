@@ -1,5 +1,6 @@
 """The modes are chosen in one place (`step.modes.mode_named`), and each declares what differs
-about it in its `Mode`: nothing else in the package asks a mode's name (issue 39)."""
+about it in its `Mode`: nothing else in the package, the resources or the jobs asks a mode's
+name (issue 39)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from backfill_assets.core.errors import InvalidMVDefinition
 from backfill_assets.core.mv_definition import MODES as MODE_NAMES
 from backfill_assets.step.modes import MODES, mode_named
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "backfill_assets"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "backfill_assets"
 
 
 def test_every_mode_a_definition_may_name_has_one_module():
@@ -32,11 +34,22 @@ def test_what_each_mode_declares():
                      "snapshot": (False, False, False, True)}
 
 
-def test_the_step_never_dispatches_on_a_mode_name():
-    """In the step layer, a comparison with a mode's name outside step/modes/ would be a
-    second place the mode is chosen: the step asks the request's `Mode`."""
+def test_what_each_mode_keeps_and_reads():
+    """The replica kept unthrottled and throttled (a rate limit or a pause: snapshot mode runs
+    arrangement's steps), a bulk read, a seek of the upstream's own files (read_cost)."""
+    facts = {name: (m.keeps_replica(False), m.keeps_replica(True), m.bulk, m.seeks_upstream)
+             for name, m in MODES.items()}
+    assert facts == {"arrangement": (True, True, False, False),
+                     "no_shuffle": (False, False, False, True),
+                     "snapshot": (False, True, True, False)}
+
+
+def test_nothing_dispatches_on_a_mode_name():
+    """A comparison with a mode's name outside step/modes/ (in the package, the resources or
+    the jobs) would be a second place the mode is chosen: the code asks the `Mode`."""
     pattern = re.compile(r"mode\s*[!=]=\s*[\"'](arrangement|no_shuffle|snapshot)[\"']")
-    found = [f"{p.relative_to(PACKAGE)}: {line.strip()}"
-             for p in (PACKAGE / "step").rglob("*.py") if "modes" not in p.parts
+    found = [f"{p.relative_to(ROOT)}: {line.strip()}"
+             for top in ("backfill_assets", "resources", "jobs")
+             for p in (ROOT / top).rglob("*.py") if p.parent != PACKAGE / "step" / "modes"
              for line in p.read_text().splitlines() if pattern.search(line)]
     assert not found, "\n".join(found)

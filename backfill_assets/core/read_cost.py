@@ -1,8 +1,8 @@
 """What a chunked barrier's snapshot read cost against what it took, and what that predicts.
 
 A chunk read seeks: it decodes only the files whose key bounds can hold the chunk
-(storage/seek.py). Over files sorted by key with narrow bounds (arrangement's replica, or an
-upstream kept clustered by its pk) that is the chunk plus a file or two per vnode. no_shuffle
+(storage/chunks/seek.py). Over files sorted by key with narrow bounds (arrangement's replica,
+or an upstream kept clustered by its pk) that is the chunk plus a file or two per vnode. no_shuffle
 reads the upstream's own files, and when they are not clustered by the pk (a copy-on-write
 writer rewrites a vnode's rows into one file in no key order; a composite pk's leading column
 spans every file) every file can hold a row of every chunk. Each barrier then decodes about the
@@ -10,7 +10,7 @@ whole table to take ``chunk_limit`` rows of it, so the backfill reads about
 ``table_rows ** 2 / chunk_limit`` rows and its time per row grows with the table: a cost of
 the layout that no engine avoids without a sorted copy of the upstream (which is arrangement's
 replica). Nothing here is wrong, so the barrier does not stop; it says so, with the numbers,
-once the read is large enough to matter (docs/BENCHMARKS.md, round 22).
+once the read is large enough to matter (docs/BENCHMARKS_HISTORY.md, round 22).
 
 Pure arithmetic: the adapters hand in the counts a barrier already reports.
 """
@@ -30,9 +30,11 @@ MIN_SCANNED_ROWS = 100_000
 class ReadCost:
     """One barrier's snapshot read: ``chunk_rows`` taken, ``rows_scanned`` decoded (the live
     rows of every file the read opened: the barrier's ``snapshot_rows_scanned``),
-    ``rows_left`` still after the positions (whole MV)."""
+    ``rows_left`` still after the positions (whole MV). ``seeks_upstream``: the read's mode
+    seeks the upstream's own files, whose layout the platform does not choose (no_shuffle;
+    the mode declares it: ``Mode.seeks_upstream``)."""
 
-    mode: str
+    seeks_upstream: bool
     chunk_rows: int
     rows_scanned: int
     rows_left: int
@@ -42,7 +44,8 @@ class ReadCost:
 
     @property
     def chunks_per_read(self) -> float:
-        """Barriers one read serves: 1, or the chunks of a window (storage/cut_window.py)."""
+        """Barriers one read serves: 1, or the chunks of a window
+        (storage/chunks/cut_window.py)."""
         return max(1.0, self.window_rows / self.chunk_limit) if self.chunk_limit > 0 else 1.0
 
     @property
@@ -53,9 +56,10 @@ class ReadCost:
     @property
     def layout_bound(self) -> bool:
         """Whether this read cost what the upstream's layout imposes rather than the chunk:
-        a no_shuffle read (the only mode that reads files it does not lay out) that decoded
-        ``AMPLIFICATION`` times its rows and rows enough to matter, with more chunks to come."""
-        return (self.mode == "no_shuffle" and self.rows_left > 0
+        a read of files the platform does not lay out (``seeks_upstream``: no_shuffle) that
+        decoded ``AMPLIFICATION`` times its rows and rows enough to matter, with more chunks
+        to come."""
+        return (self.seeks_upstream and self.rows_left > 0
                 and self.rows_scanned >= MIN_SCANNED_ROWS
                 and self.amplification >= AMPLIFICATION)
 

@@ -43,6 +43,9 @@ class Mode:
     check_upstream: UpstreamCheck | None = None  # what this mode needs of the upstream
     # a barrier of several steps (snapshot mode: slices, catch-up); None: one `run_step`
     run_barrier: Callable[[SparkSession, StepRequest, Hook], StepReport] | None = None
+    # the mode whose steps a barrier runs under a rate limit or a pause (snapshot mode's
+    # chunked path: arrangement's); None: this mode's own
+    throttled_path: Mode | None = None
 
     @property
     def shares_position(self) -> bool:
@@ -54,6 +57,27 @@ class Mode:
     def owns_replica(self) -> bool:
         """Keeps `replicated_state` (arrangement), whose partitions its barriers materialize."""
         return self.positions().uses_replica
+
+    def keeps_replica(self, throttled: bool) -> bool:
+        """Whether a barrier keeps `replicated_state`: this mode owns it (arrangement), or the
+        barrier is ``throttled`` (a rate limit or a pause) and runs the steps of a mode that
+        does (snapshot mode's chunked path)."""
+        path = self.throttled_path if throttled and self.throttled_path else self
+        return path.owns_replica
+
+    @property
+    def bulk(self) -> bool:
+        """A read takes every remaining row of a vnode at one pinned version (snapshot mode);
+        otherwise a barrier reads chunks of ``chunk_size`` rows per vnode."""
+        return self.positions().bulk
+
+    @property
+    def seeks_upstream(self) -> bool:
+        """Its chunks are read by a seek of the upstream's own files, laid out by whoever
+        writes the upstream (no_shuffle), so that layout can bound the read
+        (core/read_cost.py)."""
+        positions = self.positions()
+        return not positions.uses_replica and not positions.bulk
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from backfill_assets.mv.controls import Controls
 from backfill_assets.step.barrier import controls_in_force, figures, run_barrier, vnode_states
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.pacing import BARRIER_SECONDS
-from backfill_assets.step.request import Hook, StepReport, no_hook
+from backfill_assets.step.request import Hook, Mode, StepReport, no_hook
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import (
     MV,
@@ -88,8 +88,9 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
                     "upstream_load_job or another engine: the platform only reads it, so it "
                     "is not materialized here. The MV's lag behind it is in the barrier's "
                     "figures (downstream_mv/backfill_finished).")
-    owns_replica = mode_named(d.mode).owns_replica
-    replica = _replica_spec(d, parts, owns_replica)
+    mode = mode_named(d.mode)
+    owns_replica = mode.owns_replica
+    replica = _replica_spec(d, parts, mode)
     # snapshot mode reads the replica on its throttled path only: no edge (an edge to an
     # asset with events has Dagster fetch its data versions, which fails in an unranged run)
     mv_inputs = [REPLICA] if owns_replica else [UPSTREAM]
@@ -164,11 +165,10 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     span = split(vnodes)
     context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
     report = run_barrier(session, d, tables, vnodes, version=version, overrides=controls,
-                         hook=_PhaseLog(context, span, d, tables, controls, hook,
-                                        owns_replica),
+                         hook=_PhaseLog(context, span, d, tables, controls, hook),
                          pace_seconds=BARRIER_SECONDS)  # a run costs seconds: a minute's worth
     figs = figures(d, tables, controls, report.v_new)
-    cost = read_cost(report, figs, d.mode)
+    cost = read_cost(report, figs, mode_named(d.mode).seeks_upstream)
     if cost is not None and cost.layout_bound:  # no_shuffle over an unclustered upstream
         context.log.warning(cost.statement())
     if report.extra.get("resnapshots"):  # snapshot mode lost its change feed: say so
@@ -188,17 +188,16 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     return report
 
 
-def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition,
-                  owns_replica: bool) -> dg.AssetSpec:
+def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition, mode: Mode) -> dg.AssetSpec:
     """`replicated_state`: produced by the barrier in arrangement mode; elsewhere declared only
     (its kind in the lineage says when it is kept)."""
-    if owns_replica:
+    if mode.owns_replica:
         return dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts,
                             group_name="backfill", skippable=True,
                             description="The backfill's arrangement of the upstream, per vnode "
                                         "(arrangement mode): materialized for every started "
                                         "vnode a barrier kept.")
-    used = d.mode == "snapshot"
+    used = mode.keeps_replica(throttled=True)  # snapshot mode's chunked path
     return dg.AssetSpec(
         REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
         kinds={"delta", "throttled_path_only" if used else "unused_in_no_shuffle"},
@@ -219,13 +218,14 @@ class _PhaseLog:
     INTERIM_RESULT_SECONDS, then calls `then` (the kill points of the crash tests)."""
 
     def __init__(self, context: dg.AssetExecutionContext, span: str, d: MVDefinition,
-                 tables, controls: Controls, then: Hook, owns_replica: bool = False) -> None:
+                 tables, controls: Controls, then: Hook) -> None:
         self.context, self.span, self.d, self.tables = context, span, d, tables
         self.controls, self.then = controls, then
         self.started = self.reported = time.monotonic()
         self.commits = 0
-        # snapshot mode keeps the replica on its chunked path only (a rate limit or a pause)
-        self.replica = owns_replica or (d.mode == "snapshot" and controls.rate_limit is not None)
+        # arrangement keeps the replica; snapshot mode on its chunked path only (a rate limit
+        # or a pause)
+        self.replica = mode_named(d.mode).keeps_replica(controls.rate_limit is not None)
 
     def __call__(self, point: str) -> None:
         if point in PHASES and (point != "after_replica_commit" or self.replica):

@@ -109,14 +109,15 @@ def barrier_metadata(report: StepReport, figures: MVFigures, controls: Controls,
     }
 
 
-def read_cost(report: StepReport, figures: MVFigures, mode: str) -> ReadCost | None:
+def read_cost(report: StepReport, figures: MVFigures, seeks_upstream: bool) -> ReadCost | None:
     """The barrier's snapshot read against its chunk (None: it read no files by a seek), with
     its figure added to the barrier's metadata and, when the upstream's layout bounds it, the
-    statement of that bound (``read_bound_by_layout``)."""
+    statement of that bound (``read_bound_by_layout``). ``seeks_upstream``: what the MV's mode
+    declares (``Mode.seeks_upstream``)."""
     scanned = report.extra.get("snapshot_rows_scanned")
     if scanned is None:
         return None
-    cost = ReadCost(mode, report.snapshot_rows, int(scanned),
+    cost = ReadCost(seeks_upstream, report.snapshot_rows, int(scanned),
                     max(0, figures.upstream_rows - figures.snapshot_rows_done),
                     report.chunk_limit, figures.upstream_rows,
                     int(report.extra.get("snapshot_window_rows", 0)))

@@ -1,0 +1,148 @@
+"""The docs name only what exists: every file path, dotted module (`backfill_assets.x.y`, or
+`step.loop.run_step` relative to the package: its module and the name in it), `python -m` entry
+point and `tests/...::test` the README and docs/*.md mention; and docs/ARCHITECTURE.md's map
+lists every module of the package, resources/ and jobs/ (issue 39). docs/BENCHMARKS_HISTORY.md
+is a record of past rounds, in the names of the code each round measured: it is not checked.
+Text only: fast, no imports."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "backfill_assets"
+DOCS = [ROOT / "README.md",
+        *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "BENCHMARKS_HISTORY.md")]
+# a relative path in the docs is relative to the repo, the package or its storage layer
+BASES = (ROOT, PACKAGE, PACKAGE / "storage")
+TOP = ("backfill_assets", "resources", "jobs", "tests", "benchmarks", "docs", "deploy")
+
+PY_PATH = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*\w+\.py)\b")
+FOLDER_PATH = re.compile(r"(?<![\w/.:-])((?:backfill_assets|resources|jobs|tests|benchmarks|deploy)"
+                         r"(?:/[\w.-]+)+)")
+DOTTED = re.compile(r"(?<![\w./-])((?:backfill_assets|resources|jobs|tests|benchmarks)(?:\.\w+)+)")
+TEST_ID = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
+# `step.loop.run_step`, `core.vnode`: a module of the package, then at most one name in it
+LAYER_DOTTED = re.compile(r"`(?:backfill_assets\.)?((?:core|arrow|storage|engine|upstream|mv|step"
+                          r"|wiring)(?:\.\w+)+)`")
+RUN_MODULE = re.compile(r"python -m ((?:backfill_assets|resources|jobs|tests|benchmarks|docs)"
+                        r"(?:\.\w+)+)")
+
+
+def _text(doc: pathlib.Path) -> str:
+    """The doc with paths a line break cut (`backfill_assets/` at a line's end) joined."""
+    return re.sub(r"(\w/)[ \t]*\n[ \t>]*(?=\w)", r"\1", doc.read_text())
+
+
+def _basenames() -> set[str]:
+    return {p.name for top in TOP for p in (ROOT / top).rglob("*")}
+
+
+def _module_file(dotted: str) -> pathlib.Path | None:
+    """The file of the longest module prefix of ``dotted`` (the rest may be one attribute)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:n])
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.exists():
+                return path if n >= len(parts) - 1 else None
+    return None
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+    """The names a module binds anywhere (functions, classes, assignments, imports)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            found.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return found
+
+
+def _layer_name_dead(dotted: str) -> bool:
+    """``dotted`` (relative to the package) is not a module, or a module and a name it lacks
+    (an attribute of that name, ``Snapshot.load``, is not checked)."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        base = PACKAGE.joinpath(*parts[:n])
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.exists():
+                return n < len(parts) and parts[n] not in _defined(path)
+    return True
+
+
+def _dead_in(doc: pathlib.Path, names: set[str]) -> list[str]:
+    text = _text(doc)
+    dead = [p for p in PY_PATH.findall(text)
+            if not (any((b / p).exists() for b in BASES) if "/" in p else p in names)]
+    dead += [p for p in FOLDER_PATH.findall(text) if not (ROOT / p.rstrip(".")).exists()]
+    dead += [d for d in DOTTED.findall(text) if _module_file(d) is None]
+    dead += [d for d in LAYER_DOTTED.findall(text) if _layer_name_dead(d)]
+    dead += [f"{path}::{test}" for path, test in TEST_ID.findall(text)
+             if (ROOT / path).exists()
+             and not re.search(rf"def {test}\b", (ROOT / path).read_text())]
+    dead += [f"python -m {m} (no __main__)" for m in RUN_MODULE.findall(text)
+             if (f := _module_file(m)) is not None and f.name != "__main__.py"
+             and "__main__" not in f.read_text()]
+    return [f"{doc.relative_to(ROOT)}: {d}" for d in sorted(set(dead))]
+
+
+def test_the_docs_name_only_paths_and_modules_that_exist():
+    names = _basenames()
+    dead = [d for doc in DOCS for d in _dead_in(doc, names)]
+    assert not dead, "\n".join(dead)
+
+
+def map_entries(doc: pathlib.Path = ROOT / "docs" / "ARCHITECTURE.md") -> list[str]:
+    """The files docs/ARCHITECTURE.md's folder map names, as paths: a folder (``name/``)
+    opens where a line starts with it and holds the modules named on the lines below it that
+    are indented further; a module at the start of a line closes the folders it is not
+    indented under."""
+    block = doc.read_text().split("## Folders and modules", 1)[1].split("```")[1]
+    stack: list[tuple[int, str]] = []
+    found = []
+    for line in block.splitlines():
+        stripped = line.lstrip()
+        indent = len(line) - len(stripped)
+        first = stripped.split(" ", 1)[0]
+        if first.endswith("/") or first.endswith(".py"):
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+        if first.endswith("/"):
+            stack.append((indent, first))
+        folder = "".join(name for _, name in stack)
+        found += [folder + m for m in re.findall(r"(?<![\w/.])(\w+\.py)\b", stripped)]
+    return found
+
+
+def _resolved(entry: str) -> pathlib.Path | None:
+    """A map entry is relative to the package, or to the repo (resources/, jobs/, ...)."""
+    for base in (PACKAGE, ROOT):
+        if (base / entry).is_file():
+            return base / entry
+    return None
+
+
+def _docstring_only(path: pathlib.Path) -> bool:
+    """A package's ``__init__.py`` that only says what its folder holds (the folder's line in
+    the map says it too)."""
+    body = ast.parse(path.read_text()).body
+    return path.name == "__init__.py" and all(
+        isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) for node in body)
+
+
+def test_the_architecture_map_lists_every_module():
+    entries = map_entries()
+    dead = [e for e in entries if _resolved(e) is None]
+    assert not dead, "named in docs/ARCHITECTURE.md's map, not there:\n" + "\n".join(dead)
+    listed = {_resolved(e) for e in entries}
+    missing = sorted(str(p.relative_to(ROOT))
+                     for top in ("backfill_assets", "resources", "jobs")
+                     for p in (ROOT / top).rglob("*.py")
+                     if p not in listed and not _docstring_only(p))
+    assert not missing, "add to docs/ARCHITECTURE.md's map:\n" + "\n".join(missing)

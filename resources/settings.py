@@ -36,7 +36,7 @@ BACKFILL_CONTINUOUS        1: the barrier sensor keeps one          0
                            one ``backfill_job`` run per barrier
 BACKFILL_KEY_CACHE_MIB     memory a process may keep data files'   512
                            key columns in (small barriers' key
-                           lookups, storage/key_cache.py)
+                           lookups, storage/rows/key_cache.py)
 BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
                            SIGKILL itself at that commit boundary
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset

@@ -120,7 +120,7 @@ def session_from_conf(conf: dict[str, Any]) -> Any:
 
     from backfill_assets.storage.store.memory import settle_driver_memory
 
-    settle_driver_memory()  # the driver hands freed native memory back (storage/memory.py)
+    settle_driver_memory()  # the driver hands freed native memory back (storage/store/memory.py)
 
     if conf.get(REMOTE_KEY):
         return connect_session(str(conf[REMOTE_KEY]), conf)

@@ -178,7 +178,7 @@ def test_materialize_says_when_the_upstream_layout_bounds_no_shuffle(spark, tmp_
     assert f"decoded {scanned:,} upstream rows to take a chunk of 100" in statement
     assert "Mode 'arrangement'" in statement
     # its tasks run here (a local master): the read holds the next chunks, a window kept by
-    # the change feed (storage/cut_window.py), and the statement counts one read per window
+    # the change feed (storage/chunks/cut_window.py), and the statement counts one read per window
     window = barrier["snapshot_window_rows"].value
     assert window >= 400 and f"holds the next {window / 100:.1f} chunks" in statement
 

@@ -57,7 +57,7 @@ class InvalidSnapshotChunk(BackfillError):
     """A snapshot read result that contradicts what was asked for (too many rows, ...)."""
 
 
-# --- storage / Spark adapters, settings (resources/, delta_store.py, upstream_*.py, spark_ops.py)
+# --- storage / Spark adapters, settings (resources/, storage/, upstream/, engine/)
 
 
 class InvalidSettings(BackfillError, ValueError):

@@ -8,7 +8,7 @@ file's corner is (first region, low id), so every file looked as if it held the 
 The position sharpens it. With the position at (eu, 5M), a file of ids [6M, 8M] holds nothing
 after it before (eu, 6M), and a file of ids [0, 2M] nothing before the region after eu. Files
 taken in the order of their floor can stop as soon as the rows read hold the chunk before the
-next floor (storage/shared_cut.py): the rest cannot hold a key at or before the cut.
+next floor (storage/chunks/shared_cut.py): the rest cannot hold a key at or before the cut.
 
 A floor is a prefix of a key, closed or open: closed admits the keys whose first
 ``len(prefix)`` values sort at or after it, open those that sort strictly after it. The empty

@@ -283,7 +283,7 @@ class _Step:
                    intent: storage.Intent | None = None) -> None:
         """One atomic MV commit: forwarded changes (a Spark frame, or keyed rows found by key
         lookups on the driver) + snapshot chunk + the progress they make (``clustered``: the
-        chunk's rows already come in the writer's layout, see storage/chunk_read.py, so no
+        chunk's rows already come in the writer's layout, see storage/chunks/chunk_scan.py, so no
         shuffle re-lays them out). ``written``: the chunk's files, already written by the
         bulk tasks (the step's only rows), committed with the progress they make."""
         if forward is None and chunk is None and written is None and not self.req.reset:
@@ -326,6 +326,6 @@ class _Step:
 def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact). The replica is never
-    rewritten by a barrier: its changes are appended (storage/replica.py)."""
+    rewritten by a barrier: its changes are appended (storage/rows/replica.py)."""
     snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
     maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)

@@ -51,7 +51,7 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     the definition does not compile to Arrow, or (``shared``) a candidate's pk is null (the
     Spark path names it). TransformRefused: nothing written. ``tail``: a vnode whose whole
     rest fits in ``limit + tail`` keeps it. ``shared`` (no_shuffle): the driver cuts the
-    run's ``limit`` rows from the candidates' key columns (storage/shared_cut.py), and each
+    run's ``limit`` rows from the candidates' key columns (storage/chunks/shared_cut.py), and each
     vnode's task reads only the files holding a row of the chunk and keeps its rows up to
     the cut; when the tasks run in this process, the cut reads whole rows and holds the
     chunk's, and the tasks take theirs from it (each file read once)."""
@@ -72,7 +72,7 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     if shared:  # run here, the cut holds the chunk's rows: each file is read once
         threads = storage.local_threads(ctx.spark, picked.rows_scanned)
         pos = next(iter(positions.values()), None)
-        if threads:  # whole rows held here, across barriers (storage/cut_window.py)
+        if threads:  # whole rows held here, across barriers (storage/chunks/cut_window.py)
             def pick(n: int) -> tuple[list[storage.DataFile], dict]:
                 more = picked if n == limit else storage.chunk_files(
                     files, key_order, positions, rows_to_see(n, tail), shared)
@@ -111,6 +111,6 @@ def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mappin
 
 def replica_schema(upstream_schema: pa.Schema) -> pa.Schema:
     """The replica's data: every upstream column (minus any upstream vnode) plus our vnode
-    (its table adds the version columns of storage/replica.py)."""
+    (its table adds the version columns of storage/rows/replica.py)."""
     fields = [f for f in upstream_schema if f.name != "vnode"]
     return pa.schema([*(f.with_nullable(True) for f in fields), pa.field("vnode", pa.int32())])

@@ -44,7 +44,7 @@ class SourceContext:
 @dataclass(frozen=True)
 class SeekRead:
     """What a chunk's read decoded: the live rows of every file it read, and the rows it
-    holds for the next barriers (a no_shuffle window, storage/cut_window.py; 0: none)."""
+    holds for the next barriers (a no_shuffle window, storage/chunks/cut_window.py; 0: none)."""
 
     scanned: int
     window_rows: int = 0

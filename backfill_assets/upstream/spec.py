@@ -9,8 +9,9 @@ An upstream table is a Delta table with
   (backfill_assets/core/vnode.py);
 - the change data feed on.
 
-Values are checked against a spec in upstream_values.py, DML batches written in
-upstream_dml.py; backfill_assets/upstream/writer/__init__.py re-exports all three for callers.
+Values are checked against a spec in upstream/values.py, DML batches written in
+upstream/writer/dml.py; backfill_assets/upstream/writer/__init__.py re-exports all three for
+callers.
 """
 
 from __future__ import annotations

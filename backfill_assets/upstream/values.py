@@ -5,7 +5,7 @@ error that says which column and row rather than an Arrow or delta-rs error from
 write: a column not in the schema (UnknownColumn), a value of the wrong type or out of range
 (WrongColumnType), a null key (NullPrimaryKey), a key twice in the rows of a bulk insert
 (DuplicatePrimaryKey). ``check_value`` and ``RowChecker`` serve the DML writer
-(upstream_dml.py); ``conform_rows`` serves bulk inserts.
+(upstream/writer/dml.py); ``conform_rows`` serves bulk inserts.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def main() -> None:
     # an empty frame needs an explicit schema on Spark Connect (it cannot infer one)
     empty = session.createDataFrame(pa.table({"id": pa.array([], pa.int64())}),
                                     schema="id long").count()
-    try:  # the spelling storage/read.py uses for an empty version
+    try:  # the spelling storage/rows/scan.py uses for an empty version
         from pyspark.sql.types import LongType, StructField, StructType
 
         struct = StructType([StructField("id", LongType())])

@@ -149,7 +149,8 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
 
 
 def _resolved(rows, key_order):
-    """The replica's rows as a reader sees them: newest version per key (storage/replica.py)."""
+    """The replica's rows as a reader sees them: newest version per key
+    (storage/rows/replica.py)."""
     from backfill_assets.storage.rows import replica
 
     return replica.resolve(rows, key_order).drop_columns([replica.VERSION, replica.DELETED])

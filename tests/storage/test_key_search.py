@@ -1,7 +1,7 @@
 """Binary searches over rows in key order agree with the masks they replace.
 
 A chunk task asks of every file it reads which rows sort after the position and how many sort
-before the next file's lower bound (storage/key_search.py). For rows in key order it answers
+before the next file's lower bound (storage/chunks/key_search.py). For rows in key order it answers
 by a binary search of Python compares; the masks (Arrow compute) answer for any rows. Here
 generated pk shapes (integer and string columns, either direction, repeated keys), rows sorted
 as a chunk task sorts them and keys inside, between and outside the rows must give the same

@@ -1,4 +1,4 @@
-"""The arrangement replica as base rows plus appended change rows (storage/replica.py).
+"""The arrangement replica as base rows plus appended change rows (storage/rows/replica.py).
 
 Generated replicas (composite keys with a descending column, vnodes with no base file,
 several files per vnode) take generated change batches (updates, deletes, inserts anywhere in

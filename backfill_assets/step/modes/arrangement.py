@@ -36,7 +36,7 @@ VNODE = "vnode"
 
 class ReplicaSource:
     """Arrangement backfill: snapshot reads come from the backfill's own replica, a
-    log-structured table (storage/replica.py): base rows copied once per vnode, each
+    log-structured table (storage/rows/replica.py): base rows copied once per vnode, each
     barrier's changes appended as change rows, resolved on read."""
 
     checks_keys = False  # the loop checks a fresh vnode's snapshot before its copy

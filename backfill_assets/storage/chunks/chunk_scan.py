@@ -64,7 +64,7 @@ def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_
                shared: bool, changes: pa.Table | None = None) -> DataFrame:
     """The chunk's candidate rows (``columns`` + RN + BAD_KEY), clustered by vnode range and
     sorted by (vnode, key) inside each Spark partition. ``changes``: the change rows of a
-    replica (storage/replica.py), resolved with its base rows in the tasks."""
+    replica (storage/rows/replica.py), resolved with its base rows in the tasks."""
     tasks, reader = chunk_tasks(snap, columns, key_order, positions, limit, picked, shared,
                                 changes)
     if not tasks:
@@ -82,7 +82,7 @@ def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
     (a Python task that also writes costs ~50 ms to start, and more tasks than cores only
     queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
     (``core.positions.keep_rows``; per-vnode reads only). ``cut``: a shared read whose cut
-    the driver knows (storage/shared_cut.py): each vnode's rows up to it, nothing ranked
+    the driver knows (storage/chunks/shared_cut.py): each vnode's rows up to it, nothing ranked
     across the tasks."""
     snap.check_readable()
     schema = snap.arrow_schema
@@ -211,7 +211,7 @@ def _entry(snap: Snapshot, f: DataFile, parts: list[str], out: pa.Schema) -> dic
 def file_reader(snap: Snapshot, columns: Sequence[str]) -> Callable[[DataFile], pa.Table]:
     """One file's live rows of ``columns``, as a chunk task reads them (exchange types, DVs
     applied, row count checked, partition values from the log): what a one-read shared cut
-    holds (storage/shared_cut.py)."""
+    holds (storage/chunks/shared_cut.py)."""
     schema = snap.arrow_schema
     base = exchange_schema(pa.schema([schema.field(c) for c in columns]))
     parts = [c for c in columns if c in snap.partition_columns]

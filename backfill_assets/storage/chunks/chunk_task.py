@@ -57,7 +57,7 @@ class ChunkReader:
         self.key_order, self.positions, self.limit = key_order, dict(positions), limit
         self.shared, self.per_vnode, self.overlay = shared, per_vnode, overlay
         self.tail = tail
-        # a shared chunk whose cut is known (storage/shared_cut.py): every vnode keeps its
+        # a shared chunk whose cut is known (storage/chunks/shared_cut.py): every vnode keeps its
         # rows in (position, upper], upper None: all after the position; no limit to cut
         self.ranged, self.upper = ranged, upper
 
@@ -160,7 +160,7 @@ class ChunkReader:
         return mask
 
     def _read(self, task: dict, keep: Keep | None = None) -> pa.Table:
-        """The task's rows (a replica's resolved with its change rows: storage/replica.py);
+        """The task's rows (a replica's resolved with its change rows: storage/rows/replica.py);
         ``keep``: the mask of each file's rows to keep, applied as it is read (no replica)."""
         out = self.out_schema
         base = pa.schema([f for f in out if f.name not in (RN, BAD_KEY)])

@@ -43,10 +43,10 @@ class SharedCut:
     held: pa.Table | None = None  # read with whole rows, a file or more: the chunk's rows
     rows_read: int = 0  # live rows of the files the cut read (what the barrier decoded)
     # with ``held``: its keys' ranks in ``space`` (row for row), when they pack (a window
-    # sorts the rows by them, storage/cut_window.py)
+    # sorts the rows by them, storage/chunks/cut_window.py)
     held_ranks: np.ndarray | None = None
     space: KeySpace | None = None
-    window_rows: int = 0  # rows a window read at this barrier holds (storage/cut_window.py)
+    window_rows: int = 0  # rows a window read at this barrier holds (storage/chunks/cut_window.py)
 
 
 def one_integer(key_order: KeyOrder) -> bool:

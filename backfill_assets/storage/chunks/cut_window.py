@@ -10,9 +10,9 @@ known without reading them again: they are the rows of the version read, changed
 change feed says changed since.
 
 How. A window holds the run's rows after its position ``lo`` up to a bound ``hi``, as of
-``version``: ``WINDOW_CHUNKS`` chunks, read once (storage/window_read.py when every file must
-be read, else a shared cut with that many rows as its limit, storage/shared_cut.py) and sorted
-by key (``key_ranks``). A later barrier at version
+``version``: ``WINDOW_CHUNKS`` chunks, read once (storage/chunks/window_scan.py when every file
+must be read, else a shared cut with that many rows as its limit, storage/chunks/shared_cut.py)
+and sorted by key (``key_ranks``). A later barrier at version
 ``v`` reads the feed of (``version``, v], keeps the change rows of the run's vnodes in
 (position, ``hi``], nets them per key (``arrow_changes.net_with_prior``: the last change wins)
 and takes its chunk: the window's next rows, without the keys that changed, plus the rows those

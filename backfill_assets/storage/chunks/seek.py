@@ -25,7 +25,7 @@ before it ended where a file ends; an upstream whose files each span the whole k
 range (no_shuffle over an unclustered table) has no file entirely after any position, and a
 chunk picks every file not yet passed. A shared (no_shuffle) pick is ordered by each file's
 floor, the least key it can hold after the position (core/key_floor.py), so that the cut
-(storage/shared_cut.py) reads only the files up to the chunk's end (docs/ARCHITECTURE.md,
+(storage/chunks/shared_cut.py) reads only the files up to the chunk's end (docs/ARCHITECTURE.md,
 "Chunk reads").
 """
 
@@ -93,7 +93,7 @@ def chunk_files(files: Sequence[DataFile], key_order: KeyOrder,
                 extra: Mapping[int, int] | None = None) -> ChunkFiles:
     """The files holding the next ``limit`` rows after each position: per vnode, or (shared)
     across all of ``positions``' vnodes, which then share one position. ``extra``: rows per
-    vnode the files must hold beyond ``limit`` (a replica's tombstones, storage/replica.py)."""
+    vnode the files must hold beyond ``limit`` (a replica's tombstones, storage/rows/replica.py)."""
     if shared:
         groups = [tuple(sorted(positions))] if positions else []
     else:

@@ -17,7 +17,7 @@ files each span a leading column's values but a narrow range of the next (region
 ids), that is the files of the ids the chunk covers, not every file (round 19). The cut also
 names the files that hold a row of the chunk, so the tasks read only those.
 
-One read, when the chunk's tasks run in this process (``read_rows``, storage/bulk_write.py:
+One read, when the chunk's tasks run in this process (``read_rows``, storage/writes/bulk.py:
 a local master). Over a writer's copy-on-write layout every file holds rows of every chunk, so
 the key read above and the tasks' read of every column are two whole-table reads a barrier
 (round 21: 1.2 s and 1.6 s of a 3.2 s barrier at 20M rows, composite pk). Given a reader of

@@ -1,7 +1,7 @@
-"""How no_shuffle's window (storage/cut_window.py) is read when every file must be read.
+"""How no_shuffle's window (storage/chunks/cut_window.py) is read when every file must be read.
 
 Over a writer's copy-on-write layout each file spans the key range, so every file can hold a
-row of the window and there is nothing to seek. A shared cut (storage/shared_cut.py) would
+row of the window and there is nothing to seek. A shared cut (storage/chunks/shared_cut.py) would
 still hold rows until folds tighten its bound: at 20M rows its folds of whole rows (packed
 ranks over six to eight million rows, then a filter) took 2-3 s of a 5 s window read. Here the
 bound is estimated up front from a sample of the files (the largest), and each file keeps its

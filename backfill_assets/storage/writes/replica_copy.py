@@ -1,4 +1,4 @@
-"""The arrangement replica's copy, written by the bulk tasks (storage/bulk_write.py), that
+"""The arrangement replica's copy, written by the bulk tasks (storage/writes/bulk.py), that
 also writes each vnode's first chunk into the MV from the rows it already holds sorted: one
 pass over them, not a copy and then a read back of the chunk (``FirstChunk``).
 

@@ -12,7 +12,7 @@ exists (DuplicatePrimaryKey), an update/delete/pk-change of a key that does not 
 table, then merges).
 
 :func:`insert_rows` bulk-inserts an Arrow table as one append version. The table and its spec
-are in upstream_spec.py, the value checks in upstream_values.py.
+are in upstream/spec.py, the value checks in upstream/values.py.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ def _history(uri: str) -> list[dict]:
     return DeltaTable(uri).history()
 
 
+START = ("commit -> barrier start (MV commit - step_seconds; below 0 when the wait is shorter "
+         "than the step's work after its MV commit)")
+
+
 def _mv_commits(mv_uri: str) -> list[tuple[int, float]]:
     """(barrier version, commit time s) of every MV commit made by a step."""
     from backfill_assets.mv.tables import STEP_METADATA_KEY
@@ -134,8 +138,11 @@ def _phases(path: str, instance, commits: list[int], up_times: dict, mv: list) -
         return _run_phases(instance, commits, up_times)
     barriers = {b["barrier_version"]: b for b in _follower_barriers(instance)}
     mv_time = {v: t for v, t in mv}
+    # the barrier's start is not recorded: it is taken as its MV commit less its step_seconds,
+    # which also count the work after the MV commit (progress commit, figures), so a wait
+    # shorter than that work shows as a negative figure
     parts: dict[str, list[float]] = {
-        "commit -> barrier start (poll + barrier in flight)": [],
+        START: [],
         "barrier (step_seconds: recover, replicate, forward, commit)": [],
         "MV commit -> barrier recorded in Dagster (figures, events)": []}
     for v in commits:
@@ -143,7 +150,7 @@ def _phases(path: str, instance, commits: list[int], up_times: dict, mv: list) -
         if first is None or first not in barriers:
             continue
         start = mv_time[first] - barriers[first]["step_seconds"]
-        parts["commit -> barrier start (poll + barrier in flight)"].append(start - up_times[v])
+        parts[START].append(start - up_times[v])
     for bv, b in barriers.items():
         if commits and bv >= commits[0] and bv in mv_time:
             parts["barrier (step_seconds: recover, replicate, forward, commit)"].append(

@@ -62,7 +62,9 @@ def run(args) -> dict:
         out["sizes"].append(size)
         size["snapshot_backfill"] = run_worker("benchmarks.vs_bulk", [
             "worker-backfill", *n, *common, "--mode", "snapshot", "--barrier-rows", "1000000",
-            "--dml-fraction", "0.0001", "--budget", "0"])
+            "--dml-fraction", "0.0001", "--budget", "0",
+            *(["--catch-up-batches", str(args.catch_up_batches)] if args.catch_up_batches
+              else [])])
         size["snapshot_backfill"]["load"] = load_note()
         C.save_results(args.name, out)
         size["refresh_and_floors"] = run_worker("benchmarks.baseline_delta_spark", [
@@ -104,6 +106,9 @@ def main(argv=None) -> None:
     p.add_argument("--inc-repeat", type=int, default=3, help="barriers / batches per fraction")
     p.add_argument("--floors-max-rows", type=int, default=100_000_000,
                    help="above this size, the delta-spark refresh only")
+    p.add_argument("--catch-up-batches", type=int, default=0,
+                   help="the writer's versions the snapshot's catch-up takes (default: one per "
+                        "1M rows, at most 20: at 100M each batch costs the writer about a minute)")
     p.add_argument("--no-latency", dest="latency", action="store_false")
     p.add_argument("--latency-only", action="store_true", help="the latency pair alone")
     p.add_argument("--latency-rows", type=int, default=1_000_000)

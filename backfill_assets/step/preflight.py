@@ -5,10 +5,12 @@ no-shuffle MV over an upstream arranged differently: its mode's check, step/mode
 errors that say what to do.
 The upstream columns the backfill uses are pinned in the progress table's description at the
 first step: later steps compare the upstream against that pin, so an added column is tolerated
-and a dropped or retyped one stops the MV with a clear message. The pin also records the MV's
-schema as Spark's analysis of the definition gave it: a later step under the same definition
-takes it from there, so a step that reads no snapshot (a small catch-up on the driver) never
-starts a JVM.
+and a dropped or retyped one stops the MV with a clear message. Under column mapping the pin
+also holds each column's identity, so a swap by RENAME or a DROP + ADD of the same name and
+type is refused too when the MV uses the column (step/column_identity.py). The pin also
+records the MV's schema as Spark's analysis of the definition gave it: a later step under the
+same definition takes it from there, so a step that reads no snapshot (a small catch-up on
+the driver) never starts a JVM.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from __future__ import annotations
 import base64
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -35,10 +38,16 @@ from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.column_identity import (
+    PIN_KEY,
+    Identity,
+    pinned_identities,
+    refuse_changed_identities,
+)
 from backfill_assets.step.request import UpstreamCheck
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.storage.delta import log_head
-from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.storage.delta.delta_rs import arrow_schema, column_identities, column_mapping
 from backfill_assets.storage.delta.log import check_readable
 
 
@@ -50,6 +59,7 @@ class CheckedUpstream:
     schema: pa.Schema  # the pinned columns the backfill carries (upstream's own vnode excluded)
     key_order: KeyOrder
     mv_schema: pa.Schema | None = None  # recorded with the pin, for the same definition
+    identities: Mapping[str, Identity] = field(default_factory=dict)  # column -> its identity
 
     @property
     def key_types(self) -> tuple[str, ...]:
@@ -60,6 +70,7 @@ class CheckedUpstream:
         return json.dumps({
             "mv_schema": base64.b64encode(mv_schema.serialize().to_pybytes()).decode("ascii"),
             "upstream_columns": [[f.name, type_name(f.type)] for f in self.schema],
+            PIN_KEY: pinned_identities(self.identities, self.schema.names),
             "primary_key": list(self.key_order.names),
             "vnode_count": d.vnode_count,
             "mode": d.mode,
@@ -86,15 +97,18 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
     carried = pa.schema([f for f in schema if f.name != "vnode"])
     pinned = _pinned(tables)
     mv_schema = None
+    identities = column_identities(table)
     if pinned is not None:  # first: a dropped column is the upstream's change, not the MV's
         carried = _against_pin(carried, pinned, d, tables)  # added columns are left out
+        refuse_changed_identities(pinned, identities, column_mapping(table) != "none", d,
+                                  tables)
         mv_schema = _pinned_mv_schema(pinned)
     columns = {f.name: _type_name(f, tables.upstream) for f in carried}
     key_order = _key_order(d, columns)
     d.validate(columns)
     if check is not None:
         check(table, d, key_order, tables)
-    return CheckedUpstream(table.version(), carried, key_order, mv_schema)
+    return CheckedUpstream(table.version(), carried, key_order, mv_schema, identities)
 
 
 def _pinned_mv_schema(pinned: dict) -> pa.Schema | None:

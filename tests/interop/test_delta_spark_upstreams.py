@@ -13,14 +13,16 @@ records, the definition applied by Spark SQL (tests/interop/spark_upstream.py), 
 exact column types, and against the platform's oracle (tests.support.assert_verified). What
 the platform cannot read is refused by name before anything is written: reader features it
 does not implement (typeWidening, v2Checkpoint: UnsupportedTableFeature), a renamed or dropped
-column (UpstreamSchemaChanged); a new MV then leaves no folder, a running one no commit, and
-once the upstream is back (renamed back, restored) the MV goes on exactly.
+column, a column the MV uses swapped by RENAME or dropped and re-added (UpstreamSchemaChanged);
+a new MV then leaves no folder, a running one no commit, and once the upstream is back (renamed
+back, restored) the MV goes on exactly.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -135,26 +137,38 @@ def drop_and_restore(s: Scenario) -> None:
 
 
 def add_column(s: Scenario) -> None:
-    """ADD COLUMNS: tolerated (no MV carries it); the following DML writes it."""
-    s.up.alter("ADD COLUMNS (`added later` INT)", {**s.up.columns, "added later": "int"})
+    """ADD COLUMNS: tolerated (no MV carries it); the following DML writes it. A name with a
+    space needs column mapping."""
+    name = "added later" if s.up.features.mapping != "none" else "added_later"
+    s.up.alter(f"ADD COLUMNS ({spark_quote(name)} INT)", {**s.up.columns, name: "int"})
 
 
 def widen_type(s: Scenario) -> None:
-    """Type widening switched on and used: its reader feature is refused, then and for a new
-    MV over the table."""
+    """Type widening switched on and used (a column widened to BIGINT: files written before
+    hold the narrower type; a SMALLINT column is added first when there is no int one): its
+    reader feature is refused, then and for a new MV over the table."""
     column = next((c for c, t in s.up.columns.items() if t in ("int", "smallint")), None)
+    if column is None:
+        column = "narrow"
+        s.up.alter(f"ADD COLUMNS ({column} SMALLINT)", {**s.up.columns, column: "smallint"})
+        s.dml(1)
     s.up.sql(f"ALTER TABLE {s.up.table} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')")
-    if column is not None:
-        s.up.alter(f"ALTER COLUMN {spark_quote(column)} TYPE BIGINT",
-                   {**s.up.columns, column: "bigint"})
+    s.up.alter(f"ALTER COLUMN {spark_quote(column)} TYPE BIGINT",
+               {**s.up.columns, column: "bigint"})
     s.dml(1)
     s.refused(UnsupportedTableFeature, "typeWidening")
     s.refused(UnsupportedTableFeature, "typeWidening", [s.mv("mv_new", "snapshot")])
 
 
 def v2_checkpoints(s: Scenario) -> None:
+    """V2 checkpoints switched on and written (a UUID-named checkpoint in the log; with
+    checkpoints every 2 commits, two DML commits write one): refused, then and for a new MV."""
     s.up.sql(f"ALTER TABLE {s.up.table} SET TBLPROPERTIES ('delta.checkpointPolicy' = 'v2')")
     s.dml(2)
+    if s.up.features.checkpoints == "classic":
+        log = os.listdir(os.path.join(s.up.uri, "_delta_log"))
+        assert any(re.fullmatch(r"\d{20}\.checkpoint\.[0-9a-f-]{36}\.(json|parquet)", n)
+                   for n in log), f"no v2 checkpoint written: {sorted(log)[-6:]}"
     s.refused(UnsupportedTableFeature, "v2Checkpoint")
     s.refused(UnsupportedTableFeature, "v2Checkpoint", [s.mv("mv_new", "arrangement")])
 
@@ -202,21 +216,34 @@ def test_delta_spark_upstream_backfills_as_delta_spark_reads_it(spark, warehouse
     assert play(s, script, barriers, ending) > 0
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=(
-    "bug: the progress pin records column names and types, not column-mapping identities; "
-    "a swap by RENAME COLUMN (or DROP + ADD of the same name and type) passes it and the MV "
-    "keeps the old values (step/preflight.py)"))
 def test_a_column_swap_by_rename_is_refused(spark, warehouse):
+    """RENAME COLUMN a -> swap, b -> a, swap -> b keeps every name and type, and DROP + ADD
+    COLUMN of the same name and type makes a new column: the pin's column-mapping identities
+    refuse both (step/column_identity.py), with nothing written. What the refusals advise
+    works: the columns renamed back (rows written while swapped included), or the upstream
+    restored to before the drop, and the MV goes on exactly."""
     up = SparkUpstream(spark, f"{warehouse}/swapped", Features(mapping="name"),
                        random.Random(5), {"id": "bigint", "a": "int", "b": "int"})
     s = Scenario.start(spark, warehouse, up.features, seed=5, rows=20, modes=("snapshot",),
                        up=up)
     s.barrier()
-    up.rename("a", "swap")
-    up.rename("b", "a")
-    up.rename("swap", "b")
-    s.dml(1)
-    s.refused(UpstreamSchemaChanged, "column")
+    swap = [("a", "swap"), ("b", "a"), ("swap", "b")]
+    for old, new in swap:
+        up.rename(old, new)
+    s.dml(2)
+    s.refused(UpstreamSchemaChanged, "column '[ab]' is now the column that was '[ab]'")
+    for old, new in swap:
+        up.rename(old, new)
+    s.dml(2)
+    s.barrier()
+    before = up.version
+    up.drop("b")
+    up.alter("ADD COLUMNS (b INT)", {**up.columns, "b": "int"})
+    s.dml(2)
+    s.refused(UpstreamSchemaChanged, "column 'b' was dropped and re-added")
+    up.restore(before)
+    s.dml(2)
+    s.barrier()
 
 
 @pytest.mark.variant

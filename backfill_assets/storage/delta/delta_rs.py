@@ -183,6 +183,29 @@ def arrow_schema(dt: DeltaTable) -> pa.Schema:
     return normalize_schema(pa.schema(dt.schema().to_arrow()))
 
 
+def column_mapping(table) -> str:
+    """The table's column mapping mode (``none``, ``name`` or ``id``) from its configuration
+    (a ``DeltaTable`` or a log head)."""
+    return (table.metadata().configuration.get("delta.columnMapping.mode") or "none").lower()
+
+
+def column_identities(table) -> dict[str, tuple[int | None, str]]:
+    """Each top-level column's identity: (``delta.columnMapping.id``, the physical name its
+    data files use). Why: under column mapping a name is only a label; RENAME COLUMN moves it
+    to another column and DROP + ADD gives a new column the old name, and only the identity
+    tells. Without column mapping a column's identity is its name (no id)."""
+    fields = json.loads(table.schema().to_json())["fields"]
+    if column_mapping(table) == "none":
+        return {f["name"]: (None, f["name"]) for f in fields}
+    out = {}
+    for f in fields:
+        meta = f.get("metadata") or {}
+        fid = meta.get("delta.columnMapping.id")
+        out[f["name"]] = (None if fid is None else int(fid),
+                          meta.get("delta.columnMapping.physicalName", f["name"]))
+    return out
+
+
 def partition_columns(dt: DeltaTable) -> list[str]:
     return list(dt.metadata().partition_columns)
 

@@ -26,7 +26,13 @@ from deltalake import DeltaTable
 
 from backfill_assets.core.errors import StorageMismatch, UnsupportedTableFeature
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.delta_rs import arrow_schema, latest_version, open_table
+from backfill_assets.storage.delta.delta_rs import (
+    arrow_schema,
+    column_identities,
+    column_mapping,
+    latest_version,
+    open_table,
+)
 from backfill_assets.storage.delta.file_stats import FileStats, StatColumns, partition_values
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.lru import LRU
@@ -116,7 +122,7 @@ class Snapshot:
 
     @cached_property
     def column_mapping(self) -> str:
-        return (self.configuration.get("delta.columnMapping.mode") or "none").lower()
+        return column_mapping(self.table)
 
     @cached_property
     def arrow_schema(self) -> pa.Schema:
@@ -127,11 +133,7 @@ class Snapshot:
     @cached_property
     def physical_names(self) -> dict[str, str]:
         """Logical column -> the column name inside the parquet files."""
-        if self.column_mapping == "none":
-            return {f.name: f.name for f in self.arrow_schema}
-        fields = json.loads(self.table.schema().to_json())["fields"]
-        return {f["name"]: f.get("metadata", {}).get("delta.columnMapping.physicalName",
-                                                     f["name"]) for f in fields}
+        return {name: physical for name, (_, physical) in column_identities(self.table).items()}
 
     def check_readable(self) -> None:
         """Refuse reader features (and column mapping modes) the layer cannot honour."""
@@ -321,7 +323,7 @@ def check_readable(uri: str, version: int, table) -> None:
             "platform's Delta reader does not implement; reading it anyway could return wrong "
             "rows. Rewrite the table without them (or disable them) first"
         )
-    mode = (table.metadata().configuration.get("delta.columnMapping.mode") or "none").lower()
+    mode = column_mapping(table)
     if mode not in ("none", "name", "id"):
         raise UnsupportedTableFeature(
             f"{uri} uses column mapping mode {mode!r}; supported: none, name, id")

@@ -49,6 +49,7 @@ from backfill_assets.mv.recovery import (
 )
 from backfill_assets.mv.run_layout import check_run_layout
 from backfill_assets.mv.tables import STEP_METADATA_KEY
+from backfill_assets.step import heap
 from backfill_assets.step.bulk_read import replacing
 from backfill_assets.step.chunk import (
     Chunk,
@@ -77,6 +78,7 @@ SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a step keeps them on t
 
 def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> StepReport:
     """Run one barrier for `req.vnodes`; see the module docstring for the phases."""
+    heap.step_starting()
     step = _Step.open(spark, req, hook)
     hook("before_write")
     raw = change_rows(step.ctx, step.plan)

@@ -59,7 +59,13 @@ def newer_than(raw: pa.Table, since: Mapping[int, int]) -> pa.Table:
     inside = vnodes < len(lookup)
     floor = np.where(inside, lookup[np.minimum(vnodes, len(lookup) - 1)], np.iinfo(np.int64).max)
     versions = raw.column(VERSION).to_numpy(zero_copy_only=False).astype(np.int64)
-    return raw.filter(pa.array(versions > floor))
+    return _kept(raw, versions > floor)
+
+
+def _kept(rows: pa.Table, mask: np.ndarray) -> pa.Table:
+    """`rows` where `mask`; the table itself when every row is kept (the usual case of a
+    barrier over finished vnodes: a filter copies every column, ~6 ms for 10,000 rows)."""
+    return rows if mask.all() else rows.filter(pa.array(mask))
 
 
 def visible(rows: pa.Table, progress: Mapping[int, VnodeProgress],
@@ -93,7 +99,7 @@ def visible(rows: pa.Table, progress: Mapping[int, VnodeProgress],
         for i, key in zip(rows_at, keys, strict=True):
             vnode = int(vnodes[i])
             mask[i] = is_visible(key, lambda _k, v=vnode: v, at, key_order)
-    return rows.filter(pa.array(mask))
+    return _kept(rows, mask)
 
 
 @dataclass(frozen=True)

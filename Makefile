@@ -104,6 +104,7 @@ BENCH_LOCK ?= /tmp/spark.lock
 BENCH_ROWS ?= 1000000 5000000
 BENCH_PK ?= single composite
 BENCH_INC_ROWS ?= 5000000
+BENCH_CROSSOVER_ROWS ?= 5000000
 BENCH_SCALE_ROWS ?= 1000000
 BENCH_PROFILE_ROWS ?= 5000000
 BENCH_QUICK_ROWS ?= 100000
@@ -113,7 +114,8 @@ BENCH_BASELINE_ROWS ?= 5000000
 BENCH_ARGS ?=
 export BENCH_LOCK
 
-.PHONY: bench bench-bulk bench-bulk-20m bench-bulk-100m bench-incremental bench-latency bench-scaling bench-profile \
+.PHONY: bench bench-bulk bench-bulk-20m bench-bulk-100m bench-incremental bench-crossover \
+	bench-latency bench-scaling bench-profile \
 	bench-upstream bench-quick bench-scale-out bench-baselines bench-baselines-refresh \
 	bench-baselines-streaming
 
@@ -137,6 +139,11 @@ bench-bulk-100m: env
 
 bench-incremental: env
 	$(PY) -m benchmarks.bench_incremental --rows $(BENCH_INC_ROWS) $(BENCH_ARGS)
+
+# one barrier of 1% / 10% / 30% changed rows forced to apply, forced to re-snapshot, and by
+# cost (issue 38): results/crossover_<rows>.json
+bench-crossover: env
+	$(PY) -m benchmarks.bench_crossover --rows $(BENCH_CROSSOVER_ROWS) $(BENCH_ARGS)
 
 bench-scaling: env
 	$(PY) -m benchmarks.bench_scaling --rows $(BENCH_SCALE_ROWS) $(BENCH_ARGS)

@@ -15,7 +15,13 @@ import dagster as dg
 from pydantic import Field
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.controls import SnapshotSide, read_controls, requested, write_controls
+from backfill_assets.mv.controls import (
+    BarrierChoice,
+    SnapshotSide,
+    read_controls,
+    requested,
+    write_controls,
+)
 from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
 from backfill_assets.wiring.assets import MV
 from backfill_assets.wiring.checks import progress_result
@@ -40,6 +46,11 @@ class ControlsConfig(dg.Config):
         default=None, description="Snapshot rows per vnode per barrier (>= 1). Unset: unchanged.")
     reset_chunk_size: bool = Field(
         default=False, description="Go back to the chunk size of the MV definition.")
+    barrier_choice: BarrierChoice = Field(
+        default=BarrierChoice.keep,
+        description="A barrier over finished vnodes: auto re-snapshots them when re-reading "
+                    "costs less than applying its changes (by what the MV measured); apply or "
+                    "resnapshot force that path; keep: leave it as it is.")
 
 
 def build_controls_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
@@ -49,7 +60,7 @@ def build_controls_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
         tables = mv_tables(d, settings, warehouse.options())
         controls = write_controls(tables, requested(
             read_controls(tables), config.snapshot, config.rate_limit, config.chunk_size,
-            config.reset_chunk_size))
+            config.reset_chunk_size, config.barrier_choice))
         in_force = controls_in_force(d, tables)
         context.log.info(f"controls of MV {d.name!r} from the next barrier: "
                          f"{in_force.describe()}")

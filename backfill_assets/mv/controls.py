@@ -1,4 +1,6 @@
-"""Runtime controls of an MV: rate limit (rows/s, 0 = paused) and chunk size.
+"""Runtime controls of an MV: rate limit (rows/s, 0 = paused), chunk size, and how a barrier
+over finished vnodes chooses between applying its changes and re-snapshotting them
+(`barrier_choice`: by cost, or forced either way; core/cost_choice.py).
 
 RisingWave changes these with Pause / Resume / Throttle mutations carried by barriers; here a
 small JSON document beside the MV's tables (local folder or object store, through
@@ -12,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
 
+from backfill_assets.core.cost_choice import CHOICES
 from backfill_assets.core.errors import InvalidControl
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.storage.store import objects
@@ -29,12 +32,27 @@ class SnapshotSide(Enum):
     resume = "resume"  # read again from the same positions (unlimited unless a rate is given)
 
 
+class BarrierChoice(Enum):
+    """How a barrier over finished vnodes lands its changes (`Controls.barrier_choice`), as
+    the launchpad offers it."""
+
+    keep = "keep"  # leave the control as it is
+    auto = "auto"  # by cost: re-snapshot when re-reading the vnodes costs less
+    apply = "apply"  # always apply the change feed
+    resnapshot = "resnapshot"  # always re-read the vnodes at the barrier's version
+
+
 @dataclass(frozen=True)
 class Controls:
     chunk_size: int | None = None  # None: the MV definition's chunk size
     rate_limit: int | None = None  # None: unlimited; 0: paused
+    barrier_choice: str | None = None  # None: auto (by cost); "apply" or "resnapshot": forced
 
     def validated(self) -> Controls:
+        if self.barrier_choice is not None and self.barrier_choice not in CHOICES:
+            raise InvalidControl(
+                f"barrier_choice {self.barrier_choice!r} is not allowed: give one of "
+                f"{', '.join(CHOICES)}")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise InvalidControl(
                 f"chunk size {self.chunk_size} is not allowed: give a whole number >= 1"
@@ -51,11 +69,14 @@ class Controls:
         chunk = "the definition's" if self.chunk_size is None else str(self.chunk_size)
         rate = ("unlimited" if self.rate_limit is None else
                 "0, paused" if self.rate_limit == 0 else f"{self.rate_limit} rows/s")
-        return f"chunk {chunk} rows/vnode, rate {rate}"
+        forced = "" if self.barrier_choice in (None, "auto") else \
+            f", barrier_choice {self.barrier_choice}"
+        return f"chunk {chunk} rows/vnode, rate {rate}{forced}"
 
 
 def requested(current: Controls, snapshot: SnapshotSide, rate_limit: int | None = None,
-              chunk_size: int | None = None, reset_chunk_size: bool = False) -> Controls:
+              chunk_size: int | None = None, reset_chunk_size: bool = False,
+              barrier_choice: BarrierChoice = BarrierChoice.keep) -> Controls:
     """The controls after a change asked for from the launchpad; InvalidControl (nothing
     written) when the request contradicts itself or a value is out of range."""
     if snapshot is SnapshotSide.pause and rate_limit not in (None, 0):
@@ -74,7 +95,9 @@ def requested(current: Controls, snapshot: SnapshotSide, rate_limit: int | None 
     elif rate_limit is not None:
         rate = rate_limit
     chunk = None if reset_chunk_size else current.chunk_size if chunk_size is None else chunk_size
-    return Controls(chunk, rate).validated()
+    choice = current.barrier_choice if barrier_choice is BarrierChoice.keep else \
+        None if barrier_choice is BarrierChoice.auto else barrier_choice.value
+    return Controls(chunk, rate, choice).validated()
 
 
 def controls_uri(tables: MVTables) -> str:

@@ -19,6 +19,7 @@ from deltalake import DeltaTable
 from backfill_assets.arrow.types import schema_of
 from backfill_assets.core import codec
 from backfill_assets.core.errors import ConcurrentBackfillRun, CorruptProgressRow
+from backfill_assets.core.figures import FINISHED, IN_PROGRESS
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.mv import tables as mv_store
@@ -172,6 +173,17 @@ def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
     for row in arrow.cast(arrow_schema(table)).to_pylist():  # as a read returns them
         now[row[codec.VNODE]].append(row)
     _PROGRESS_ROWS[key] = (before + 1, now)
+
+
+def vnode_states(tables: mv_store.MVTables) -> dict[int, str]:
+    """vnode -> finished / in progress, as the progress table records them (a vnode without a
+    progress row has not started): what the figures, the jobs and a re-snapshot's checks read
+    without recovering anything."""
+    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    if progress is None:
+        return {}
+    rows = mv_store.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
+    return {r[codec.VNODE]: FINISHED if r[codec.FINISHED] else IN_PROGRESS for r in rows}
 
 
 def unfinished_vnodes(progress_table, key_order, vnodes: set[int]) -> set[int]:

@@ -13,18 +13,14 @@ from collections.abc import Sequence
 from pyspark.sql import SparkSession
 
 from backfill_assets.core import codec
-from backfill_assets.core.figures import (
-    FINISHED,
-    IN_PROGRESS,
-    MVFigures,
-    RateSample,
-    recent_rate,
-)
+from backfill_assets.core.figures import MVFigures, RateSample, recent_rate
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import Controls, read_controls
+from backfill_assets.mv.recovery import vnode_states as vnode_states  # the jobs read it here
 from backfill_assets.mv.reset import nothing_left_on_refusal
 from backfill_assets.mv.tables import MVTables
+from backfill_assets.step.cost_choice import by_cost
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.pacing import paced
@@ -37,12 +33,13 @@ LAG_HISTORY_LIMIT = 1000  # upstream commits read back at most to date the lag
 def controls_in_force(d: MVDefinition, tables: MVTables,
                       overrides: Controls | None = None) -> Controls:
     """What the next barrier will use: run overrides, else the stored controls, else the MV
-    definition's; `chunk_size` is always set, `rate_limit` None means unlimited."""
+    definition's; `chunk_size` is always set, `rate_limit` None means unlimited,
+    `barrier_choice` None means by cost."""
     stored = read_controls(tables)
     overrides = overrides or Controls()
     chunk = overrides.chunk_size or stored.chunk_size or d.chunk_size
     rate = _first_set(overrides.rate_limit, stored.rate_limit, d.rate_limit)
-    return Controls(chunk, rate)
+    return Controls(chunk, rate, overrides.barrier_choice or stored.barrier_choice)
 
 
 def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
@@ -66,7 +63,8 @@ def _run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes:
     run = mode.run_barrier or run_step  # snapshot: a bulk read in slices, then catch-up
     if controls.rate_limit:  # a rate limit, kept over time: steps paced to it
         return paced(spark, request, run, hook, pace_seconds)
-    return run(spark, request, hook)
+    # finished vnodes: apply the changes, or re-snapshot them when that costs less
+    return by_cost(spark, request, run, hook, controls.barrier_choice)
 
 
 def figures(d: MVDefinition, tables: MVTables, controls: Controls,
@@ -93,15 +91,6 @@ def figures(d: MVDefinition, tables: MVTables, controls: Controls,
         rows_per_second=recent_rate(_rate_samples(progress, tables)),
         upstream_version=upstream.version(), mv_version=mv_version,
         lag_seconds=_lag_seconds(upstream, mv_version))
-
-
-def vnode_states(tables: MVTables) -> dict[int, str]:
-    """vnode -> finished / in progress (a vnode without a progress row has not started)."""
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
-    if progress is None:
-        return {}
-    rows = mv_store.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
-    return {r[codec.VNODE]: FINISHED if r[codec.FINISHED] else IN_PROGRESS for r in rows}
 
 
 def _rows_done(rows) -> int:

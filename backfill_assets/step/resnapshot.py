@@ -9,6 +9,10 @@ the vnodes read whole at the version) and carries their progress (Completed at t
 so a crash loses at most the slice in flight and the next run or barrier recovers it. Any
 mode's MV: the vnodes are read by snapshot mode's bulk read, and finished vnodes need nothing
 of their mode afterwards (they only forward the change feed).
+
+`resnapshot_steps` is those steps at a given version: a barrier that chooses by cost to
+re-read its finished vnodes instead of applying its changes (step/cost_choice.py) runs them
+at the barrier's version.
 """
 
 from __future__ import annotations
@@ -22,8 +26,8 @@ from backfill_assets.core.errors import ResnapshotRefused
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.snapshot import plan_slices
 from backfill_assets.mv.controls import read_controls
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import vnode_states
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes.snapshot import SNAPSHOT, estimate_rows
 from backfill_assets.step.pacing import merged
@@ -53,10 +57,24 @@ def resnapshot(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: S
     version = delta_store.latest_version(tables.upstream, tables.storage_options)
     chunk = read_controls(tables).chunk_size or d.chunk_size
     req = StepRequest(d, SNAPSHOT, tables, vnodes, chunk, None, version)
-    slices = plan_slices(estimate_rows(req, version, vnodes), d.slice_rows)
-    reports = [run_step(spark, replace(req, vnodes=s, reset=s), hook) for s in slices]
-    report = merged(reports)
+    report = resnapshot_steps(spark, req, hook)
     report.extra["resnapshot"] = f"vnodes {_span(vnodes)} re-read at v{version}"
+    return report
+
+
+def resnapshot_steps(spark: SparkSession, req: StepRequest, hook: Hook = no_hook,
+                     vnode_rows: dict[int, int] | None = None) -> StepReport:
+    """Re-read `req.vnodes` (finished) whole at `req.v_new`: one step per slice of about
+    `slice_rows` rows (`vnode_rows`: the estimate per vnode, when the caller has it), each an
+    atomic MV commit replacing its vnodes' rows and carrying their progress, Completed at
+    that version. Any mode's request: the steps are snapshot mode's."""
+    if req.v_new is None:
+        raise ValueError("a re-snapshot reads one pinned version: give the request's v_new")
+    req = replace(req, mode=SNAPSHOT, rate_limit=None)
+    vnodes = tuple(sorted(req.vnodes))
+    rows = vnode_rows if vnode_rows is not None else estimate_rows(req, req.v_new, vnodes)
+    slices = plan_slices({v: rows[v] for v in vnodes}, req.definition.slice_rows)
+    report = merged([run_step(spark, replace(req, vnodes=s, reset=s), hook) for s in slices])
     report.extra["resnapshot_vnodes"] = len(vnodes)
     report.extra["slices_done"] = len(slices)
     return report

@@ -28,7 +28,8 @@ Public surface (everything else in the package is its inside):
   ``replace_keyed``: the rows of a few keys overwritten (the progress table); ``key_counts``:
   rows per key, reading only key columns;
 - ``change_rows_by_vnode``: a version range's change rows per vnode, estimated from the log
-  alone (how snapshot mode sizes its catch-up steps);
+  alone (how snapshot mode sizes its catch-up steps); ``estimate_change_rows``: the same for
+  any table, after the checks a read of the range makes (how a barrier chooses by cost);
 - ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
 See docs/ARCHITECTURE.md, "The storage layer".
 """
@@ -80,6 +81,7 @@ __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile
            "Intent",
            "HeldChunk", "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "change_rows_by_vnode", "apply_keyed", "chunk_files",
+           "estimate_change_rows",
            "commit_written",
            "chunk_tasks",
            "ensure_mor_table",
@@ -122,8 +124,30 @@ def change_rows_by_vnode(uri: str, start_exclusive: int, end: int,
     """Estimated change rows of versions (start_exclusive, end] of the table at ``uri`` per
     vnode (its ``vnode`` partition value), from the log alone (`changes.change_rows`); None
     when the table is not partitioned by vnode. HistoryUnavailable when a commit is gone."""
+    return _change_rows(uri, start_exclusive, end, storage_options, "vnode")
+
+
+def estimate_change_rows(uri: str, start_exclusive: int, end: int,
+                         storage_options: Mapping[str, str] | None = None) -> dict[int, int]:
+    """Estimated change rows of versions (start_exclusive, end] of the table at ``uri``, from
+    its log alone (`changes.change_rows`): per ``vnode`` partition value, or all under -1 for
+    a table not partitioned by vnode. First the checks a read of the range makes
+    (ChangeFeedDisabled, HistoryUnavailable: the range is not readable)."""
+    from backfill_assets.storage.rows.change_range import check_range
+
+    check_range(uri, start_exclusive, end, storage_options)
+    by_vnode = _change_rows(uri, start_exclusive, end, storage_options, "vnode")
+    if by_vnode is not None:
+        return by_vnode
+    return _change_rows(uri, start_exclusive, end, storage_options, None) or {}
+
+
+def _change_rows(uri: str, start_exclusive: int, end: int,
+                 storage_options: Mapping[str, str] | None, column: str | None
+                 ) -> dict[int, int] | None:
     from backfill_assets.storage.delta.log_head import open_head
     from backfill_assets.storage.rows.change_feed import change_rows
 
     so = dict(storage_options or {})
-    return change_rows(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive, end)
+    return change_rows(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive,
+                       end, column)

@@ -76,6 +76,10 @@ class BarrierConfig(dg.Config):
     rate_limit: int | None = Field(
         default=None, description="Snapshot rows per second for this run only; 0 pauses the "
                                   "snapshot side (unset: the controls in force).")
+    barrier_choice: str | None = Field(
+        default=None, description="For this run only: auto, apply or resnapshot (a barrier "
+                                  "over finished vnodes applies its changes or re-reads the "
+                                  "vnodes; unset: the controls in force, else auto).")
 
 
 def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) -> list:
@@ -119,7 +123,8 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
         ranged = context.has_partition_key or context.has_partition_key_range
         vnodes = vnodes_of(context.partition_keys) if ranged else list(range(d.vnode_count))
         tables = mv_tables(d, settings, warehouse.options())
-        overrides = Controls(config.chunk_size, config.rate_limit).validated()
+        overrides = Controls(config.chunk_size, config.rate_limit,
+                             config.barrier_choice).validated()
         session = LazySession(lambda: spark.spark_session,  # a driver-only barrier: no JVM
                               spark.spark_config)
         _barriers(context, d, tables, vnodes, session, config.barrier_version, overrides,

@@ -60,6 +60,7 @@ def controls_metadata(controls: Controls) -> dict:
             "unlimited" if rate is None else "0 (paused)" if rate == 0 else f"{rate} rows/s"),
         "controls_chunk_size": dg.MetadataValue.int(controls.chunk_size or 0),
         "paused": dg.MetadataValue.bool(rate == 0),
+        "controls_barrier_choice": dg.MetadataValue.text(controls.barrier_choice or "auto"),
     }
 
 

@@ -120,7 +120,7 @@ class _Run:
     def barrier(self, version: int) -> None:
         """Forward the finished vnodes, then read the others slice by slice, all at `version`."""
         self.version = version
-        progress = _recovered(self.req, version)
+        progress = recovered_progress(self.req, version)
         finished = tuple(v for v, (p, _) in sorted(progress.items()) if p.finished)
         pending = tuple(v for v, (p, _) in sorted(progress.items()) if not p.finished)
         since = [at for _, at in progress.values() if at is not None]
@@ -232,7 +232,7 @@ def _merged(reports: list[StepReport | None], version: int, vnodes: tuple[int, .
     return out
 
 
-def _recovered(req: StepRequest, version: int) -> dict:
+def recovered_progress(req: StepRequest, version: int) -> dict:
     """Each vnode's (progress, version) as a step would recover it (read only; NotStarted when
     the MV's tables do not exist yet)."""
     key_order = checked_upstream(req.tables, req.definition, version).key_order

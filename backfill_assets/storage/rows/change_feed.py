@@ -91,15 +91,16 @@ def _read_range(latest: Snapshot, start_exclusive: int, end: int,
 
 
 def change_rows(latest: Snapshot, start_exclusive: int, end: int,
-                column: str = "vnode") -> dict[int, int] | None:
+                column: str | None = "vnode") -> dict[int, int] | None:
     """Estimated change rows of versions (start_exclusive, end] per value of the integer
-    partition column ``column`` (None when the table is not partitioned by it), from the log
-    alone: a version's change rows from its commit's operation metrics (inserted + deleted +
-    twice updated: a pre- and a post-image), shared among its change files by size; a
-    version without metrics counts ``ROW_BYTES`` per row of its files. Why not bytes alone:
-    a small change file is mostly its parquet footer (20M rows, 20 versions: 13 MB of
-    change files for 44K rows; 100M: 24 MB for 220K)."""
-    if column not in latest.partition_columns:
+    partition column ``column`` (None when the table is not partitioned by it; ``column``
+    None: all of them under -1), from the log alone: a version's change rows from its
+    commit's operation metrics (inserted + deleted + twice updated: a pre- and a
+    post-image), shared among its change files by size; a version without metrics counts
+    ``ROW_BYTES`` per row of its files. Why not bytes alone: a small change file is mostly
+    its parquet footer (20M rows, 20 versions: 13 MB of change files for 44K rows; 100M:
+    24 MB for 220K)."""
+    if column is not None and column not in latest.partition_columns:
         return None
     out: dict[int, int] = {}
     for v in range(start_exclusive + 1, end + 1):
@@ -107,7 +108,7 @@ def change_rows(latest: Snapshot, start_exclusive: int, end: int,
         files = _change_files(_actions(latest, v))
         total = sum(int(f.get("size") or 0) for f in files)
         for f in files:
-            text = (f.get("partitionValues") or {}).get(column)
+            text = (f.get("partitionValues") or {}).get(column) if column else None
             value = -1 if text in (None, "") else int(text)
             size = int(f.get("size") or 0)
             rows = (log.rows * size / total if log.rows is not None and total

@@ -73,6 +73,15 @@ def read_raw_changes(
     return _normalize_changes(table)
 
 
+def check_range(uri: str, start_exclusive: int, end: int,
+                storage_options: StorageOptions = None) -> None:
+    """Raise what ``read_raw_changes`` would raise of the range before reading a row of it
+    (ChangeFeedDisabled, HistoryUnavailable, InvalidVersionRange): a caller that only sizes
+    the range (a barrier choosing by cost) learns whether it is readable. A vacuumed file is
+    found by a read only."""
+    _checked_range(uri, start_exclusive, end, storage_options)
+
+
 def _checked_range(uri: str, start_exclusive: int, end: int,
                    storage_options: StorageOptions):
     """The head of ``end`` once the range is known to be readable: in order, inside the

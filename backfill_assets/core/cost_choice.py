@@ -26,17 +26,20 @@ AUTO, APPLY, RESNAPSHOT = "auto", "apply", "resnapshot"
 CHOICES = (AUTO, APPLY, RESNAPSHOT)  # the `barrier_choice` control: auto, or forced either way
 
 # Defaults before this MV measured anything: snapshot mode, a 1M-row upstream of 256 vnodes on
-# this 2-core machine (benchmarks/bench_crossover.py; 10% and 30% of rows changed: 5.2-6.9 us
-# per estimated change-feed row applied, catch-up steps included; 5.9-11.4 us per vnode row
-# re-read, the first re-snapshot of a process the dearest). Fixed parts: what a path costs
-# with no rows (one step's opening and commits; a re-snapshot's Spark jobs).
-DEFAULT_APPLY_SECONDS_PER_ROW = 6.5e-6
-DEFAULT_RESNAPSHOT_SECONDS_PER_ROW = 8e-6
-APPLY_FIXED_SECONDS = 0.1
-RESNAPSHOT_FIXED_SECONDS = 1.5
+# this 2-core machine (benchmarks/results/crossover_1M.json, 1% to 100% of rows changed in one
+# barrier). Applying: 4.0-8.8 us per estimated change-feed row beyond its fixed part, catch-up
+# steps included, rising with the change set (more steps, each opening tables whose logs the
+# barrier itself lengthens). Re-reading: 4.6-4.8 us per vnode row beyond its fixed part, 8.7
+# for the first re-snapshot of a process (JIT). Fixed parts: what each path costs with next to
+# no rows (a step's opening and commits; a re-snapshot's Spark jobs), fitted on the same runs.
+DEFAULT_APPLY_SECONDS_PER_ROW = 7e-6
+DEFAULT_RESNAPSHOT_SECONDS_PER_ROW = 5e-6
+APPLY_FIXED_SECONDS = 0.15
+RESNAPSHOT_FIXED_SECONDS = 2.5
 RESNAPSHOT_MARGIN = 0.1  # a re-snapshot is chosen when it costs at most 90% of applying
-# a barrier of fewer rows than this says little about the unit cost (its fixed part dominates)
-MIN_SAMPLE_ROWS = 10_000
+# a barrier of fewer rows than this says little about the unit cost: its fixed part dominates
+# (1% of 1M rows, 14.5k change rows: 19 us per row beyond 0.1 s; 10%: 5 us)
+MIN_SAMPLE_ROWS = 50_000
 SMOOTHING = 0.25  # weight of a new sample once a figure has 3 or more behind it
 
 

@@ -87,8 +87,8 @@ def test_the_reason_names_both_estimates_and_the_unit_costs() -> None:
     d = choose(3_000_000, 10_000_000, tuple(range(256)), 42, costs)
     assert d.resnapshot and d.choice == "re-snapshot vnodes 0..255"
     assert d.reason == (
-        "re-reading costs at most 90% of applying: applying ~3,000,000 change rows: ~60.10 s "
-        "(20.00 us/row, 4 measured); re-reading ~10,000,000 vnode rows at v42: ~21.50 s "
+        "re-reading costs at most 90% of applying: applying ~3,000,000 change rows: ~60.15 s "
+        "(20.00 us/row, 4 measured); re-reading ~10,000,000 vnode rows at v42: ~22.50 s "
         "(2.00 us/row, default)")
     small = choose(100, None, (3,), 9, costs)
     assert small.choice == "apply changes" and "vnode rows not estimated" in small.reason

@@ -3,19 +3,14 @@
     make bench-latency                          # both paths, one commit per 5 s and per 1 s
     .venv/bin/python -m benchmarks.bench_latency --paths continuous --intervals 5 --commits 10
 
-For each path and write rate: starts `dagster dev -w workspace.yaml` in the background (its own
-DAGSTER_HOME with the project's dagster.yaml, its own warehouse, --vnodes vnodes; see
-benchmarks/dagster_dev.py), lets the default-RUNNING `upstream_barrier_sensor` backfill a
-generated upstream (per-barrier path: one `backfill_job` run per barrier; continuous path,
-BACKFILL_CONTINUOUS=1: the sensor starts one `follower_job` that loops on a warm Spark
-session), then commits one DML batch every --interval seconds and measures, for every upstream
-commit, the time until the first MV commit whose barrier version includes it (both from the
-Delta logs' commit timestamps). Stops after --commits commits (or --max-seconds), waits --drain
-seconds for the last ones, always kills the server's process group, and breaks the time down
-per phase: from Dagster's run records for per-barrier runs (sensor pickup, queue + launch, run
-process start, Spark session + barrier), from the follower's per-barrier observations for the
-continuous path (commit -> barrier start, barrier, MV commit -> event in Dagster). Run it under
-`flock $BENCH_LOCK` (the Makefile target does): every run starts a Spark JVM.
+Per path and write rate: `dagster dev` in the background (own DAGSTER_HOME and warehouse;
+benchmarks/dagster_dev.py); the default-RUNNING sensor backfills a generated upstream (one
+`backfill_job` run per barrier, or with BACKFILL_CONTINUOUS=1 one `follower_job`); then one DML
+batch every --interval s, and per upstream commit the time until the first MV commit whose
+barrier version includes it (both Delta commit timestamps). Stops after --commits (or
+--max-seconds), drains, kills the server's group, and breaks the time down per phase (run
+records; the follower's per-barrier events, where the barrier start is its MV commit less its
+step_seconds). Run under `flock $BENCH_LOCK` (the Makefile target does).
 """
 
 from __future__ import annotations
@@ -138,9 +133,6 @@ def _phases(path: str, instance, commits: list[int], up_times: dict, mv: list) -
         return _run_phases(instance, commits, up_times)
     barriers = {b["barrier_version"]: b for b in _follower_barriers(instance)}
     mv_time = {v: t for v, t in mv}
-    # the barrier's start is not recorded: it is taken as its MV commit less its step_seconds,
-    # which also count the work after the MV commit (progress commit, figures), so a wait
-    # shorter than that work shows as a negative figure
     parts: dict[str, list[float]] = {
         START: [],
         "barrier (step_seconds: recover, replicate, forward, commit)": [],

@@ -32,8 +32,15 @@ def free_port() -> int:
 
 def install_instance(dagster_home: str) -> None:
     """The project's instance config (run launcher with health check, run monitoring)."""
+    import dagster as dg
+
     os.makedirs(dagster_home, exist_ok=True)
     shutil.copy(os.path.join(ROOT, "dagster.yaml"), os.path.join(dagster_home, "dagster.yaml"))
+    # the instance's storage made here, before dagster dev's processes start: a caller that
+    # opened the same instance while they made it raced them to one sqlite schema ("table
+    # jobs already exists", seen in tests/reliability/test_follower_kills.py)
+    with dg.DagsterInstance.from_config(dagster_home):
+        pass
 
 
 def start(env: dict, log_path: str, port: int | None = None) -> subprocess.Popen:

@@ -66,16 +66,23 @@ class UI:
         return {k: int(n) for k, n in re.findall(r"(Materialized|Missing|Failed) \((\d+)\)",
                                                   body)}
 
-    def filled(self) -> dict[str, str]:
-        """asset -> "N% filled" in the group's lineage list."""
-        lines = [x.strip() for x in self.text(GROUP).splitlines() if x.strip()]
-        out, current = {}, None
-        for x in lines:
-            if x in ("upstream_table", "replicated_state", "downstream_mv", "backfill_progress"):
-                current = x
-            elif current and x.endswith("% filled"):
-                out[current] = x
-        return out
+    def filled(self, timeout_s: float = 30.0) -> dict[str, str]:
+        """asset -> "N% filled" in the group's lineage list, once the MV's and the progress'
+        nodes show it (a loaded machine draws the graph after the settle time: looked again
+        until `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            lines = [x.strip() for x in self.text(GROUP).splitlines() if x.strip()]
+            out, current = {}, None
+            for x in lines:
+                if x in ("upstream_table", "replicated_state", "downstream_mv",
+                         "backfill_progress"):
+                    current = x
+                elif current and x.endswith("% filled"):
+                    out[current] = x
+            if {"downstream_mv", "backfill_progress"} <= set(out) or \
+                    time.monotonic() > deadline:
+                return out
 
     def materialize(self, *vnodes: str) -> str:
         """Materialize… on downstream_mv with `vnodes` ticked (or "All"); the launch button's

@@ -48,6 +48,8 @@ class FollowerConfig(dg.Config):
     """Leave the vnodes unset for the whole MV (or start the run with a `backfill/vnodes` tag,
     "first-last", as the sensor does)."""
 
+    # how often an idle follower re-reads stop requests and controls (it notices a new upstream
+    # commit at once: it waits on the next log entry, storage/delta/log_wait.py)
     poll_seconds: float = DEFAULT_POLL_SECONDS
     first_vnode: int | None = None
     last_vnode: int | None = None

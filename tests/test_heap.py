@@ -17,14 +17,14 @@ def test_the_second_step_freezes_the_heap_once(monkeypatch):
         heap.step_starting()
         frozen = gc.get_freeze_count()
         assert frozen > 1000  # the modules, classes and caches alive now
-        garbage = [[]]
-        garbage[0].append(garbage)  # a cycle made after the freeze is still collected
-        del garbage
         kept = [[] for _ in range(20_000)]  # alive at the third step: a second freeze takes them
         heap.step_starting()
         # only once (other threads may free frozen objects meanwhile: the count can only fall)
         assert gc.get_freeze_count() < frozen + 10_000
         del kept
+        garbage = [[]]
+        garbage[0].append(garbage)  # a cycle made after the freeze is still collected
+        del garbage
         assert gc.collect() >= 1
     finally:
         gc.unfreeze()

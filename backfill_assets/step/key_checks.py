@@ -47,8 +47,8 @@ def check_change_keys(raw: pa.Table, key_names: Sequence[str], uri: str) -> None
     _refuse_null_keys(raw, key_names, uri, "its change data feed")
     new = pc.is_in(raw["_change_type"], pa.array(["insert", "update_postimage"]))
     sides = raw.select([*key_names, "_commit_version"]).append_column("_new", new)
-    counts = sides.group_by([*key_names, "_commit_version", "_new"]).aggregate(
-        [([], "count_all")])
+    counts = sides.group_by([*key_names, "_commit_version", "_new"],
+                            use_threads=False).aggregate([([], "count_all")])
     dup = counts.filter(pc.greater(counts["count_all"], 1))
     if dup.num_rows:
         row = dup.slice(0, 1).to_pylist()[0]

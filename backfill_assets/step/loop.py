@@ -328,6 +328,9 @@ class _Step:
 def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact). The replica is never
-    rewritten by a barrier: its changes are appended (storage/rows/replica.py)."""
-    snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
+    rewritten by a barrier: its changes are appended (storage/rows/replica.py). The MV's
+    latest version is the process's table brought forward by this step's commits
+    (`mv_store.open_table`), not a load of the new version (~10 ms at 5M rows)."""
+    so = ctx.tables.storage_options
+    snap = storage.Snapshot(ctx.tables.mv, so, mv_store.open_table(ctx.tables.mv, so))
     maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)

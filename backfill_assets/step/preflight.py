@@ -171,8 +171,10 @@ def _pinned(tables: MVTables) -> dict | None:
         latest = delta_store.latest_version(tables.progress, so)
     except TableNotFound:
         return None
-    # the latest version, loaded once per process (a barrier checks the pin twice)
-    progress = delta_store.open_table(tables.progress, latest, so)
+    # the pin is the table's description: its head (metadata alone, brought forward by the
+    # commits since the last one read) costs a commit file, where a load of the version
+    # replays every file (~10 ms a barrier, each barrier a new progress version)
+    progress = log_head.open_head(tables.progress, latest, so)
     if not progress.metadata().description:
         return None
     return json.loads(progress.metadata().description)

@@ -84,7 +84,7 @@ def _read_range(latest: Snapshot, start_exclusive: int, end: int,
     else:
         pieces = [read() for read in reads]
     table = pa.concat_tables([out.empty_table(), *pieces])
-    if vnodes is not None:
+    if vnodes is not None and only is None:  # files of the vnodes' partitions hold only theirs
         wanted = pa.array(vnodes, schema.field("vnode").type)
         table = table.filter(pc.is_in(table["vnode"], wanted))
     return table

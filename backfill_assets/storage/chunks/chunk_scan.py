@@ -37,6 +37,7 @@ from backfill_assets.storage.chunks.chunk_task import (
     read_task_rows,
     take_chunk,
 )
+from backfill_assets.storage.chunks.row_order import by_lower_key
 from backfill_assets.storage.chunks.seek import ChunkFiles
 from backfill_assets.storage.chunks.shared_cut import SharedCut
 from backfill_assets.storage.delta import dv
@@ -133,9 +134,12 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
 
 
 def whole_vnode_tasks(snap: Snapshot, vnodes: Iterable[int], columns: Sequence[str],
-                      out: pa.Schema, task_rows: int, min_tasks: int) -> list[str]:
+                      out: pa.Schema, task_rows: int, min_tasks: int,
+                      key_order: KeyOrder | None = None) -> list[str]:
     """Tasks (JSON) reading every row of ``vnodes``: contiguous vnode ranges of about
-    ``task_rows`` rows, each with the files meeting its vnodes."""
+    ``task_rows`` rows, each with the files meeting its vnodes. ``key_order``: each vnode's
+    files in the order of their lower key bound (``row_order.by_lower_key``), so that sorted,
+    disjoint files read in turn give rows a bulk task need not sort."""
     wanted = sorted(set(vnodes))
     chosen = set(wanted)
     by_vnode: dict[int, list[DataFile]] = {}
@@ -145,6 +149,8 @@ def whole_vnode_tasks(snap: Snapshot, vnodes: Iterable[int], columns: Sequence[s
                        (hi if hi is not None else wanted[-1]) + 1):
             if v in chosen:
                 by_vnode.setdefault(v, []).append(f)
+    if key_order is not None:
+        by_vnode = {v: by_lower_key(files, key_order) for v, files in by_vnode.items()}
     picked = ChunkFiles({(v,): files for v, files in by_vnode.items()})
     return _tasks(snap, picked, [c for c in columns if c in snap.partition_columns], out,
                   task_rows=task_rows, min_tasks=min_tasks)

@@ -9,7 +9,9 @@ at 1.8-2.2x a clustered refresh. When the caller has a transform that is exact i
 contiguous vnode range (DVs applied, partition values from the log, row counts checked:
 ``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them
 as the MV's files with their statistics (``write.FileWriter``): Spark only schedules the
-tasks and collects the manifest.
+tasks and collects the manifest. A task reads each vnode's files in the order of their lower
+key bound, and skips the sort when one vectorised check finds its rows already in order
+(``chunks/row_order.py``: sorted, disjoint files, the platform writer's layout).
 
 The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
 the rows read, the last key in key order, whether a pk is null or repeated and whether the
@@ -50,6 +52,7 @@ from backfill_assets.storage.chunks.chunk_scan import (
     whole_vnode_tasks,
 )
 from backfill_assets.storage.chunks.chunk_task import ranked
+from backfill_assets.storage.chunks.row_order import in_sort_order, sorted_rows
 from backfill_assets.storage.delta.log import Snapshot
 from backfill_assets.storage.rows.scan import (
     READ_TASK_ROWS,
@@ -213,7 +216,7 @@ def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
     snap.check_readable()
     base = exchange_schema(pa.schema([snap.arrow_schema.field(c) for c in rows.columns]))
     return whole_vnode_tasks(snap, rows.vnodes, rows.columns, base, READ_TASK_ROWS,
-                             parallelism(spark))
+                             parallelism(spark), rows.key_order)
 
 
 class _BulkTask:
@@ -246,7 +249,7 @@ class _BulkTask:
             written: list[str] = []
             try:
                 rows = self.transform(rows)
-                rows = rows if ordered else rows.take(pc.sort_indices(rows, self.order))
+                rows = rows if ordered else sorted_rows(rows, self.order)
                 for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
                     written.append(entry.column(0)[0].as_py())
                     yield entry
@@ -264,14 +267,22 @@ class _BulkTask:
         keeps every row in order (``keeps_every_row``: the replica's copy) gets them sorted
         once, by one sort of the key columns; otherwise they are sorted after the
         transform's filter (half of them in the benchmark's MV): taking every column costs
-        most."""
+        most. Keys read already in order (``in_sort_order``: strictly, so the sort would
+        keep them as they are) are neither sorted nor taken: ranked as they are, they give
+        the stats the sort would, null and repeated pks flagged alike."""
         table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
         keys = table.select([VNODE, *self.key_order.names])
+        ordered = in_sort_order(keys, self.order)
         if self.transform.keeps_every_row:
-            order = pc.sort_indices(keys, self.order)
-            return table.take(order), _stats(ranked(keys.take(order), self.key_order),
-                                             self.key_order), True, set(task["vnodes"])
-        chunk = take_chunk(keys, self.key_order, {}, 1 << 62, False)
+            if not ordered:
+                order = pc.sort_indices(keys, self.order)
+                table, keys = table.take(order), keys.take(order)
+            return table, _stats(ranked(keys, self.key_order), self.key_order), True, \
+                set(task["vnodes"])
+        chunk = ranked(keys, self.key_order) if ordered else \
+            take_chunk(keys, self.key_order, {}, 1 << 62, False)
+        # the transform's output is checked again (``sorted_rows``): its filter keeps the
+        # order, but nothing here relies on that
         return table, _stats(chunk, self.key_order), False, set(task["vnodes"])
 
 

@@ -328,9 +328,8 @@ class _Step:
 def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact). The replica is never
-    rewritten by a barrier: its changes are appended (storage/rows/replica.py). The MV's
-    latest version is the process's table brought forward by this step's commits
-    (`mv_store.open_table`), not a load of the new version (~10 ms at 5M rows)."""
-    so = ctx.tables.storage_options
-    snap = storage.Snapshot(ctx.tables.mv, so, mv_store.open_table(ctx.tables.mv, so))
+    rewritten by a barrier: its changes are appended (storage/rows/replica.py). A loaded
+    version, not the process's latest table brought forward (`mv_store.open_table`): another
+    run in this process may hold that object as the snapshot its step planned on."""
+    snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
     maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)

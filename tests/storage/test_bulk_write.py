@@ -32,6 +32,7 @@ from backfill_assets.storage import (
     ensure_mor_table,
     write_bulk,
 )
+from backfill_assets.storage.writes import bulk as bulk_mod
 from tests.support import BULK_TARGET as TARGET
 from tests.support import Refused, Twice
 
@@ -57,6 +58,15 @@ def _source(spark, uri: str, rows: list[dict], deleted: list[int]) -> Snapshot:
     return Snapshot.load(uri)
 
 
+@pytest.fixture(params=["threads here", "spark tasks"])
+def where(request, monkeypatch) -> str:
+    """Where the bulk tasks run: on the tests' local master, threads of this process
+    (``bulk.bulk_threads``); as a cluster would, Spark tasks."""
+    if request.param == "spark tasks":
+        monkeypatch.setattr(bulk_mod, "tasks_run_here", lambda spark_: False)
+    return request.param
+
+
 def _target(uri: str) -> Snapshot:
     ensure_mor_table(uri, TARGET, None, cdf=True,
                      configuration={"backfill.vnodeCount": str(VNODES)})
@@ -77,8 +87,8 @@ _ROWS = st.lists(st.tuples(st.integers(0, 200), st.sampled_from(["a", "ü", "", 
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(rows=_ROWS, deleted=st.lists(st.integers(0, 200), max_size=10),
        vnodes=st.sets(st.integers(0, VNODES - 1), min_size=1))
-def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, rows, deleted,
-                                                      vnodes):
+def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, where, rows,
+                                                      deleted, vnodes):
     base = tmp_path_factory.mktemp("bulk")
     data = [{"id": i, "name": n, "qty": q, "vnode": i % VNODES} for i, n, q in rows]
     src = _source(spark, str(base / "src"), data, deleted)
@@ -109,7 +119,7 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, r
                                                                     max(k for _, k in keys))
 
 
-def test_a_refused_transform_leaves_nothing(spark, tmp_path):
+def test_a_refused_transform_leaves_nothing(spark, tmp_path, where):
     data = [{"id": i, "name": "refuse" if i == 33 else "a", "qty": 1, "vnode": i % VNODES}
             for i in range(60)]
     src = _source(spark, str(tmp_path / "src"), data, [])

@@ -25,6 +25,7 @@ from pyroaring import BitMap64
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.log import DataFile, Snapshot, commit_uri
+from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.write import NewFile
 from backfill_assets.storage.store import conditional, objects
 
@@ -102,8 +103,9 @@ def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
         dv_file = dv.encode_file(bitmaps)
         objects.write_bytes(objects.join(base.uri, dv_file.relative_path), dv_file.data,
                             base.storage_options)
-        for f, descriptor in zip(targets, dv_file.descriptors, strict=True):
+        for f, descriptor, bitmap in zip(targets, dv_file.descriptors, bitmaps, strict=True):
             actions.append({"add": _with_dv(f, descriptor, now, change.data_change)})
+            key_cache.CACHE.remember_deleted(base.uri, dv.unique_id(descriptor), bitmap)
     for f in change.removes:
         actions.append({"remove": _remove(f, now, change.data_change)})
     for f in change.adds:
@@ -126,8 +128,13 @@ def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
 
 
 def existing_deleted(snap: Snapshot, f: DataFile) -> BitMap64:
-    """The rows of ``f`` its current DV deletes (empty without one)."""
-    return dv.load(snap.uri, f.deletion_vector, snap.storage_options)
+    """The rows of ``f`` its current DV deletes (empty without one; decoded once per
+    process, `key_cache`)."""
+    if not f.deletion_vector:
+        return BitMap64()
+    return key_cache.CACHE.deleted_rows(
+        snap.uri, dv.unique_id(f.deletion_vector),
+        lambda: dv.load(snap.uri, f.deletion_vector, snap.storage_options))
 
 
 def _remove(f: DataFile, now: int, data_change: bool) -> dict:

@@ -136,6 +136,13 @@ class KeyCache:
         self._dvs.put(key, bitmap)
         return bitmap
 
+    def remember_deleted(self, table: str, unique_id: str, bitmap: object) -> None:
+        """A DV this process just wrote: its rows, so neither the next lookup nor the next
+        commit that extends it reads the DV file back (a small barrier's DVs are new for
+        every file it touched: ~0.2 ms a read, twice a file a barrier). ``bitmap`` must not
+        change afterwards."""
+        self._dvs.put((table, unique_id), bitmap)
+
     def keep_live(self, table: str, live_paths: Iterable[str]) -> None:
         """Forget the files of ``table`` that are not in ``live_paths`` (removed files)."""
         live = set(live_paths)

@@ -67,6 +67,7 @@ from backfill_assets.storage.store import objects
 VNODE = "vnode"
 LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
 LOCAL_THREADS = 2
+BULK_ROWS_HERE = 1 << 19  # rows a bulk task reads when it runs in a thread here
 _REPORT = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
                      ("stats", pa.string())])  # a MANIFEST row without a path: a task's report
 
@@ -136,8 +137,28 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                 for c in rows.key_order.columns] if key_bounds else None
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file, split_column, key_sort)
-    return _collected(_manifest(spark, _tasks(spark, rows), _BulkTask(rows, writer)),
-                      table_uri, storage_options)
+    threads = bulk_threads(spark)
+    manifest = run_tasks(spark, _tasks(spark, rows, threads), _BulkTask(rows, writer), threads)
+    return _collected(manifest, table_uri, storage_options)
+
+
+def run_tasks(spark: SparkSession, tasks: list[str], task, threads: int | None) -> list:
+    """The manifest rows of ``task`` over ``tasks``: in ``threads`` here, or (None) as Spark
+    tasks, one partition each."""
+    return _local_manifest(tasks, task, threads) if threads else _manifest(spark, tasks, task)
+
+
+def bulk_threads(spark: SparkSession) -> int | None:
+    """Threads of this process that run a bulk write's tasks, or None: Spark tasks (a
+    cluster, a Connect session). On a local master Spark's Python workers run on the cores
+    threads here would, and the job adds its own costs: the 5M-row bulk barrier took 3.72 s
+    through Spark tasks (the JVM alone spent 1.4 CPU s serving the job, the manifest crossing
+    back) and 2.28 s in two threads here (round 25). The tasks are then smaller
+    (``BULK_ROWS_HERE`` rows read each), so the driver holds two of them at a time, not two
+    of a cluster's size."""
+    if not tasks_run_here(spark):
+        return None
+    return max(LOCAL_THREADS, min(parallelism(spark), os.cpu_count() or 1))
 
 
 def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callable,
@@ -154,9 +175,7 @@ def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callab
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)
     threads = threads or local_threads(spark, rows_read)
-    manifest = _local_manifest(tasks, task, threads) if threads else \
-        _manifest(spark, tasks, task)
-    return _collected(manifest, table_uri, storage_options)
+    return _collected(run_tasks(spark, tasks, task, threads), table_uri, storage_options)
 
 
 def local_threads(spark: SparkSession, rows_read: int | None) -> int | None:
@@ -211,12 +230,15 @@ def _collected(manifest: list, table_uri: str,
                        frozenset(exhausted))
 
 
-def _tasks(spark: SparkSession, rows: BulkRows) -> list[str]:
+def _tasks(spark: SparkSession, rows: BulkRows, threads: int | None) -> list[str]:
+    """The tasks' JSON: Spark tasks of ``READ_TASK_ROWS`` rows read, or tasks of
+    ``BULK_ROWS_HERE`` for ``threads`` here."""
     snap = rows.snap
     snap.check_readable()
     base = exchange_schema(pa.schema([snap.arrow_schema.field(c) for c in rows.columns]))
-    return whole_vnode_tasks(snap, rows.vnodes, rows.columns, base, READ_TASK_ROWS,
-                             parallelism(spark), rows.key_order)
+    task_rows = BULK_ROWS_HERE if threads else READ_TASK_ROWS
+    return whole_vnode_tasks(snap, rows.vnodes, rows.columns, base, task_rows,
+                             threads or parallelism(spark), rows.key_order)
 
 
 class _BulkTask:

@@ -30,11 +30,12 @@ from backfill_assets.storage.writes.bulk import (
     BulkWritten,
     _BulkTask,
     _collected,
-    _manifest,
     _pickled,
     _report,
     _stats,
     _tasks,
+    bulk_threads,
+    run_tasks,
 )
 
 
@@ -69,7 +70,9 @@ def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
                         "", "part", max_rows_per_file, VNODE, key_sort)
     to = FileWriter(first.table_uri, dict(first.storage_options),
                     first.schema.serialize().to_pybytes(), "", "part", first.max_rows_per_file)
-    manifest = _manifest(spark, _tasks(spark, rows), _CopyTask(rows, writer, first, to))
+    threads = bulk_threads(spark)
+    manifest = run_tasks(spark, _tasks(spark, rows, threads), _CopyTask(rows, writer, first, to),
+                         threads)
     copied = _collected(manifest, table_uri, storage_options)
     reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
     chunk = BulkWritten(first.table_uri, dict(first.storage_options), tuple(

@@ -13,7 +13,8 @@ import sys
 from benchmarks import bench_bulk
 from benchmarks import common as C
 
-BULK_PHASE = "bulk: write_bulk (read + project + sort + encode, Spark Python tasks)"
+BULK_PHASE = ("bulk: write_bulk (read + project + sort + encode: Python tasks, in driver threads "
+              "on a local master)")
 _install = C.PhaseProfiler.install
 
 

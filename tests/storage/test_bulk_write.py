@@ -157,3 +157,19 @@ def test_bulk_files_are_committed_alone(spark, tmp_path):
         apply_changes(spark, dst, ["id"], Intent(), inserts=written)
     written.discard()
     assert _parquet_files(dst.uri) == set()
+
+
+def test_a_write_of_more_tasks_than_threads_take_runs_as_spark_tasks(spark, tmp_path,
+                                                                     monkeypatch):
+    """On the tests' local master a bulk write runs in threads here; one that would make more
+    than ``MAX_TASKS_HERE`` thread tasks (files of their own each) keeps Spark's tasks, and
+    writes the same rows."""
+    data = [{"id": i, "name": "a", "qty": 1, "vnode": i % VNODES} for i in range(40)]
+    src = _source(spark, str(tmp_path / "src"), data, [])
+    bulk = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    assert bulk_mod.planned_tasks(spark, bulk)[1] is not None
+    monkeypatch.setattr(bulk_mod, "MAX_TASKS_HERE", 0)
+    assert bulk_mod.planned_tasks(spark, bulk)[1] is None
+    dst = _target(str(tmp_path / "dst"))
+    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
+    assert sum(f.rows for f in written.files) == len(data)

@@ -68,6 +68,9 @@ VNODE = "vnode"
 LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
 LOCAL_THREADS = 2
 BULK_ROWS_HERE = 1 << 19  # rows a bulk task reads when it runs in a thread here
+# thread tasks at most: each writes its own files; more than the writers aim for
+# (merge.TARGET_FILES) would pass the DV limit (maintain.MAX_DV_FILES): 130 files at 100M
+MAX_TASKS_HERE = 48
 _REPORT = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
                      ("stats", pa.string())])  # a MANIFEST row without a path: a task's report
 
@@ -137,25 +140,35 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
                 for c in rows.key_order.columns] if key_bounds else None
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file, split_column, key_sort)
-    threads = bulk_threads(spark)
-    manifest = run_tasks(spark, _tasks(spark, rows, threads), _BulkTask(rows, writer), threads)
+    tasks, threads = planned_tasks(spark, rows)
+    manifest = run_tasks(spark, tasks, _BulkTask(rows, writer), threads)
     return _collected(manifest, table_uri, storage_options)
 
 
+def planned_tasks(spark: SparkSession, rows: BulkRows) -> tuple[list[str], int | None]:
+    """A bulk write's tasks and the threads that run them here (None: Spark tasks): threads
+    when ``bulk_threads`` allows and the rows make at most ``MAX_TASKS_HERE`` of their
+    smaller tasks (``BULK_ROWS_HERE``: the driver holds two at a time); a larger write (a
+    100M-row MV's slices) keeps 1M-row Spark tasks: their file layout, and the driver's
+    334 MiB at 100M (599 MiB in threads)."""
+    threads = bulk_threads(spark)
+    if threads:
+        tasks = _tasks(spark, rows, threads)
+        if len(tasks) <= MAX_TASKS_HERE:
+            return tasks, threads
+    return _tasks(spark, rows, None), None
+
+
 def run_tasks(spark: SparkSession, tasks: list[str], task, threads: int | None) -> list:
-    """The manifest rows of ``task`` over ``tasks``: in ``threads`` here, or (None) as Spark
-    tasks, one partition each."""
+    """``task``'s manifest rows over ``tasks``: in ``threads`` here, or (None) Spark tasks."""
     return _local_manifest(tasks, task, threads) if threads else _manifest(spark, tasks, task)
 
 
 def bulk_threads(spark: SparkSession) -> int | None:
-    """Threads of this process that run a bulk write's tasks, or None: Spark tasks (a
-    cluster, a Connect session). On a local master Spark's Python workers run on the cores
-    threads here would, and the job adds its own costs: the 5M-row bulk barrier took 3.72 s
-    through Spark tasks (the JVM alone spent 1.4 CPU s serving the job, the manifest crossing
-    back) and 2.28 s in two threads here (round 25). The tasks are then smaller
-    (``BULK_ROWS_HERE`` rows read each), so the driver holds two of them at a time, not two
-    of a cluster's size."""
+    """Threads of this process that may run a bulk write's tasks, or None: Spark tasks (a
+    cluster, a Connect session). On a local master Spark's Python workers use the cores
+    threads here would, and the job costs its own: the 5M-row bulk barrier 3.72 s as Spark
+    tasks (the JVM spent 1.4 CPU s serving them), 2.22 s in two threads (round 25)."""
     if not tasks_run_here(spark):
         return None
     return max(LOCAL_THREADS, min(parallelism(spark), os.cpu_count() or 1))
@@ -231,8 +244,7 @@ def _collected(manifest: list, table_uri: str,
 
 
 def _tasks(spark: SparkSession, rows: BulkRows, threads: int | None) -> list[str]:
-    """The tasks' JSON: Spark tasks of ``READ_TASK_ROWS`` rows read, or tasks of
-    ``BULK_ROWS_HERE`` for ``threads`` here."""
+    """The tasks' JSON: of ``READ_TASK_ROWS`` rows read, ``BULK_ROWS_HERE`` in threads."""
     snap = rows.snap
     snap.check_readable()
     base = exchange_schema(pa.schema([snap.arrow_schema.field(c) for c in rows.columns]))

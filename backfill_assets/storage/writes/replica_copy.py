@@ -33,8 +33,7 @@ from backfill_assets.storage.writes.bulk import (
     _pickled,
     _report,
     _stats,
-    _tasks,
-    bulk_threads,
+    planned_tasks,
     run_tasks,
 )
 
@@ -70,9 +69,8 @@ def write_copy(spark: SparkSession, rows: BulkRows, table_uri: str,
                         "", "part", max_rows_per_file, VNODE, key_sort)
     to = FileWriter(first.table_uri, dict(first.storage_options),
                     first.schema.serialize().to_pybytes(), "", "part", first.max_rows_per_file)
-    threads = bulk_threads(spark)
-    manifest = run_tasks(spark, _tasks(spark, rows, threads), _CopyTask(rows, writer, first, to),
-                         threads)
+    tasks, threads = planned_tasks(spark, rows)
+    manifest = run_tasks(spark, tasks, _CopyTask(rows, writer, first, to), threads)
     copied = _collected(manifest, table_uri, storage_options)
     reports = [json.loads(r["stats"]) for r in manifest if r["path"] is None]
     chunk = BulkWritten(first.table_uri, dict(first.storage_options), tuple(

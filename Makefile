@@ -115,6 +115,7 @@ BENCH_ARGS ?=
 export BENCH_LOCK
 
 .PHONY: bench bench-bulk bench-bulk-20m bench-bulk-100m bench-incremental bench-crossover \
+	bench-change-floor \
 	bench-latency bench-scaling bench-profile \
 	bench-upstream bench-quick bench-scale-out bench-baselines bench-baselines-refresh \
 	bench-baselines-streaming
@@ -144,6 +145,11 @@ bench-incremental: env
 # cost (issue 38): results/crossover_<rows>.json
 bench-crossover: env
 	$(PY) -m benchmarks.bench_crossover --rows $(BENCH_CROSSOVER_ROWS) $(BENCH_ARGS)
+
+# one DML commit's change files (256) read each way a reader could, beside the storage
+# layer's read of the range: the floor under a small barrier's change read (issue 38)
+bench-change-floor: env
+	$(PY) -m benchmarks.change_read_floor $(BENCH_ARGS)
 
 bench-scaling: env
 	$(PY) -m benchmarks.bench_scaling --rows $(BENCH_SCALE_ROWS) $(BENCH_ARGS)

@@ -68,9 +68,7 @@ VNODE = "vnode"
 LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
 LOCAL_THREADS = 2
 BULK_ROWS_HERE = 1 << 19  # rows a bulk task reads when it runs in a thread here
-# thread tasks at most: each writes its own files; more than the writers aim for
-# (merge.TARGET_FILES) would pass the DV limit (maintain.MAX_DV_FILES): 130 files at 100M
-MAX_TASKS_HERE = 48
+MAX_TASKS_HERE = 48  # thread tasks at most (each writes its own files; see planned_tasks)
 _REPORT = pa.schema([("path", pa.string()), ("size", pa.int64()), ("rows", pa.int64()),
                      ("stats", pa.string())])  # a MANIFEST row without a path: a task's report
 
@@ -148,9 +146,10 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
 def planned_tasks(spark: SparkSession, rows: BulkRows) -> tuple[list[str], int | None]:
     """A bulk write's tasks and the threads that run them here (None: Spark tasks): threads
     when ``bulk_threads`` allows and the rows make at most ``MAX_TASKS_HERE`` of their
-    smaller tasks (``BULK_ROWS_HERE``: the driver holds two at a time); a larger write (a
-    100M-row MV's slices) keeps 1M-row Spark tasks: their file layout, and the driver's
-    334 MiB at 100M (599 MiB in threads)."""
+    smaller tasks (``BULK_ROWS_HERE``: the driver holds two at a time). More tasks than the
+    writers aim for files (merge.TARGET_FILES) would pass the DV limit (maintain.MAX_DV_FILES:
+    a 100M-row MV's slices in threads left 130 files, and a 599 MiB driver peak against 334):
+    such a write keeps 1M-row Spark tasks."""
     threads = bulk_threads(spark)
     if threads:
         tasks = _tasks(spark, rows, threads)

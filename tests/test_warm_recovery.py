@@ -91,3 +91,62 @@ def test_a_progress_table_of_earlier_rounds_keeps_its_vnode_partitions(tmp_path)
     assert _fresh(table)[2] == (InProgress((4,), 1), 3)
     assert DeltaTable(uri).transaction_version("m/progress/2") == 3
     assert "deletionVectors" not in (DeltaTable(uri).protocol().reader_features or [])
+
+
+def test_a_step_remembered_recovers_as_a_fresh_read_does(tmp_path):
+    """`remember_step` (after a step's MV and progress commits) keeps what `recover_state`
+    at those versions returns; the same recovery with every cache cleared agrees, and a
+    commit by anyone else to the MV moves its version past the entry."""
+    mv_uri, progress_uri = str(tmp_path / "mv"), str(tmp_path / "progress")
+    schema = pa.schema([("id", pa.int64()), ("vnode", pa.int32())])
+    ensure_mor_table(mv_uri, schema, None, cdf=True, configuration={})
+    progress = mv_store.ensure_table(progress_uri, recovery.progress_schema(KO), {}, cdf=False)
+    recovery.read_progress(progress, KO, VNODES)  # as the step's recovery does
+    state = BackfillState(KO, VNODES)
+    state.update(0, (7,), 3)
+    for v in VNODES[1:]:
+        state.finish(v, 0)
+    for v in VNODES:
+        state.advance_version(v, 5)
+    mv = DeltaTable(mv_uri)
+    metadata = {mv_store.STEP_METADATA_KEY: recovery.step_json(state, VNODES, 5, KO)}
+    rows = pa.table({"id": [1], "vnode": [0]}, schema=schema)
+    applied = apply_keyed(Snapshot.load(mv_uri), ["id"],
+                          mv_store.intent("m", "mv", VNODES, 5, metadata),
+                          KeyedRows(rows.slice(0, 0), rows))
+    recovery.write_progress(progress, state, KO, "m", VNODES, 5)
+    recovery._RECOVERED.clear()
+    recovery.remember_step(progress, mv, applied.version, "m", KO, VNODES)
+    assert len(recovery._RECOVERED) == 1
+    remembered = recovery.recover_state("m", KO, VNODES, progress, DeltaTable(mv_uri))
+    recovery._RECOVERED.clear()
+    recovery._PROGRESS_ROWS.clear()
+    fresh = recovery.recover_state("m", KO, VNODES, DeltaTable(progress_uri),
+                                   DeltaTable(mv_uri))
+    assert remembered[1] == fresh[1] == []
+    assert {v: (remembered[0].current(v), remembered[0].version(v)) for v in VNODES} == \
+        {v: (fresh[0].current(v), fresh[0].version(v)) for v in VNODES}
+    assert fresh[0].current(0) == InProgress((7,), 3)
+    # another commit to the MV: the remembered entry is not the answer at its new version
+    recovery._RECOVERED.clear()
+    recovery.remember_step(progress, mv, applied.version, "m", KO, VNODES)
+    apply_keyed(Snapshot.load(mv_uri), ["id"], mv_store.intent("other", "mv", [2], 6),
+                KeyedRows(rows.slice(0, 0), pa.table({"id": [2], "vnode": [2]}, schema=schema)))
+    moved = recovery.recover_state("m", KO, VNODES, progress, DeltaTable(mv_uri))
+    assert len(recovery._RECOVERED) == 2 and moved[0].version(2) == 5
+
+
+def test_a_step_with_a_vnode_not_started_is_not_remembered(tmp_path):
+    """A vnode without a progress row: a fresh recovery counts the MV commit's app transaction
+    for it as redone, which the rows alone do not say, so nothing is remembered."""
+    progress_uri = str(tmp_path / "progress")
+    progress = mv_store.ensure_table(progress_uri, recovery.progress_schema(KO), {}, cdf=False)
+    recovery.read_progress(progress, KO, VNODES)
+    state = BackfillState(KO, VNODES)
+    state.update(0, (7,), 3)
+    for v in VNODES:
+        state.advance_version(v, 5)
+    recovery.write_progress(progress, state, KO, "m", VNODES, 5)
+    recovery._RECOVERED.clear()
+    recovery.remember_step(progress, progress, 0, "m", KO, VNODES)
+    assert recovery._RECOVERED == {}

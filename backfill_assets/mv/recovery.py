@@ -57,16 +57,47 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
     """The committed state of `vnodes`, completed from an MV commit whose progress commit died.
     A function of the two tables' versions: a barrier that recovers twice at the same versions
     (snapshot mode plans its steps from it, then the step opens) reads the tables once."""
-    key = (progress_table.table_uri, progress_table.metadata().id, progress_table.version(),
-           mv.table_uri, mv.metadata().id, mv.version(), mv_name, repr(key_order),
-           tuple(vnodes))
+    key = _recovery_key(progress_table, mv, mv.version(), mv_name, key_order, vnodes)
     if key not in _RECOVERED:
-        _RECOVERED[key] = _recover(mv_name, key_order, vnodes, progress_table, mv,
-                                   storage_options)
-        while len(_RECOVERED) > 8:
-            del _RECOVERED[next(iter(_RECOVERED))]
+        _keep_recovery(key, _recover(mv_name, key_order, vnodes, progress_table, mv,
+                                     storage_options))
     recovered, redone = _RECOVERED[key]
     return BackfillState(key_order, vnodes, dict(recovered)), list(redone)
+
+
+def remember_step(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, mv_name: str,
+                  key_order: KeyOrder, vnodes: Sequence[int]) -> None:
+    """After a step's MV commit (the MV at `mv_version`) and its progress commit (the
+    progress table brought to it): what `recover_state` at those two versions returns,
+    without reading either table, so the next barrier of a warm loop recovers for free. It
+    is the progress rows the commit wrote (as a read returns them) with nothing redone: the
+    MV's newest commit for these vnodes carries that same progress. Kept only when the
+    progress commit was the table's next version (its rows are known) and every vnode has a
+    row (a vnode not started has none, and a fresh recovery counts the MV commit's app
+    transaction for it as redone); any other commit to either table moves a version and
+    misses the entry."""
+    rows = _known_rows(progress_table, vnodes)
+    if rows is None or len(rows) != len(vnodes):
+        return
+    recovered = {}
+    for row in rows:
+        vnode, progress, version = codec.decode(row, key_order)
+        recovered[vnode] = (progress, version)
+    _keep_recovery(_recovery_key(progress_table, mv, mv_version, mv_name, key_order, vnodes),
+                   (recovered, []))
+
+
+def _recovery_key(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, mv_name: str,
+                  key_order: KeyOrder, vnodes: Sequence[int]) -> tuple:
+    return (progress_table.table_uri, progress_table.metadata().id, progress_table.version(),
+            mv.table_uri, mv.metadata().id, mv_version, mv_name, repr(key_order),
+            tuple(vnodes))
+
+
+def _keep_recovery(key: tuple, value: tuple[dict, list[int]]) -> None:
+    _RECOVERED[key] = value
+    while len(_RECOVERED) > 8:
+        del _RECOVERED[next(iter(_RECOVERED))]
 
 
 # the last few recoveries, by the versions (and ids) of the tables they read

@@ -43,6 +43,7 @@ from backfill_assets.mv.recovery import (
     progress_schema,
     recover_state,
     refuse_stale,
+    remember_step,
     step_json,
     unfinished_vnodes,
     write_progress,
@@ -265,7 +266,10 @@ class _Step:
                        plan.v_new, force=bool(report.recovered),
                        storage_options=self.req.tables.storage_options)
         self.hook("after_progress_commit")
-        _compact(self.ctx, report.vnodes)
+        compacted = _compact(self.ctx, report.vnodes)
+        if self.mv_version is not None and not compacted:
+            remember_step(self.progress_table, self.mv, self.mv_version, d.name,
+                          state.key_order, report.vnodes)
         report.progress = {v: state.current(v) for v in report.vnodes}
         report.versions = {v: plan.v_new for v in report.vnodes}
         report.seconds = time.monotonic() - self.started
@@ -325,11 +329,11 @@ class _Step:
         self.mv_version = applied.version
 
 
-def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> None:
+def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> bool:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact). The replica is never
     rewritten by a barrier: its changes are appended (storage/rows/replica.py). A loaded
     version, not the process's latest table brought forward (`mv_store.open_table`): another
     run in this process may hold that object as the snapshot its step planned on."""
     snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
-    maintain.compact(ctx.spark, snap, ctx.key_names, vnodes)
+    return maintain.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0

@@ -56,7 +56,7 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
     table = _RANGES.get(key, touch=False) if key is not None and reuse else None
     if table is None:
         table = _read_range(latest, start_exclusive, end, vnodes)
-        if key is not None and table.nbytes <= _RANGE_MAX_BYTES:
+        if key is not None and table.get_total_buffer_size() <= _RANGE_MAX_BYTES:
             _RANGES.put(key, table)
     if columns is not None:
         table = table.select([*columns, *(c for c in (CHANGE_TYPE, VERSION) if c not in columns)])
@@ -195,18 +195,21 @@ def _read_cdc_files(snap: Snapshot, cdc: Sequence[Mapping], out: pa.Schema,
                     consts: Mapping[str, object]) -> pa.Table:
     """The change files of one version, read together (a partitioned upstream writes one per
     partition a commit touched: 256 files read one by one through the checked per-file path
-    cost ~0.1-0.2 s). A local disk reads them one after the other, each file whole without
-    pre-buffering (256 small files of 9 columns: 0.028 s; 0.041 s in 2-4 threads, which
-    contend for the GIL; 0.05 s as the dataset scan below); a remote store
-    in one dataset scan, whose pre-buffering coalesces the requests. Partition values come
-    from each file's action. A file whose columns or types do not fit the table's falls back
-    to the file-by-file read (which checks and casts each file)."""
+    cost ~0.1-0.2 s). A local disk reads them one after the other, each file's bytes whole
+    (256 small files of 9 columns: 0.025 s; 2-4 threads contend for the GIL, a dataset scan
+    takes 0.05 s: `make bench-change-floor`); a remote store in one dataset scan, whose
+    pre-buffering coalesces the requests. Partition values come from each file's action. A
+    file whose columns or types do not fit the table's falls back to the file-by-file read
+    (which checks and casts each file). The rows come back in one chunk: what nets and
+    checks them next pays per chunk."""
     uris = [snap.file_uri(a["path"]) for a in cdc]
-    for uri in uris:
-        _check_exists(snap, uri)
+    local = objects.is_local(snap.uri)
+    if not local:  # a local read finds a vacuumed file by opening it
+        for uri in uris:
+            _check_exists(snap, uri)
     fields = [f for f in out if f.name not in (VERSION, TIMESTAMP)]
     try:
-        read = _read_local if objects.is_local(snap.uri) else _scan_remote
+        read = _read_local if local else _scan_remote
         table = read(snap, cdc, uris, fields, out)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, _Unfit):
         physical = {f.name: f.name for f in fields
@@ -231,17 +234,25 @@ def _read_local(snap: Snapshot, cdc: Sequence[Mapping], uris: Sequence[str],
     stored = pa.schema([f for f in fields if f.name not in snap.partition_columns])
 
     def one(uri: str) -> pa.Table:
-        pf = pq.ParquetFile(objects.local_path(uri), pre_buffer=False)
-        if not set(stored.names) <= set(pf.schema_arrow.names):
-            raise _Unfit(uri)
-        return pf.read(columns=stored.names, use_threads=False)
+        try:
+            with open(objects.local_path(uri), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            _check_exists(snap, uri)  # gone: HistoryUnavailable
+            raise
+        return pq.ParquetFile(pa.BufferReader(data), pre_buffer=False).read(use_threads=False)
 
     tables = [one(uri) for uri in uris]
-    # one writer's files share a schema (delta-rs writes strings as string_view): cast once
+    # one writer's files share a schema (delta-rs writes strings as string_view): checked
+    # and cast once
     if all(t.schema.equals(tables[0].schema) for t in tables):
-        table = pa.concat_tables(tables).cast(stored)
+        _check_fits(tables[0].schema, stored, uris[0])
+        table = pa.concat_tables(tables).select(stored.names).combine_chunks().cast(stored)
     else:
-        table = pa.concat_tables([t.cast(stored) for t in tables])
+        for t, uri in zip(tables, uris, strict=True):
+            _check_fits(t.schema, stored, uri)
+        table = pa.concat_tables([t.select(stored.names).cast(stored)
+                                  for t in tables]).combine_chunks()
     files = np.repeat(np.arange(len(tables)), [t.num_rows for t in tables])
     for f in fields:
         if f.name in snap.partition_columns:
@@ -249,6 +260,11 @@ def _read_local(snap: Snapshot, cdc: Sequence[Mapping], uris: Sequence[str],
             values = _typed_texts(texts, f.type)
             table = table.append_column(f, values.take(pa.array(files)))
     return table
+
+
+def _check_fits(schema: pa.Schema, stored: pa.Schema, uri: str) -> None:
+    if not set(stored.names) <= set(schema.names):
+        raise _Unfit(uri)
 
 
 def _scan_remote(snap: Snapshot, cdc: Sequence[Mapping], uris: Sequence[str],

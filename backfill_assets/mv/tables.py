@@ -93,16 +93,19 @@ def open_table(uri: str, storage_options: Mapping[str, str], version: int | None
         return None
 
 
-# (uri, options) -> (the table, its commit file's identity); the lock is held around a whole
-# lookup, which may bring the table forward in place (update_incremental)
-_LATEST: LRU[tuple, tuple[DeltaTable, tuple | None]] = LRU(32)
+# (uri, options) -> (the table, the version it held when kept and that version's commit file
+# identity); the lock is held around a whole lookup, which may bring the table forward in
+# place (update_incremental)
+_LATEST: LRU[tuple, tuple[DeltaTable, int, tuple | None]] = LRU(32)
 
 
 def _latest(uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
     key = (uri.rstrip("/"), tuple(sorted(dict(storage_options or {}).items())))
     with _LATEST.lock:
-        table, seen = _LATEST.pop(key) or (None, None)
-        if table is not None and seen is not None and seen == _commit_identity(table, key):
+        table, held, seen = _LATEST.pop(key) or (None, None, None)
+        # the same table while the commit file of the version it was kept at is unchanged
+        # (the object may have moved since: a writer brings it over its own commit)
+        if table is not None and seen is not None and seen == _commit_identity(held, key):
             try:
                 if latest_version(uri, storage_options) != table.version():
                     table.update_incremental()
@@ -113,14 +116,14 @@ def _latest(uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
                 table = DeltaTable(uri, storage_options=dict(storage_options) or None)
             except TableNotFoundError:
                 return None
-        _LATEST.put(key, (table, _commit_identity(table, key)))
+        _LATEST.put(key, (table, table.version(), _commit_identity(table.version(), key)))
         return table
 
 
-def _commit_identity(table: DeltaTable, key: tuple) -> tuple | None:
-    """Size and mtime of the commit file of the version ``table`` holds (None: gone)."""
+def _commit_identity(version: int, key: tuple) -> tuple | None:
+    """Size and mtime of the commit file of ``version`` (None: gone)."""
     try:
-        return objects.stat(objects.join(key[0], "_delta_log", f"{table.version():020d}.json"),
+        return objects.stat(objects.join(key[0], "_delta_log", f"{version:020d}.json"),
                             dict(key[1]))
     except OSError:
         return None

@@ -117,6 +117,7 @@ class _Step:
     started: float
     replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
     mv_version: int | None = None  # the MV's version after this step's first commit
+    committed: tuple[storage.Snapshot, storage.Applied] | None = None  # its last MV commit
 
     @classmethod
     def open(cls, spark: SparkSession, req: StepRequest, hook: Hook) -> _Step:
@@ -266,7 +267,7 @@ class _Step:
                        plan.v_new, force=bool(report.recovered),
                        storage_options=self.req.tables.storage_options)
         self.hook("after_progress_commit")
-        compacted = _compact(self.ctx, report.vnodes)
+        compacted = _compact(self.ctx, report.vnodes, self.committed)
         if self.mv_version is not None and not compacted:
             remember_step(self.progress_table, self.mv, self.mv_version, d.name,
                           state.key_order, report.vnodes)
@@ -303,7 +304,7 @@ class _Step:
             self.hook(f"mv_{point}")
 
         if written is not None:
-            storage.commit_written(snap, intent, written, hook=hook)
+            self.committed = (snap, storage.commit_written(snap, intent, written, hook=hook))
             return
         rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
         keyed = forward if isinstance(forward, storage.KeyedRows) else None
@@ -327,13 +328,20 @@ class _Step:
                 rows_hint=self.report.snapshot_rows, file_rows=file_rows,
                 clustered_inserts=clustered, hook=hook)
         self.mv_version = applied.version
+        self.committed = (snap, applied)
 
 
-def _compact(ctx: SourceContext, vnodes: Sequence[int]) -> bool:
+def _compact(ctx: SourceContext, vnodes: Sequence[int],
+             committed: tuple[storage.Snapshot, storage.Applied] | None) -> bool:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
-    vnode span passed a threshold (storage.maintain.files_to_compact). The replica is never
-    rewritten by a barrier: its changes are appended (storage/rows/replica.py). A loaded
-    version, not the process's latest table brought forward (`mv_store.open_table`): another
-    run in this process may hold that object as the snapshot its step planned on."""
+    vnode span passed a threshold (storage.maintain.files_to_compact); whether it ran. After
+    an MV commit the step judges that from the version it committed on and what it committed
+    (`maintain.compaction_due`); only when compaction is due, or the step committed nothing,
+    is the latest version loaded. The replica is never rewritten by a barrier: its changes
+    are appended (storage/rows/replica.py). A loaded version, not the process's latest table
+    brought forward (`mv_store.open_table`): another run in this process may hold that object
+    as the snapshot its step planned on."""
+    if committed is not None and not maintain.compaction_due(*committed, vnodes):
+        return False
     snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
     return maintain.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0

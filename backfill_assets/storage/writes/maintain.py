@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -33,9 +33,9 @@ from backfill_assets.storage.delta.log import DataFile, Snapshot, commit_uri
 from backfill_assets.storage.delta.prune import VNODE, files_within_vnodes
 from backfill_assets.storage.rows.commit import Change, Intent, commit
 from backfill_assets.storage.rows.scan import file_rows, read_snapshot
-from backfill_assets.storage.rows.write import write_files, write_table
+from backfill_assets.storage.rows.write import NewFile, write_files, write_table
 from backfill_assets.storage.store import objects
-from backfill_assets.storage.writes.merge import FILE_ROWS, clustered, file_rows_for
+from backfill_assets.storage.writes.merge import FILE_ROWS, Applied, clustered, file_rows_for
 
 DELETED_FRACTION = 0.25  # a file with more deleted rows than this is rewritten
 MAX_DV_FILES = 128  # files carrying a DV, at most (delta-rs deadlocks above ~512)
@@ -73,6 +73,43 @@ def files_to_compact(files: Sequence[DataFile], seek_layout: bool = False) -> li
     for f in carrying[:max(0, overflow + MAX_DV_FILES // 2)] if overflow > 0 else []:
         pick[f.path] = f
     return list(pick.values())
+
+
+def compaction_due(before: Snapshot, applied: Applied, vnodes: Iterable[int]) -> bool:
+    """Whether ``compact`` would rewrite files of ``vnodes``' span in the version ``applied``
+    committed on top of ``before``, judged from ``before``'s files and the change alone: a
+    small barrier then loads no version to learn that nothing is due (a fresh load of the
+    new version costs ~10 ms). True (load and look) when the commit was not the next version
+    of ``before`` (it was rebased over another writer's) or removed files whole."""
+    change = applied.change
+    if applied.version is None or change is None or change.removes \
+            or applied.version != before.version + 1 or applied.base_version != before.version:
+        return True
+    files = []
+    for f in before.files:
+        now = len(change.deletes.get(f.path) or ())
+        if not now:
+            files.append(f)
+        elif f.deleted + now < (f.num_records or 0):  # the rows found live: disjoint from its DV
+            files.append(_with_deleted(f, f.deleted + now))
+    files += [_data_file(a) for a in change.adds]
+    within = files_within_vnodes(files, vnodes)
+    chosen = files_to_compact(within, bool(before.configuration.get(SEEK_ROWS_PROPERTY)))
+    return len(chosen) >= 2 or any(f.deletion_vector for f in chosen)
+
+
+def _with_deleted(f: DataFile, deleted: int) -> DataFile:
+    """``f`` as the next version lists it: a DV of ``deleted`` rows (what the check reads)."""
+    return replace(f, deletion_vector={**(f.deletion_vector or {}), "cardinality": deleted})
+
+
+def _data_file(add: NewFile) -> DataFile:
+    """A file a commit added, as a version lists it (rows, and the vnode bounds the checks
+    read from its statistics)."""
+    stats = json.loads(add.stats) if add.stats else {}
+    bounds = {(side, VNODE): (stats.get(f"{side}Values") or {}).get(VNODE)
+              for side in ("min", "max")}
+    return DataFile(add.path, add.size, add.rows, {}, bounds)
 
 
 def _one_vnode(f: DataFile) -> bool:

@@ -153,6 +153,14 @@ class BackfillState:
     def vnodes(self) -> tuple[int, ...]:
         return tuple(self._slots)
 
+    def copy(self) -> BackfillState:
+        """An independent state with the same progress (already checked: a recovery kept
+        by table versions hands out copies instead of checking every vnode again)."""
+        out = BackfillState(self.key_order, ())
+        out._slots = {v: _Slot(s.committed, s.committed_version, s.current, s.current_version)
+                      for v, s in self._slots.items()}
+        return out
+
     def _slot(self, vnode: int) -> _Slot:
         slot = self._slots.get(vnode)  # type: ignore[call-overload]
         if slot is None:

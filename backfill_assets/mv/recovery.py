@@ -59,10 +59,11 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
     (snapshot mode plans its steps from it, then the step opens) reads the tables once."""
     key = _recovery_key(progress_table, mv, mv.version(), mv_name, key_order, vnodes)
     if key not in _RECOVERED:
-        _keep_recovery(key, _recover(mv_name, key_order, vnodes, progress_table, mv,
-                                     storage_options))
-    recovered, redone = _RECOVERED[key]
-    return BackfillState(key_order, vnodes, dict(recovered)), list(redone)
+        recovered, redone = _recover(mv_name, key_order, vnodes, progress_table, mv,
+                                     storage_options)
+        _keep_recovery(key, (BackfillState(key_order, vnodes, recovered), redone))
+    state, redone = _RECOVERED[key]
+    return state.copy(), list(redone)
 
 
 def remember_step(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, mv_name: str,
@@ -84,7 +85,7 @@ def remember_step(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, m
         vnode, progress, version = codec.decode(row, key_order)
         recovered[vnode] = (progress, version)
     _keep_recovery(_recovery_key(progress_table, mv, mv_version, mv_name, key_order, vnodes),
-                   (recovered, []))
+                   (BackfillState(key_order, vnodes, recovered), []))
 
 
 def _recovery_key(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, mv_name: str,
@@ -94,14 +95,14 @@ def _recovery_key(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, m
             tuple(vnodes))
 
 
-def _keep_recovery(key: tuple, value: tuple[dict, list[int]]) -> None:
+def _keep_recovery(key: tuple, value: tuple[BackfillState, list[int]]) -> None:
     _RECOVERED[key] = value
     while len(_RECOVERED) > 8:
         del _RECOVERED[next(iter(_RECOVERED))]
 
 
 # the last few recoveries, by the versions (and ids) of the tables they read
-_RECOVERED: dict[tuple, tuple[dict, list[int]]] = {}
+_RECOVERED: dict[tuple, tuple[BackfillState, list[int]]] = {}
 
 
 def _recover(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],

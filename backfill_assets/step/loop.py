@@ -183,7 +183,9 @@ class _Step:
             forward = forwarded(changes, state, plan, d)
         chunk = Chunk(None, 0, {})
         committed = False
-        before = self._mv_intent()  # the forwarded changes alone: positions as they were
+        # the forwarded changes alone, positions as they were: only a step that reads
+        # snapshot rows can commit twice (a small barrier of finished vnodes does not)
+        before = self._mv_intent() if any(p.read_snapshot for p in plan.vnodes) else None
         try:
             if not self.replay:
                 chunk = self._read_chunk(source, fresh)
@@ -198,6 +200,8 @@ class _Step:
                 # a commit that deletes needs change files for all its rows: the forwarded
                 # changes commit first (a valid state: old positions at v_new), the chunk's
                 # files then commit alone, with no copy of its rows as change rows
+                if before is None:
+                    raise AssertionError("a chunk was written by a step that reads no snapshot")
                 self._commit_mv(forward, None, intent=before)
                 forward = None
             self._commit_mv(forward, chunk.rows,

@@ -168,6 +168,19 @@ def test_recovered_progress_is_committed_and_current() -> None:
     assert s.unfinished_vnodes() == [0, 2]
 
 
+def test_a_copy_is_independent_of_its_original() -> None:
+    s = BackfillState(KO, [0, 1, 2], {0: (InProgress((1, "a"), 2), 4)})
+    c = s.copy()
+    c.update(0, (2, "a"), 3)
+    c.advance_version(0, 6)
+    c.finish(1)
+    c.mark_committed()
+    assert s.current(0) == s.committed(0) == InProgress((1, "a"), 2) and s.version(0) == 4
+    assert s.current(1) == NotStarted() and s.commit_plan() == []
+    assert c.committed(0) == InProgress((2, "a"), 5) and c.version(0) == 6
+    assert c.vnodes == s.vnodes and c.key_order == s.key_order
+
+
 @pytest.mark.parametrize(
     ("progress", "version", "message"),
     [

@@ -177,7 +177,9 @@ def _commit_actions(uri: str, version: int, options: Mapping[str, str],
     """The actions of one commit whose kind is among ``kinds`` (lines that cannot hold one
     are not parsed: a partitioned table's commit has hundreds of add and remove lines)."""
     raw = objects.read_bytes(commit_uri(uri, version), options).decode("utf-8")
-    out = []
+    out: list[dict] = []
+    if not any(f'"{kind}"' in raw for kind in kinds):  # most commits: one scan of the text
+        return out
     for line in raw.splitlines():
         if any(f'"{kind}"' in line for kind in kinds):
             action = json.loads(line)

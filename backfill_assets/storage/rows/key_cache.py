@@ -126,6 +126,12 @@ class KeyCache:
                 self._files.put(key, entry, replaces=lambda _: False)
         return entry
 
+    def holds(self, table: str, path: str, size: int, rows: int | None,
+              key_names: Sequence[str]) -> bool:
+        """Whether the keys of that file are kept (a lookup of it reads nothing)."""
+        return self._files.get((table, path, size, rows, tuple(key_names)),
+                               touch=False) is not None
+
     def deleted_rows(self, table: str, unique_id: str, load: Callable[[], object]):
         """A DV's deleted rows (a pyroaring bitmap: callers must not change it)."""
         key = (table, unique_id)

@@ -40,7 +40,7 @@ from backfill_assets.storage.rows.write import write_table
 CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
 _SIDE = names.INTERNAL_PREFIX + "side"
-_THREADED_FILES = 16  # files a lookup reads before it uses threads
+_THREADED_FILES = 16  # files a lookup reads (not in the key cache) before it uses threads
 _THREADS = min(4, os.cpu_count() or 1)  # each holds one file's key column at a time
 # what the cache keeps per key of a single integer pk (8 bytes sorted, 4 for its row); other
 # keys take more, so for them the estimate only errs towards caching
@@ -205,7 +205,10 @@ def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Tabl
     pairs = keys_by_file(snap.files, wanted, key_names)
     cached = sum(f.num_records or 0 for f in snap.files) * _CACHED_BYTES_PER_KEY \
         <= key_cache.CACHE.limit
-    if len(pairs) < _THREADED_FILES:
+    to_read = pairs if not cached else [
+        (f, mine) for f, mine in pairs
+        if not key_cache.CACHE.holds(snap.uri, f.path, f.size, f.num_records, key_names)]
+    if len(to_read) < _THREADED_FILES:  # kept keys are probed in microseconds: no threads
         held = [_held_in(snap, f, key_names, mine, cached) for f, mine in pairs]
     else:
         with ThreadPoolExecutor(_THREADS) as pool:

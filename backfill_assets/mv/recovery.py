@@ -147,14 +147,24 @@ def _ahead(new, old, key_order: KeyOrder) -> bool:
     return isinstance(new, InProgress) and key_order.compare(new.current_pos, old.current_pos) > 0
 
 
+def progress_rows(state: BackfillState, vnodes: Sequence[int], version: int,
+                  key_order: KeyOrder) -> list[dict | None]:
+    """Each vnode's progress row at ``version`` (None: not started, no row): what an MV commit
+    carries and the progress commit after it writes (encoded once for both)."""
+    return [codec.encode(v, state.current(v), version, key_order) for v in vnodes]
+
+
 def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder, mv_name: str,
                    vnodes: Sequence[int], version: int, force: bool = False,
-                   storage_options: Mapping[str, str] | None = None) -> None:
+                   storage_options: Mapping[str, str] | None = None,
+                   rows: Sequence[dict | None] | None = None) -> None:
     """Commit the progress of `vnodes` (one row per started vnode) and mark it committed;
-    `force`: even when nothing moved (progress recovered from an MV commit must land)."""
+    `force`: even when nothing moved (progress recovered from an MV commit must land);
+    `rows`: `progress_rows` of this state, when the caller has them already."""
     if not state.commit_plan() and not force:
         return
-    rows = [codec.encode(v, state.current(v), version, key_order) for v in vnodes]
+    if rows is None:
+        rows = progress_rows(state, vnodes, version, key_order)
     rows = [r for r in rows if r is not None]
     arrow = pa.Table.from_pylist(rows, schema=progress_schema(key_order))
     before = table.version()
@@ -234,8 +244,11 @@ def refuse_stale(state: BackfillState, vnodes: Sequence[int], v_new: int, where:
         )
 
 
-def step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order) -> str:
-    """The progress this MV commit makes, so a crash before the progress commit loses nothing."""
-    rows = {str(v): codec.to_json(codec.encode(v, state.current(v), v_new, key_order), key_order)
-            for v in vnodes}
-    return json.dumps({"version": v_new, "progress": rows})
+def step_json(state: BackfillState, vnodes: Sequence[int], v_new: int, key_order,
+              rows: Sequence[dict | None] | None = None) -> str:
+    """The progress this MV commit makes, so a crash before the progress commit loses nothing
+    (`rows`: `progress_rows` of this state, when the caller has them already)."""
+    if rows is None:
+        rows = progress_rows(state, vnodes, v_new, key_order)
+    body = {str(v): codec.to_json(row, key_order) for v, row in zip(vnodes, rows, strict=True)}
+    return json.dumps({"version": v_new, "progress": body})

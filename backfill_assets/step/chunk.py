@@ -34,6 +34,7 @@ from backfill_assets.engine.projection import (
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.step.bulk_read import read_remainder
 from backfill_assets.step.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
+from backfill_assets.step.request import StepReport
 from backfill_assets.step.source_context import (
     ChunkSource,
     SnapshotSource,
@@ -55,6 +56,19 @@ class Chunk:
     written: storage.BulkWritten | None = None  # written in Arrow, not committed (arrow_chunk)
     engine: str | None = None  # how a bulk chunk was projected: "arrow", or "spark" (and why)
     window_rows: int = 0  # rows a no_shuffle read holds for the next barriers (cut_window)
+
+    def record(self, report: StepReport, on_driver: bool) -> None:
+        """The read's figures in the step's report; ``on_driver``: the changes (if any) were
+        applied on the driver and no vnode started, so without chunk rows no Spark job ran."""
+        report.snapshot_rows = self.read
+        if on_driver and self.rows is None and self.written is None:
+            report.engine = "driver"
+        if self.scanned is not None:
+            report.extra["snapshot_rows_scanned"] = self.scanned
+        if self.window_rows:
+            report.extra["snapshot_window_rows"] = self.window_rows
+        if self.engine is not None:
+            report.extra["bulk_engine"] = self.engine
 
 
 def snapshot_chunk(ctx: SourceContext, source: ChunkSource, state: BackfillState, plan: StepPlan,

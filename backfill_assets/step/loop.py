@@ -40,6 +40,7 @@ from backfill_assets.engine.projection import BAD_KEY, KEEP, RN, validate_expres
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import throttle
 from backfill_assets.mv.recovery import (
+    progress_rows,
     progress_schema,
     recover_state,
     refuse_stale,
@@ -118,6 +119,7 @@ class _Step:
     replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
     mv_version: int | None = None  # the MV's version after this step's first commit
     committed: tuple[storage.Snapshot, storage.Applied] | None = None  # its last MV commit
+    progress_rows: list[dict | None] | None = None  # what that commit carries (step_json)
 
     @classmethod
     def open(cls, spark: SparkSession, req: StepRequest, hook: Hook) -> _Step:
@@ -185,7 +187,8 @@ class _Step:
         committed = False
         # the forwarded changes alone, positions as they were: only a step that reads
         # snapshot rows can commit twice (a small barrier of finished vnodes does not)
-        before = self._mv_intent() if any(p.read_snapshot for p in plan.vnodes) else None
+        before = self._mv_intent(final=False) if any(p.read_snapshot for p in plan.vnodes) \
+            else None
         try:
             if not self.replay:
                 chunk = self._read_chunk(source, fresh)
@@ -194,7 +197,7 @@ class _Step:
                 state.advance_version(vnode, plan.v_new)
             if not keyed:
                 report.forwarded_rows = forward.count() if forward is not None else 0
-            self._record_chunk(chunk, (keyed or changes is None) and not fresh)
+            chunk.record(self.report, (keyed or changes is None) and not fresh)
             forward = forward if report.forwarded_rows else None
             if chunk.written is not None and forward is not None:
                 # a commit that deletes needs change files for all its rows: the forwarded
@@ -217,20 +220,6 @@ class _Step:
             if self.ctx.first_written is not None:  # a copy's chunk no read took
                 self.ctx.first_written[1].discard()
         return self._finish()
-
-    def _record_chunk(self, chunk: Chunk, on_driver: bool) -> None:
-        """The snapshot read's figures in the report; ``on_driver``: the changes (if any) were
-        applied on the driver and no vnode started, so without chunk rows no Spark job ran."""
-        report = self.report
-        report.snapshot_rows = chunk.read
-        if on_driver and chunk.rows is None and chunk.written is None:
-            report.engine = "driver"
-        if chunk.scanned is not None:
-            report.extra["snapshot_rows_scanned"] = chunk.scanned
-        if chunk.window_rows:
-            report.extra["snapshot_window_rows"] = chunk.window_rows
-        if chunk.engine is not None:
-            report.extra["bulk_engine"] = chunk.engine
 
     def _read_chunk(self, source: SnapshotSource, fresh: list[int]) -> Chunk:
         """The step's snapshot rows. A bulk step whose vnodes all start now (nothing to
@@ -269,7 +258,8 @@ class _Step:
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered),
-                       storage_options=self.req.tables.storage_options)
+                       storage_options=self.req.tables.storage_options,
+                       rows=self.progress_rows)
         self.hook("after_progress_commit")
         compacted = _compact(self.ctx, report.vnodes, self.committed)
         if self.mv_version is not None and not compacted:
@@ -280,12 +270,15 @@ class _Step:
         report.seconds = time.monotonic() - self.started
         return report
 
-    def _mv_intent(self) -> storage.Intent:
+    def _mv_intent(self, final: bool = True) -> storage.Intent:
         """What an MV commit of this step carries: its app transactions and the progress it
         makes (so a crash before the progress commit loses nothing), from the state as it
-        is now."""
+        is now (``final``: the state the progress commit then writes: its rows are kept)."""
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
-        metadata = {STEP_METADATA_KEY: step_json(self.state, vnodes, v_new, key_order)}
+        rows = progress_rows(self.state, vnodes, v_new, key_order)
+        if final:
+            self.progress_rows = rows
+        metadata = {STEP_METADATA_KEY: step_json(self.state, vnodes, v_new, key_order, rows)}
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,

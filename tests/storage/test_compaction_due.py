@@ -37,7 +37,8 @@ commit_steps = st.lists(st.tuples(
     st.integers(1, 8)), min_size=1, max_size=8)  # rows per new file
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=commit_steps, small_files=st.sampled_from([2, 32]))
 def test_the_judgement_from_the_change_equals_the_loaded_versions(tmp_path_factory, steps,
                                                                   small_files, monkeypatch):

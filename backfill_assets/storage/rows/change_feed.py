@@ -244,10 +244,14 @@ def _read_local(snap: Snapshot, cdc: Sequence[Mapping], uris: Sequence[str],
 
     tables = [one(uri) for uri in uris]
     # one writer's files share a schema (delta-rs writes strings as string_view): checked
-    # and cast once
-    if all(t.schema.equals(tables[0].schema) for t in tables):
-        _check_fits(tables[0].schema, stored, uris[0])
-        table = pa.concat_tables(tables).select(stored.names).combine_chunks().cast(stored)
+    # and cast once (concat_tables refuses tables whose schemas differ)
+    try:
+        table = pa.concat_tables(tables)
+    except pa.ArrowInvalid:
+        table = None
+    if table is not None:
+        _check_fits(table.schema, stored, uris[0])
+        table = table.select(stored.names).combine_chunks().cast(stored)
     else:
         for t, uri in zip(tables, uris, strict=True):
             _check_fits(t.schema, stored, uri)

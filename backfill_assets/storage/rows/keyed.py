@@ -202,12 +202,15 @@ def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Tabl
     least-recently-used cache smaller than what each barrier cycles through would hit
     nothing while holding its whole limit (a 100M-row catch-up in four steps: 971 MiB)."""
     key_cache.CACHE.keep_live(snap.uri, (f.path for f in snap.files))
-    pairs = keys_by_file(snap.files, wanted, key_names)
     cached = sum(f.num_records or 0 for f in snap.files) * _CACHED_BYTES_PER_KEY \
         <= key_cache.CACHE.limit
-    to_read = pairs if not cached else [
-        (f, mine) for f, mine in pairs
-        if not key_cache.CACHE.holds(snap.uri, f.path, f.size, f.num_records, key_names)]
+
+    def read(f: DataFile) -> bool:
+        return not cached or not key_cache.CACHE.holds(snap.uri, f.path, f.size,
+                                                        f.num_records, key_names)
+
+    pairs = keys_by_file(snap.files, wanted, key_names, key_bounds=read)
+    to_read = [(f, mine) for f, mine in pairs if read(f)]
     if len(to_read) < _THREADED_FILES:  # kept keys are probed in microseconds: no threads
         held = [_held_in(snap, f, key_names, mine, cached) for f, mine in pairs]
     else:

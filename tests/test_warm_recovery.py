@@ -150,3 +150,32 @@ def test_a_step_with_a_vnode_not_started_is_not_remembered(tmp_path):
     recovery._RECOVERED.clear()
     recovery.remember_step(progress, progress, 0, "m", KO, VNODES)
     assert recovery._RECOVERED == {}
+
+
+def test_the_progress_commit_is_not_fsynced_and_the_mv_commit_is(tmp_path, monkeypatch):
+    """A progress commit can be lost at a power cut without losing anything (the MV commit
+    before it carries the same progress and recovery completes it), so only the MV's log
+    entry waits for the disk."""
+    import os
+
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    mv_uri = str(tmp_path / "mv")
+    ensure_mor_table(mv_uri, pa.schema([("id", pa.int64()), ("vnode", pa.int32())]), None,
+                     cdf=True, configuration={})
+    progress = mv_store.ensure_table(str(tmp_path / "progress"), recovery.progress_schema(KO),
+                                     {}, cdf=False)
+    rows = pa.table({"id": [1], "vnode": [0]}, schema=pa.schema([("id", pa.int64()),
+                                                                 ("vnode", pa.int32())]))
+    synced.clear()
+    apply_keyed(Snapshot.load(mv_uri), ["id"], mv_store.intent("m", "mv", [0], 1),
+                KeyedRows(rows.slice(0, 0), rows))
+    assert len(synced) == 1
+    state = BackfillState(KO, VNODES)
+    state.update(0, (1,), 1)
+    for v in VNODES:
+        state.advance_version(v, 1)
+    synced.clear()
+    recovery.write_progress(progress, state, KO, "m", VNODES, 1)
+    assert synced == [] and _fresh(progress)[0] == (InProgress((1,), 1), 1)

@@ -15,7 +15,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -220,8 +220,10 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
     if "vnode" not in table.metadata().partition_columns:
         snap = Snapshot(_local(table.table_uri), dict(storage_options or {}), table)
         keys = pa.table({"vnode": pa.array(sorted(vnodes), rows.schema.field("vnode").type)})
-        done = replace_keyed(snap, ["vnode"], intent(mv_name, phase, vnodes, version), keys,
-                             rows)
+        # a progress commit is not fsynced: the MV commit before it carries the same
+        # progress (recovery completes a lost progress commit from it)
+        done = replace_keyed(snap, ["vnode"], replace(intent(mv_name, phase, vnodes, version),
+                                                      durable=phase != "progress"), keys, rows)
         table.update_incremental()  # like a delta-rs write: the object sees its own commit
         return done.version if done.version is not None else table.version()
     # a progress table made before round 7: one vnode partition per vnode, overwritten

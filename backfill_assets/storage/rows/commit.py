@@ -43,6 +43,9 @@ class Intent:
     txns: Mapping[str, int] = field(default_factory=dict)  # app id -> upstream version
     metadata: Mapping[str, str] = field(default_factory=dict)
     operation: str = "WRITE"
+    # the log entry on disk before it is visible (local disks); False only for a table whose
+    # commit another table's carries, so a power cut that loses it loses nothing (progress)
+    durable: bool = True
 
 
 @dataclass
@@ -73,7 +76,8 @@ def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook
         target = base.version + 1
         payload = _entry(base, change, intent)
         hook("dv_file_written")
-        if objects.put_if_absent(commit_uri(snap.uri, target), payload, snap.storage_options):
+        if objects.put_if_absent(commit_uri(snap.uri, target), payload, snap.storage_options,
+                                 sync=intent.durable):
             _maybe_checkpoint(snap, target, change)
             return target
         winner = Snapshot.load(snap.uri, None, snap.storage_options)

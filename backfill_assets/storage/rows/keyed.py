@@ -27,19 +27,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap64
 
-from backfill_assets.core import names
 from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.log import DataFile, Snapshot
 from backfill_assets.storage.delta.prune import VNODE, keys_by_file
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, commit
+from backfill_assets.storage.rows.row_equality import unchanged_dropped
 from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, file_row_groups, file_rows
 from backfill_assets.storage.rows.write import write_table
 
 CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
-_SIDE = names.INTERNAL_PREFIX + "side"
 _THREADED_FILES = 16  # files a lookup reads (not in the key cache) before it uses threads
 _THREADS = min(4, os.cpu_count() or 1)  # each holds one file's key column at a time
 # what the cache keeps per key of a single integer pk (8 bytes sorted, 4 for its row); other
@@ -82,7 +81,7 @@ def locate(snap: Snapshot, key_names: Sequence[str], rows: KeyedRows) -> Located
     ``StorageMismatch`` when the table disagrees with them. Writes nothing, so a commit that
     calls it before its first write leaves nothing behind when it refuses."""
     schema = snap.arrow_schema
-    before, after = _unchanged_dropped(rows.before.select(schema.names).cast(schema),
+    before, after = unchanged_dropped(rows.before.select(schema.names).cast(schema),
                                        rows.after.select(schema.names).cast(schema), key_names)
     found = _positions(snap, key_names, before, after)
     return Located(before, after, _deletes(found), found.num_rows)
@@ -137,36 +136,6 @@ def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table,
     clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
     return write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
                        max_rows_per_file=file_rows_max)
-
-
-def _unchanged_dropped(before: pa.Table, after: pa.Table, key_names: Sequence[str]
-                       ) -> tuple[pa.Table, pa.Table]:
-    """Both sides without the keys whose row stays exactly as it is (an upsert equal to the
-    held row changes nothing: no DV bit, no new row, no change-data row). Rows compare as
-    Python values, nulls equal (any column type; only the keys on both sides are compared)."""
-    if not before.num_rows or not after.num_rows:
-        return before, after
-    keys = list(key_names)
-    pairs = _indexed(before, keys, "b").join(_indexed(after, keys, "a"), keys,
-                                             join_type="inner", use_threads=False)
-    if not pairs.num_rows:
-        return before, after
-    b_idx, a_idx = pairs.column(_SIDE + "b"), pairs.column(_SIDE + "a")
-    old, new = before.take(b_idx).to_pylist(), after.take(a_idx).to_pylist()
-    same = np.array([o == n for o, n in zip(old, new, strict=True)], dtype=bool)
-    if not same.any():
-        return before, after
-    return (_dropped(before, b_idx.to_numpy()[same]), _dropped(after, a_idx.to_numpy()[same]))
-
-
-def _indexed(t: pa.Table, keys: list[str], side: str) -> pa.Table:
-    return t.select(keys).append_column(_SIDE + side, pa.array(np.arange(t.num_rows)))
-
-
-def _dropped(t: pa.Table, rows: np.ndarray) -> pa.Table:
-    keep = np.ones(t.num_rows, dtype=bool)
-    keep[rows] = False
-    return t.filter(pa.array(keep))
 
 
 def _positions(snap: Snapshot, key_names: Sequence[str], before: pa.Table,

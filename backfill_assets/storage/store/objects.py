@@ -120,13 +120,16 @@ def filesystem(uri: str, storage_options: StorageOptions = None) -> tuple[pafs.F
     return _s3_filesystem(canonical_options(storage_options)), loc.path
 
 
-def put_if_absent(uri: str, data: bytes, storage_options: StorageOptions = None) -> bool:
+def put_if_absent(uri: str, data: bytes, storage_options: StorageOptions = None, *,
+                  sync: bool = True) -> bool:
     """Write ``data`` at ``uri`` only if nothing is there: True when written, False when the
     object already existed (its content untouched). Two writers racing for one name: exactly
-    one gets True. This is the primitive a commit protocol needs (a Delta log entry)."""
+    one gets True. This is the primitive a commit protocol needs (a Delta log entry).
+    ``sync``: on a local disk, on disk (fsync) before it is visible; False for an object whose
+    loss at a power cut its reader recovers from (a derived table's log entry)."""
     loc = parse(uri)
     if loc.scheme == LOCAL:
-        return _put_if_absent_local(loc.path, data)
+        return _put_if_absent_local(loc.path, data, sync)
     from obstore import put
     from obstore.exceptions import AlreadyExistsError
 
@@ -137,21 +140,22 @@ def put_if_absent(uri: str, data: bytes, storage_options: StorageOptions = None)
     return True
 
 
-def _complete_temp(path: str, data: bytes) -> str:
-    """A temporary file beside ``path`` holding all of ``data`` on disk: what a local write
-    links or renames into place, so no reader ever sees part of it."""
+def _complete_temp(path: str, data: bytes, sync: bool = True) -> str:
+    """A temporary file beside ``path`` holding all of ``data`` (on disk, with ``sync``): what
+    a local write links or renames into place, so no reader ever sees part of it."""
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".put-", dir=folder)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
         out.flush()
-        os.fsync(out.fileno())
+        if sync:
+            os.fsync(out.fileno())
     return tmp
 
 
-def _put_if_absent_local(path: str, data: bytes) -> bool:
-    tmp = _complete_temp(path, data)
+def _put_if_absent_local(path: str, data: bytes, sync: bool) -> bool:
+    tmp = _complete_temp(path, data, sync)
     try:
         os.link(tmp, path)  # atomic, and fails if the name exists (rename would replace)
         return True

@@ -119,7 +119,7 @@ class _Step:
     replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
     mv_version: int | None = None  # the MV's version after this step's first commit
     committed: tuple[storage.Snapshot, storage.Applied] | None = None  # its last MV commit
-    progress_rows: list[dict | None] | None = None  # what that commit carries (step_json)
+    carried_rows: list[dict | None] | None = None  # the progress rows that commit carries
 
     @classmethod
     def open(cls, spark: SparkSession, req: StepRequest, hook: Hook) -> _Step:
@@ -259,7 +259,7 @@ class _Step:
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered),
                        storage_options=self.req.tables.storage_options,
-                       rows=self.progress_rows)
+                       rows=self.carried_rows)
         self.hook("after_progress_commit")
         compacted = _compact(self.ctx, report.vnodes, self.committed)
         if self.mv_version is not None and not compacted:
@@ -277,7 +277,7 @@ class _Step:
         key_order, vnodes, v_new = self.state.key_order, self.report.vnodes, self.plan.v_new
         rows = progress_rows(self.state, vnodes, v_new, key_order)
         if final:
-            self.progress_rows = rows
+            self.carried_rows = rows
         metadata = {STEP_METADATA_KEY: step_json(self.state, vnodes, v_new, key_order, rows)}
         return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 

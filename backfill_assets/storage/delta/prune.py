@@ -83,13 +83,13 @@ def files_holding(files: Sequence[DataFile], keys: pa.Table,
 
 
 def keys_by_file(files: Sequence[DataFile], keys: pa.Table, key_names: Sequence[str],
-                 key_bounds: Callable[[DataFile], bool] | None = None
+                 test_bounds: Callable[[DataFile], bool] | None = None
                  ) -> list[tuple[DataFile, pa.Table]]:
     """``files_holding`` with, per file, the keys it may hold (those in its vnode range when
     ``keys`` has a ``vnode`` column): a lookup in a file then probes only those, so a large
-    change set costs each file its own share instead of every key. ``key_bounds``: whether a
-    file's key statistics prune it too (default all; a file whose keys a lookup already holds
-    in memory is probed faster than its bounds are tested)."""
+    change set costs each file its own share instead of every key. ``test_bounds``: whether a
+    file's key statistics prune it too (default: every file's; a file whose keys a lookup
+    already holds in memory is probed faster than its bounds are tested)."""
     if keys.num_rows == 0:
         return []
     if VNODE not in keys.column_names:  # keys of a table arranged otherwise: key bounds only
@@ -105,7 +105,7 @@ def keys_by_file(files: Sequence[DataFile], keys: pa.Table, key_names: Sequence[
         if start >= stop:
             continue
         mine = keys.slice(start, stop - start)
-        if (key_bounds is not None and not key_bounds(f)) or _admits(f, mine, key_names):
+        if (test_bounds is not None and not test_bounds(f)) or _admits(f, mine, key_names):
             out.append((f, mine))
     return out
 

@@ -82,7 +82,7 @@ def locate(snap: Snapshot, key_names: Sequence[str], rows: KeyedRows) -> Located
     calls it before its first write leaves nothing behind when it refuses."""
     schema = snap.arrow_schema
     before, after = unchanged_dropped(rows.before.select(schema.names).cast(schema),
-                                       rows.after.select(schema.names).cast(schema), key_names)
+                                      rows.after.select(schema.names).cast(schema), key_names)
     found = _positions(snap, key_names, before, after)
     return Located(before, after, _deletes(found), found.num_rows)
 
@@ -174,11 +174,11 @@ def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Tabl
     cached = sum(f.num_records or 0 for f in snap.files) * _CACHED_BYTES_PER_KEY \
         <= key_cache.CACHE.limit
 
-    def read(f: DataFile) -> bool:
+    def read(f: DataFile) -> bool:  # its keys come from the file, not from the cache
         return not cached or not key_cache.CACHE.holds(snap.uri, f.path, f.size,
                                                         f.num_records, key_names)
 
-    pairs = keys_by_file(snap.files, wanted, key_names, key_bounds=read)
+    pairs = keys_by_file(snap.files, wanted, key_names, test_bounds=read)
     to_read = [(f, mine) for f, mine in pairs if read(f)]
     if len(to_read) < _THREADED_FILES:  # kept keys are probed in microseconds: no threads
         held = [_held_in(snap, f, key_names, mine, cached) for f, mine in pairs]

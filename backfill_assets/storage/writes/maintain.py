@@ -83,7 +83,7 @@ def compaction_due(before: Snapshot, applied: Applied, vnodes: Iterable[int]) ->
     of ``before`` (it was rebased over another writer's) or removed files whole."""
     change = applied.change
     if applied.version is None or change is None or change.removes \
-            or applied.version != before.version + 1 or applied.base_version != before.version:
+            or applied.version != before.version + 1:
         return True
     files = []
     for f in before.files:

@@ -59,7 +59,6 @@ class Applied:
     version: int | None  # the committed version (None: nothing to commit)
     rows_written: int
     rows_deleted: int
-    base_version: int | None = None  # the version the commit was planned on
     change: Change | None = None  # what it committed (`maintain.compaction_due` reads it)
 
 
@@ -249,7 +248,7 @@ def _published(snap: Snapshot, intent: Intent, adds: list, deletes: dict[str, Bi
         return Applied(None, 0, 0)
     version = commit(snap, change, intent, hook)
     return Applied(version, sum(a.rows for a in adds), sum(len(b) for b in deletes.values()),
-                   snap.version, change)
+                   change)
 
 
 def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame], one_file: bool) -> list:

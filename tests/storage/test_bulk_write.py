@@ -32,6 +32,8 @@ from backfill_assets.storage import (
     ensure_mor_table,
     write_bulk,
 )
+from backfill_assets.storage.rows import key_cache
+from backfill_assets.storage.rows.keyed import read_keys
 from backfill_assets.storage.writes import bulk as bulk_mod
 from tests.support import BULK_TARGET as TARGET
 from tests.support import Refused, Twice
@@ -117,6 +119,22 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, w
         assert f.num_records == part.num_rows
         assert (f.stats[("min", "id")], f.stats[("max", "id")]) == (min(k for _, k in keys),
                                                                     max(k for _, k in keys))
+    _check_kept_keys(Snapshot.load(dst.uri), where)
+
+
+def _check_kept_keys(snap: Snapshot, where: str) -> None:
+    """Tasks in threads here hand each file's keys to the key cache exactly as a read of the
+    file would give them (the next lookup reads none); Spark tasks hand none (their cache is
+    another process's)."""
+    for f in snap.files:
+        kept = key_cache.CACHE.kept(snap.uri, f.path, f.size, f.num_records, ["id"])
+        if where == "spark tasks":
+            assert kept is None
+            continue
+        read = key_cache.FileKeys.of(read_keys(snap, f, ["id"]))
+        assert kept is not None
+        assert kept.sorted_keys.tolist() == read.sorted_keys.tolist()
+        assert kept.order.tolist() == read.order.tolist()
 
 
 def test_a_refused_transform_leaves_nothing(spark, tmp_path, where):

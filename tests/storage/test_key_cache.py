@@ -54,8 +54,9 @@ def _counts(uri: str, *ids: int) -> dict[int, int]:
 
 
 def test_a_cached_file_whose_dv_grew_returns_exactly_its_live_rows(table):
-    assert _counts(table, 1, 2, 3) == {1: 1, 2: 1, 3: 1}  # every file's keys now cached
-    assert key_cache.CACHE.misses and key_cache.CACHE.cached_paths(table)
+    # the seed's files were written by this process: their keys were kept as they were written
+    assert _counts(table, 1, 2, 3) == {1: 1, 2: 1, 3: 1}
+    assert not key_cache.CACHE.misses and key_cache.CACHE.cached_paths(table)
     hits = key_cache.CACHE.hits
     # update 1, delete 2: their files get DV bits; 1 moves to a new file
     apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 1}),
@@ -69,6 +70,28 @@ def test_a_cached_file_whose_dv_grew_returns_exactly_its_live_rows(table):
     apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 2}),
                 KeyedRows(_rows(), _rows((2, "two"))))
     assert _counts(table, 1, 2) == {1: 1, 2: 1}
+
+
+def test_files_this_process_writes_are_kept_as_a_read_of_them_gives_them(table):
+    """A small barrier's new file: its keys are kept as it is written, equal to a read."""
+    from backfill_assets.storage.rows.keyed import read_keys
+
+    before = {f.path for f in Snapshot.load(table).files}
+    apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 1}),
+                KeyedRows(_rows((9, "seed"), (17, "seed")),
+                          _rows((9, "nine"), (17, "x"), (50, "y"))))
+    snap = Snapshot.load(table)
+    new = [f for f in snap.files if f.path not in before]
+    assert new
+    for f in new:
+        kept = key_cache.CACHE.kept(snap.uri, f.path, f.size, f.num_records, KEY)
+        read = key_cache.FileKeys.of(read_keys(snap, f, KEY))
+        assert kept is not None
+        assert (kept.sorted_keys.tolist(), kept.order.tolist()) == (read.sorted_keys.tolist(),
+                                                                    read.order.tolist())
+    misses = key_cache.CACHE.misses
+    assert _counts(table, 9, 17, 50, 51) == {9: 1, 17: 1, 50: 1}
+    assert key_cache.CACHE.misses == misses  # nothing read back
 
 
 def test_a_file_removed_by_compaction_leaves_the_cache(table):

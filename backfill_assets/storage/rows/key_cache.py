@@ -14,7 +14,8 @@ at each lookup from the file's CURRENT descriptor, so a DV that grew is always h
 cache is bounded by bytes (least recently used first out, ``set_limit`` / the setting
 ``BACKFILL_KEY_CACHE_MIB``), and the files of a table that are no longer live (compaction
 removed them) leave it at the next lookup of that table. The first barrier after a process
-starts pays the reads.
+starts pays the reads, except for files this process wrote itself (``remember_written``: a bulk
+step's files in threads here, a small barrier's new file), whose keys it held as it wrote them.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ import pyarrow.compute as pc
 from backfill_assets.storage.store.lru import LRU
 
 DEFAULT_LIMIT_BYTES = 512 << 20
+# what the cache keeps per key of a single integer pk (8 bytes sorted, 4 for its row); other
+# keys take more, so for them the estimate only errs towards caching
+CACHED_BYTES_PER_KEY = 12
 _DVS_KEPT = 4096  # decoded deletion vectors kept
 _ROW = "__bf_row"
 
@@ -126,11 +130,30 @@ class KeyCache:
                 self._files.put(key, entry, replaces=lambda _: False)
         return entry
 
-    def holds(self, table: str, path: str, size: int, rows: int | None,
-              key_names: Sequence[str]) -> bool:
-        """Whether the keys of that file are kept (a lookup of it reads nothing)."""
-        return self._files.get((table, path, size, rows, tuple(key_names)),
-                               touch=False) is not None
+    def remember_written(self, table: str, files: Sequence[tuple[str, int, int]],
+                         keys: pa.Table) -> None:
+        """Files this process just wrote to ``table`` ((path, size, rows) each, in the order
+        written) and their keys (key columns of every file's rows, one file after the other,
+        file order, the table's types): kept as a read of them would keep them, so the next
+        lookup reads none of them back. At 20M rows the first small barrier after the bulk
+        step read every MV file's keys: 0.23-0.28 s of a 0.37 s barrier (round 27). The
+        caller asks ``fits`` of the table's rows first, as the lookup will."""
+        names, start = tuple(keys.column_names), 0
+        for path, size, rows in files:
+            entry = FileKeys.of(keys.slice(start, rows))
+            start += rows
+            if entry.nbytes <= self.limit:
+                self._files.put((table, path, size, rows, names), entry)
+
+    def fits(self, rows: int) -> bool:
+        """Whether the keys of a table of ``rows`` rows are kept here: a lookup in a larger
+        table reads past the cache (``keyed._held``)."""
+        return rows * CACHED_BYTES_PER_KEY <= self.limit
+
+    def kept(self, table: str, path: str, size: int, rows: int | None,
+             key_names: Sequence[str]) -> FileKeys | None:
+        """The keys of that file, when they are kept (a lookup of it then reads nothing)."""
+        return self._files.get((table, path, size, rows, tuple(key_names)), touch=False)
 
     def deleted_rows(self, table: str, unique_id: str, load: Callable[[], object]):
         """A DV's deleted rows (a pyroaring bitmap: callers must not change it)."""

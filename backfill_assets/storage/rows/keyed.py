@@ -41,9 +41,6 @@ CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
 _THREADED_FILES = 16  # files a lookup reads (not in the key cache) before it uses threads
 _THREADS = min(4, os.cpu_count() or 1)  # each holds one file's key column at a time
-# what the cache keeps per key of a single integer pk (8 bytes sorted, 4 for its row); other
-# keys take more, so for them the estimate only errs towards caching
-_CACHED_BYTES_PER_KEY = 12
 NEW_FILE_ROWS = 131072  # rows per file a driver-side commit writes, at most
 
 
@@ -129,13 +126,18 @@ def _deletes(found: pa.Table) -> dict[str, BitMap64]:
 
 def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table,
              file_rows_max: int) -> list:
-    """``rows`` written as new files clustered by (vnode, key)."""
+    """``rows`` written as new files clustered by (vnode, key), their keys handed to the key
+    cache (the next barrier's lookup would read them back)."""
     if not rows.num_rows:
         return []
     order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
     clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
-    return write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
-                       max_rows_per_file=file_rows_max)
+    files = write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
+                        max_rows_per_file=file_rows_max)
+    if key_cache.CACHE.fits(sum(f.num_records or 0 for f in snap.files) + rows.num_rows):
+        key_cache.CACHE.remember_written(snap.uri, [(f.path, f.size, f.rows) for f in files],
+                                         clustered.select(list(key_names)))
+    return files
 
 
 def _positions(snap: Snapshot, key_names: Sequence[str], before: pa.Table,
@@ -171,12 +173,11 @@ def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Tabl
     least-recently-used cache smaller than what each barrier cycles through would hit
     nothing while holding its whole limit (a 100M-row catch-up in four steps: 971 MiB)."""
     key_cache.CACHE.keep_live(snap.uri, (f.path for f in snap.files))
-    cached = sum(f.num_records or 0 for f in snap.files) * _CACHED_BYTES_PER_KEY \
-        <= key_cache.CACHE.limit
+    cached = key_cache.CACHE.fits(sum(f.num_records or 0 for f in snap.files))
 
     def read(f: DataFile) -> bool:  # its keys come from the file, not from the cache
-        return not cached or not key_cache.CACHE.holds(snap.uri, f.path, f.size,
-                                                        f.num_records, key_names)
+        return not cached or key_cache.CACHE.kept(snap.uri, f.path, f.size, f.num_records,
+                                                  key_names) is None
 
     pairs = keys_by_file(snap.files, wanted, key_names, test_bounds=read)
     to_read = [(f, mine) for f, mine in pairs if read(f)]

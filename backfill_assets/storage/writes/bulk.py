@@ -2,23 +2,21 @@
 
 A snapshot-mode bulk step reads every row of its vnodes, projects them through the MV
 definition and writes them. Through Spark that is two crossings between the JVM and Python
-per row (the layer's read tasks hand Arrow to the JVM, the JVM hands the projected rows back
-to the write tasks) plus Spark's own row format in between: round 8 measured the bulk barrier
-at 1.8-2.2x a clustered refresh. When the caller has a transform that is exact in Arrow
-(``arrow_expr``: the MV definition compiled with Spark's semantics), each task here reads a
-contiguous vnode range (DVs applied, partition values from the log, row counts checked:
-``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them
-as the MV's files with their statistics (``write.FileWriter``): Spark only schedules the
-tasks and collects the manifest. A task reads each vnode's files in the order of their lower
-key bound, and skips the sort when one vectorised check finds its rows already in order
-(``chunks/row_order.py``: sorted, disjoint files, the platform writer's layout).
+per row plus Spark's own row format in between (round 8: the bulk barrier at 1.8-2.2x a
+clustered refresh). When the transform is exact in Arrow (``arrow_expr``: the MV definition
+compiled with Spark's semantics), each task here reads a contiguous vnode range (DVs applied,
+partition values from the log, row counts checked: ``read.file_rows``), applies the
+transform, sorts its rows by (vnode, key) and writes them as the MV's files with their
+statistics (``write.FileWriter``): Spark only schedules the tasks and collects the manifest,
+or on a local master threads here run them. A task reads each vnode's files in the order of
+their lower key bound, and skips the sort when its rows are already in order
+(``chunks/row_order.py``).
 
 The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
 the rows read, the last key in key order, whether a pk is null or repeated and whether the
-vnode's rest was all read: what the step needs to move its positions and write the progress
-the MV commit carries, from the rows it already holds (a separate pass over the keys was 1.21
-s of a 4.62 s backfill, round 9). The caller then commits ``BulkWritten.files`` with that
-progress, or ``discard``s them. A chunk read too small for a Spark job runs in the driver.
+vnode's rest was all read: the progress the MV commit carries, from the rows it already holds
+(a separate pass over the keys was 1.21 s of a 4.62 s backfill, round 9). The caller then
+commits ``BulkWritten.files`` with that progress, or ``discard``s them.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
 proven equal to Spark's). The task then deletes the files it wrote and reports the refusal in
@@ -54,6 +52,7 @@ from backfill_assets.storage.chunks.chunk_scan import (
 from backfill_assets.storage.chunks.chunk_task import ranked
 from backfill_assets.storage.chunks.row_order import in_sort_order, sorted_rows
 from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.scan import (
     READ_TASK_ROWS,
     one_task_per_partition,
@@ -139,7 +138,10 @@ def write_bulk(spark: SparkSession, rows: BulkRows, table_uri: str,
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file, split_column, key_sort)
     tasks, threads = planned_tasks(spark, rows)
-    manifest = run_tasks(spark, tasks, _BulkTask(rows, writer), threads)
+    # tasks here keep the keys they write for this process's next lookups (``key_cache``)
+    keep = threads and key_cache.CACHE.fits(rows.snap.live_rows)
+    key_schema = pa.schema([schema.field(k) for k in rows.key_order.names]) if keep else None
+    manifest = run_tasks(spark, tasks, _BulkTask(rows, writer, key_schema), threads)
     return _collected(manifest, table_uri, storage_options)
 
 
@@ -254,9 +256,13 @@ def _tasks(spark: SparkSession, rows: BulkRows, threads: int | None) -> list[str
 
 class _BulkTask:
     """The task side (picklable): read the task's vnode range, report its vnodes' stats,
-    transform, sort, write the files (``writer`` yields their manifest rows)."""
+    transform, sort, write the files (``writer`` yields their manifest rows). ``kept_keys``:
+    the key columns' schema in the table, when a task (run in a thread here) hands the keys
+    it wrote to this process's key cache."""
 
-    def __init__(self, rows: BulkRows, writer: FileWriter):
+    kept_keys: pa.Schema | None = None
+
+    def __init__(self, rows: BulkRows, writer: FileWriter, kept_keys: pa.Schema | None = None):
         snap = rows.snap
         self.table_uri, self.options = snap.uri, dict(snap.storage_options)
         schema = snap.arrow_schema
@@ -268,7 +274,7 @@ class _BulkTask:
         self.order = [(VNODE, "ascending", "at_end")] + [
             (c.name, "descending" if c.descending else "ascending", "at_end")
             for c in rows.key_order.columns]
-        self.writer = writer
+        self.writer, self.kept_keys = writer, kept_keys
 
     def __call__(self, batches):
         for batch in batches:
@@ -279,30 +285,30 @@ class _BulkTask:
         rows, stats, ordered, exhausted = self._rows(task)
         report = {"vnodes": _pickled(stats), "exhausted": sorted(exhausted)}
         if not any(bad for _, _, bad in stats.values()):
-            written: list[str] = []
+            written: list[tuple[str, int, int]] = []  # path, size, rows
             try:
                 rows = self.transform(rows)
                 rows = rows if ordered else sorted_rows(rows, self.order)
                 for entry in self.writer(iter(rows.to_batches(max_chunksize=1 << 17))):
-                    written.append(entry.column(0)[0].as_py())
+                    written.append(tuple(entry.column(i)[0].as_py() for i in range(3)))
                     yield entry
             except self.refusal as refused:
-                for path in written:
+                for path, _, _ in written:
                     objects.delete(objects.join(self.writer.table_uri, path),
                                    self.writer.options)
                 yield _report({"refused": str(refused)})
                 return
+            if self.kept_keys is not None:
+                key_cache.CACHE.remember_written(self.writer.table_uri, written, rows.select(
+                    self.kept_keys.names).cast(self.kept_keys))
         yield _report(report)
 
     def _rows(self, task: dict) -> tuple[pa.Table, dict, bool, set[int]]:
         """The task's rows, its vnodes' stats (from the key columns alone), whether the rows
         are in (vnode, key) order, and the vnodes read to their end (all). A transform that
-        keeps every row in order (``keeps_every_row``: the replica's copy) gets them sorted
-        once, by one sort of the key columns; otherwise they are sorted after the
-        transform's filter (half of them in the benchmark's MV): taking every column costs
-        most. Keys read already in order (``in_sort_order``: strictly, so the sort would
-        keep them as they are) are neither sorted nor taken: ranked as they are, they give
-        the stats the sort would, null and repeated pks flagged alike."""
+        keeps every row (the replica's copy) gets them sorted once; others are sorted after
+        the transform's filter (half of them in the benchmark's MV): taking every column
+        costs most. Keys already strictly in order are neither sorted nor taken."""
         table = read_task_rows(self.table_uri, self.options, self.physical, self.base, task)
         keys = table.select([VNODE, *self.key_order.names])
         ordered = in_sort_order(keys, self.order)

@@ -137,12 +137,21 @@ class MVDefinition:
         problems += name_problems(upstream_columns, [c.name for c in self.computed
                                                      if isinstance(c.name, str)])
         resolved, type_problems = self._resolve_pk(upstream_columns)
-        problems += type_problems
+        self._refuse(problems + type_problems)
+        return dataclasses.replace(self, primary_key=resolved)
+
+    def check_controls(self) -> MVDefinition:
+        """Refuse what is wrong without the upstream's schema (name, upstream, mode, controls,
+        filter): a catalog of MVs refuses such a definition when it loads, not at its first
+        run. Returns the definition unchanged."""
+        self._refuse(self._control_problems())
+        return self
+
+    def _refuse(self, problems: list[str]) -> None:
         if problems:
             raise InvalidMVDefinition(
                 f"MV definition {self.name!r} is invalid: " + "; ".join(problems)
             )
-        return dataclasses.replace(self, primary_key=resolved)
 
     def _control_problems(self) -> list[str]:
         out = []

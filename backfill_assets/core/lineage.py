@@ -14,7 +14,6 @@ table's folder.
 
 from __future__ import annotations
 
-import heapq
 import posixpath
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -59,7 +58,7 @@ class MVNode:
 class Lineage:
     """The healthy MVs in barrier order, who reads whom, and the MVs refused (by name)."""
 
-    order: tuple[str, ...]  # every healthy MV after the MVs it reads; ties by name
+    order: tuple[str, ...]  # every healthy MV after the MVs it reads, wave by wave
     upstream_tables: Mapping[str, tuple[str, ...]]  # MV -> the table keys it reads
     reads: Mapping[str, tuple[str, ...]]  # MV -> the healthy MVs whose output it reads
     readers: Mapping[str, tuple[str, ...]]  # MV -> the healthy MVs reading its output
@@ -217,25 +216,28 @@ def cycles(edges: Mapping[str, Iterable[str]]) -> list[tuple[str, ...]]:
 
 
 def topological_order(edges: Mapping[str, Iterable[str]]) -> tuple[str, ...]:
-    """Every node after the nodes it points to (its upstreams), the least name first among
-    those ready (so the order does not depend on the input's). Raises MVLineageCycle on a
-    cycle; edges to nodes not in ``edges`` are ignored."""
+    """Every node after the nodes it points to (its upstreams), wave by wave: first every
+    node with no upstream, then every node whose upstreams are all placed, and so on, each
+    wave by name (so the order does not depend on the input's, and the MVs that may run at
+    once are neighbours). Raises MVLineageCycle on a cycle; edges to nodes not in ``edges``
+    are ignored."""
     ups = {n: set(ms) & set(edges) for n, ms in edges.items()}
     downs: dict[str, list[str]] = {n: [] for n in ups}
     for n, ms in ups.items():
         for m in ms:
             downs[m].append(n)
     waiting = {n: len(ms) for n, ms in ups.items()}
-    ready = [n for n, k in waiting.items() if k == 0]
-    heapq.heapify(ready)
+    wave = sorted(n for n, k in waiting.items() if k == 0)
     order: list[str] = []
-    while ready:
-        name = heapq.heappop(ready)
-        order.append(name)
-        for d in downs[name]:
-            waiting[d] -= 1
-            if waiting[d] == 0:
-                heapq.heappush(ready, d)
+    while wave:
+        order += wave
+        following = []
+        for name in wave:
+            for d in downs[name]:
+                waiting[d] -= 1
+                if waiting[d] == 0:
+                    following.append(d)
+        wave = sorted(following)
     if len(order) < len(ups):
         cycle = cycles(edges)[0]
         raise _cycle_error(cycle[0], cycle, edges)

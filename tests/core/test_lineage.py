@@ -145,7 +145,10 @@ def test_generated_dags_are_ordered(g: dict[str, list[str]], rnd) -> None:
     for name, ups in edges.items():
         assert all(pos[u] < pos[name] for u in ups)
         assert set(lin.reads[name]) == set(ups)
-    depth = {n: i for i, wave in enumerate(lin.waves()) for n in wave}
+    waves = lin.waves()
+    assert lin.order == tuple(n for w in waves for n in w)  # wave by wave, each by name
+    assert all(list(w) == sorted(w) for w in waves)
+    depth = {n: i for i, wave in enumerate(waves) for n in wave}
     for name, ups in edges.items():
         assert depth[name] == 1 + max((depth[u] for u in ups), default=-1)
     for ext in ("up:1", "up:2", "up:3"):

@@ -201,3 +201,9 @@ def test_a_broken_file_never_takes_others_down(files, extra) -> None:
         == sorted(x.path for x in sources)
     lowered = [n.lower() for n in cat.names]
     assert len(lowered) == len(set(lowered))
+
+
+def test_one_mv_loader_refuses_a_folder_it_would_ignore(tmp_path) -> None:
+    s = load_settings({"BACKFILL_WAREHOUSE": str(tmp_path), "BACKFILL_MV_DIR": str(tmp_path)})
+    with pytest.raises(InvalidSettings, match="BACKFILL_MV_DIR names a catalog.*MV_CONFIG"):
+        load_mv_definition(s)

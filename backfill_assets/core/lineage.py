@@ -14,11 +14,15 @@ table's folder.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from backfill_assets.core.errors import BackfillError, InvalidMVDefinition, MVLineageCycle
+
+_KEY_PART = re.compile(r"[^A-Za-z0-9_]")  # what Dagster refuses in an asset-key part
 
 
 def table_key(uri: str) -> str:
@@ -277,3 +281,29 @@ def _cycle_error(name: str, cycle: tuple[str, ...],
         + (f"; also on it: {', '.join(others)}" if others else "")
         + ": point one of them at an upstream table outside the cycle"
     )
+
+
+def external_asset_paths(tables: Iterable[str], root: str) -> dict[str, tuple[str, ...]]:
+    """The asset key path of each upstream table no MV writes, shared by every MV reading it:
+    ``("tables", ...)`` and the table's path under the warehouse ``root`` (``upstream`` is
+    ``("tables", "upstream")``), or its scheme and full path outside it, each part reduced
+    to what Dagster allows in a key (letters, digits, ``_``). Two tables whose reduced paths
+    meet both get a short hash of their key, so each table keeps its own asset."""
+    root_key = table_key(root)
+    out: dict[str, tuple[str, ...]] = {}
+    for key in sorted({table_key(t) for t in tables}):
+        if _inside(key, root_key) and key != root_key:
+            parts = key[len(root_key.rstrip("/")) + 1:].split("/")
+        else:
+            scheme, _, rest = key.rpartition("://")
+            parts = [scheme or "file", *(p for p in rest.split("/") if p)]
+        out[key] = ("tables", *(_KEY_PART.sub("_", p) or "_" for p in parts))
+    seen: dict[tuple[str, ...], int] = {}
+    for path in out.values():
+        seen[path] = seen.get(path, 0) + 1
+    return {k: (p[:-1] + (f"{p[-1]}_{_short_hash(k)}",) if seen[p] > 1 else p)
+            for k, p in out.items()}
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]

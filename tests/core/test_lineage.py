@@ -17,6 +17,7 @@ from backfill_assets.core.lineage import (
     MVNode,
     build_lineage,
     cycles,
+    external_asset_paths,
     table_key,
     topological_order,
 )
@@ -174,3 +175,30 @@ def test_generated_graphs_refuse_exactly_the_cycles(g: dict[str, list[str]]) -> 
         path = re.search(r"cycle (\S+(?: -> \S+)+)", str(err)).group(1).split(" -> ")
         assert path[0] == path[-1] and name in reach(edges, name)
         assert all(b in edges[a] for a, b in zip(path, path[1:], strict=False))
+
+
+def test_external_tables_keyed_by_table() -> None:
+    paths = external_asset_paths(["/wh/upstream", "file:///wh/upstream/", "s3a://bk/x/t",
+                                  "/other/t", "/wh/a.b/c", "/wh/a_b/c"], "/wh/")
+    assert paths["/wh/upstream"] == ("tables", "upstream")
+    assert paths["s3://bk/x/t"] == ("tables", "s3", "bk", "x", "t")
+    assert paths["/other/t"] == ("tables", "file", "other", "t")
+    # a.b and a_b reduce alike: each keeps its own asset by a hash of its table
+    assert paths["/wh/a.b/c"] != paths["/wh/a_b/c"]
+    assert paths["/wh/a.b/c"][:2] == ("tables", "a_b") and len(paths) == 5
+
+
+TABLE = st.lists(st.sampled_from(["a", "a.", "a_", "b-c", "b_c", "é", "_", ".x"]),
+                 min_size=1, max_size=3).map("/".join)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.sampled_from(["/wh/", "/elsewhere/", "s3://bk/", "s3a://bk/"]),
+                          TABLE), min_size=1, max_size=8))
+def test_generated_external_keys_are_valid_and_one_per_table(tables) -> None:
+    uris = [base + t for base, t in tables]
+    paths = external_asset_paths(uris, "/wh")
+    assert set(paths) == {table_key(u) for u in uris}
+    assert len(set(paths.values())) == len(paths)
+    assert all(re.fullmatch(r"[A-Za-z0-9_]+", p) for path in paths.values() for p in path)
+    assert external_asset_paths(list(reversed(uris)), "file:///wh/") == paths

@@ -58,9 +58,10 @@ def definition_files(folder: str) -> list[str]:
             f"{ENV_MV_DIR}={folder!r} cannot be listed ({exc.strerror}): point it at a folder "
             f"of MV definitions (*.yaml), or unset it and use {ENV_MV_CONFIG} for one file"
         ) from None
+    # a dangling link or an unreadable file is listed, so it shows as broken, not absent
     return [os.path.join(folder, n) for n in names
             if n.endswith(SUFFIXES) and not n.startswith(".")
-            and os.path.isfile(os.path.join(folder, n))]
+            and not os.path.isdir(os.path.join(folder, n))]
 
 
 def read_source(path: str) -> Source:

@@ -170,10 +170,16 @@ def test_folder_settings_refused_by_name(tmp_path) -> None:
     assert load_catalog(Settings(str(tmp_path), mv_dir=str(tmp_path / "empty"))).names == ()
 
 
-def test_unreadable_file_is_broken_not_fatal(tmp_path) -> None:
+def test_unreadable_files_are_broken_not_fatal(tmp_path) -> None:
     bad = tmp_path / "latin.yaml"
     bad.write_bytes(b"name: caf\xe9\n")
     assert "not UTF-8" in str(read_source(str(bad)).error)
+    (tmp_path / "mvs").mkdir()
+    os.symlink(tmp_path / "gone.yaml", tmp_path / "mvs" / "dangling.yaml")
+    cat, _ = folder_catalog(tmp_path, {"ok.yaml": BASE})
+    assert cat.names == ("ok",) and broken(cat) == {"dangling.yaml": ("dangling",
+                                                                      "InvalidMVDefinition")}
+    assert "cannot read the MV definition" in str(cat.broken[0].error)
 
 
 STEMS = st.sampled_from(["a", "b", "c", "A", "d", "bad-x", "e"])

@@ -5,11 +5,16 @@ hidden files skipped) or one file (``BACKFILL_MV_CONFIG``, or the demo's
 ``jobs/configs/mv.yaml`` when neither is set: a catalog of one). Each file is read on its own,
 so a file that cannot be read or parsed becomes a broken MV with its error and the rest load;
 what is decided about names, clashes and lineage is in backfill_assets/core/catalog.py.
+
+``python -m resources.catalog [folder]`` checks a catalog before it is deployed: the MVs in
+barrier order, what each reads, and every broken MV with its error (exit status 1 if any).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 
 import yaml
 
@@ -82,3 +87,34 @@ def read_source(path: str) -> Source:
         return Source(path, error=InvalidMVDefinition(
             f"the MV definition {path} is not valid YAML{at} "
             f"({getattr(exc, 'problem', None) or exc}): fix the file"))
+
+
+def describe(catalog: Catalog) -> str:
+    """The catalog as a reader checks it: each wave of MVs in barrier order with what each
+    reads, then each broken MV with its file and error."""
+    lines = []
+    lineage = catalog.lineage
+    for i, wave in enumerate(lineage.waves()):
+        for name in wave:
+            reads = ", ".join(f"MV {u}" for u in lineage.reads[name]) or catalog.upstreams[name]
+            lines.append(f"wave {i}: {name} ({catalog.definitions[name].mode}) reads {reads}")
+            for b in lineage.reads_broken.get(name, ()):
+                lines.append(f"  reads the output of broken MV {b} as it last was")
+    for b in catalog.broken:
+        lines.append(f"broken: {b.name} ({b.source}): {b.message}")
+    return "\n".join(lines or ["no MV definitions"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the catalog the settings name (or the folder given); 1 if any MV is broken."""
+    args = sys.argv[1:] if argv is None else argv
+    settings = load_settings()
+    if args:
+        settings = dataclasses.replace(settings, mv_dir=os.path.abspath(args[0]), mv_config=None)
+    catalog = load_catalog(settings)
+    print(describe(catalog))
+    return 1 if catalog.broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -21,7 +21,7 @@ from backfill_assets.core.errors import (
     MVNameClash,
     UnknownMV,
 )
-from resources.catalog import catalog_of, load_catalog, read_source
+from resources.catalog import catalog_of, describe, load_catalog, main, read_source
 from resources.mv import load_mv_definition
 from resources.settings import Settings, load_settings
 
@@ -213,3 +213,21 @@ def test_one_mv_loader_refuses_a_folder_it_would_ignore(tmp_path) -> None:
     s = load_settings({"BACKFILL_WAREHOUSE": str(tmp_path), "BACKFILL_MV_DIR": str(tmp_path)})
     with pytest.raises(InvalidSettings, match="BACKFILL_MV_DIR names a catalog.*MV_CONFIG"):
         load_mv_definition(s)
+
+
+def test_check_command_lists_waves_and_broken(tmp_path, capsys, monkeypatch) -> None:
+    cat, wh = folder_catalog(tmp_path, {
+        "a.yaml": BASE, "b.yaml": {**BASE, "upstream": "a/downstream_mv", "mode": "no_shuffle"},
+        "c.yaml": {**BASE, "upstream": "x/downstream_mv"}, "x.yaml": {**BASE, "mode": "?"}})
+    assert describe(cat).splitlines() == [
+        f"wave 0: a (snapshot) reads {wh}/upstream",
+        f"wave 0: c (snapshot) reads {wh}/x/downstream_mv",
+        "  reads the output of broken MV x as it last was",
+        "wave 1: b (no_shuffle) reads MV a",
+        f"broken: x ({tmp_path}/mvs/x.yaml): InvalidMVDefinition: MV definition 'x' is invalid: "
+        "mode '?' is not one of snapshot, arrangement, no_shuffle",
+    ]
+    monkeypatch.setenv("BACKFILL_WAREHOUSE", wh)
+    assert main([str(tmp_path / "mvs")]) == 1 and "broken: x" in capsys.readouterr().out
+    (tmp_path / "mvs" / "x.yaml").unlink()
+    assert main([str(tmp_path / "mvs")]) == 0

@@ -101,6 +101,16 @@ class Lineage:
         keys = {table_key(t) for t in moved_tables}
         return self.downstream(n for n in self.order if keys & set(self.upstream_tables[n]))
 
+    def ready(self, moved_tables: Iterable[str], in_flight: Iterable[str]) -> tuple[str, ...]:
+        """Of ``to_run(moved_tables)``, the MVs whose barrier may start now: not already in
+        flight (one barrier per MV at a time), and no MV they read, directly or through
+        others, about to run or in flight. A reader waits for its upstream MV's barrier, so
+        it sees that barrier's commit rather than run twice for one upstream commit."""
+        due = self.to_run(moved_tables)
+        busy = set(due) | set(in_flight)
+        blocked = set(self.downstream(r for n in busy & set(self.readers) for r in self.readers[n]))
+        return tuple(n for n in due if n not in blocked and n not in set(in_flight))
+
 
 def build_lineage(nodes: Iterable[MVNode], broken: Mapping[str, str] | None = None) -> Lineage:
     """The lineage of ``nodes`` (unique names). ``broken`` maps the output URI of each MV that

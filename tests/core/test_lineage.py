@@ -62,6 +62,11 @@ def test_chain_of_three_in_order_whatever_the_input_order() -> None:
     assert lin.to_run(["/wh/b/downstream_mv"]) == ("c",)
     assert lin.to_run(["/wh/other"]) == ()
     assert lin.downstream(["b", "nope"]) == ("b", "c")
+    # one pass through the chain: a first, then b once a's barrier is done, then c
+    assert lin.ready(["/up/u"], in_flight=[]) == ("a",)
+    assert lin.ready(["/up/u"], in_flight=["a"]) == ()
+    assert lin.ready(["/wh/a/downstream_mv"], in_flight=[]) == ("b",)
+    assert lin.ready(["/wh/b/downstream_mv"], in_flight=["c"]) == ()
 
 
 def test_two_mvs_over_one_upstream_share_it_and_run_in_one_wave() -> None:
@@ -156,6 +161,10 @@ def test_generated_dags_are_ordered(g: dict[str, list[str]], rnd) -> None:
         direct = {n for n, ts in g.items() if ext in ts}
         reached = direct | {n for n in g if reach(edges, n) & direct}
         assert lin.to_run([f"/up/{ext[3:]}"]) == tuple(n for n in lin.order if n in reached)
+        busy = set(rnd.sample(sorted(g), k=min(2, len(g))))
+        ready = lin.ready([f"/up/{ext[3:]}"], in_flight=busy)
+        assert ready == tuple(n for n in lin.order if n in reached and n not in busy
+                              and not reach(edges, n) & (reached | busy))
 
 
 @settings(max_examples=300)

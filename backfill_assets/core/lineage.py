@@ -106,10 +106,10 @@ class Lineage:
         flight (one barrier per MV at a time), and no MV they read, directly or through
         others, about to run or in flight. A reader waits for its upstream MV's barrier, so
         it sees that barrier's commit rather than run twice for one upstream commit."""
-        due = self.to_run(moved_tables)
-        busy = set(due) | set(in_flight)
-        blocked = set(self.downstream(r for n in busy & set(self.readers) for r in self.readers[n]))
-        return tuple(n for n in due if n not in blocked and n not in set(in_flight))
+        due, running = self.to_run(moved_tables), set(in_flight)
+        busy = (set(due) | running) & set(self.readers)
+        blocked = set(self.downstream(r for n in busy for r in self.readers[n]))
+        return tuple(n for n in due if n not in blocked and n not in running)
 
 
 def build_lineage(nodes: Iterable[MVNode], broken: Mapping[str, str] | None = None) -> Lineage:

@@ -82,6 +82,7 @@ def test_bad_definitions_refused_by_name_the_rest_load(tmp_path) -> None:
         "unknown_field.yaml": {**BASE, "colums": ["id"]},
         "bad-name.yaml": BASE,
         "named.yaml": {**BASE, "name": "has space"},
+        "newline.yaml": {**BASE, "name": "line\n"},
         "bad_pk.yaml": {**BASE, "primary_key": 5},
     })
     assert cat.names == ("good",)
@@ -93,6 +94,7 @@ def test_bad_definitions_refused_by_name_the_rest_load(tmp_path) -> None:
         "unknown_field.yaml": ("unknown_field", "InvalidMVDefinition"),
         "bad-name.yaml": ("bad-name", "InvalidMVDefinition"),
         "named.yaml": ("has space", "InvalidMVDefinition"),
+        "newline.yaml": ("line\n", "InvalidMVDefinition"),
         "bad_pk.yaml": ("bad_pk", "InvalidMVDefinition"),
     }
     msg = {os.path.basename(b.source): str(b.error) for b in cat.broken}

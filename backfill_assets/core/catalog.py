@@ -28,7 +28,7 @@ from backfill_assets.core.errors import (
 from backfill_assets.core.lineage import Lineage, MVNode, build_lineage
 from backfill_assets.core.mv_definition import MVDefinition
 
-MV_NAME = re.compile(r"^[A-Za-z0-9_]+$")  # Dagster's rule for group names and key parts
+MV_NAME = re.compile(r"[A-Za-z0-9_]+")  # Dagster's rule for group names and key parts
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Catalog:
 
 def name_problem(name: object) -> str | None:
     """Why ``name`` cannot name an MV, or None."""
-    if isinstance(name, str) and MV_NAME.match(name):
+    if isinstance(name, str) and MV_NAME.fullmatch(name):
         return None
     return (f"the MV name {name!r} is not allowed: use letters, digits and _ only (it names "
             "the MV's asset group, its asset keys and its folder in the warehouse)")

@@ -132,7 +132,7 @@ def worker_baselines(args) -> dict:
 def worker_backfill(args) -> dict:
     import pyarrow as pa
 
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.barrier import run_barrier
     from backfill_assets.upstream.writer import apply_dml, insert_rows
 

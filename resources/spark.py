@@ -118,7 +118,7 @@ def session_from_conf(conf: dict[str, Any]) -> Any:
     prepare_python_env()
     from pyspark.sql import SparkSession  # imported here: loading definitions stays light
 
-    from backfill_assets.storage.store.memory import settle_driver_memory
+    from backfill_assets.storage import settle_driver_memory
 
     settle_driver_memory()  # the driver hands freed native memory back (storage/store/memory.py)
 

@@ -21,7 +21,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from backfill_assets import storage
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.barrier import run_barrier
 from backfill_assets.step.oracle import verify
 from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
@@ -209,9 +209,9 @@ def _key(row: dict, key_names: Sequence[str]) -> tuple:
 
 def progress_rows(tables: MVTables) -> dict[int, dict]:
     """The progress table's rows by vnode ({} before the first barrier)."""
-    from backfill_assets.mv.tables import open_table, read_rows
+    from backfill_assets.mv.owned_tables import open_if_exists, read_rows
 
-    table = open_table(tables.progress, tables.storage_options)
+    table = open_if_exists(tables.progress, tables.storage_options)
     if table is None:
         return {}
     rows = read_rows(table, None, ["vnode", "row_count", "backfill_finished", "version"])

@@ -26,8 +26,8 @@ from backfill_assets.core.errors import InvalidMVExpression
 from backfill_assets.core.expressions import Binary, Call, Column, IsNull, Literal, Unary, parse
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import KEEP
-from backfill_assets.engine.netting import spark_schema
 from backfill_assets.engine.projection import project, validate_expressions
+from backfill_assets.storage import spark_schema
 from benchmarks.common import BENCH_COLUMNS, bench_mv
 
 # ----------------------------------------------------------------------------- the parser

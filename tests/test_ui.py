@@ -25,7 +25,7 @@ import yaml
 from dagster._core.definitions.reconstruct import ReconstructableJob
 
 from backfill_assets.core import codec
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA
 from backfill_assets.wiring.checks import CHECK_NAME, PROGRESS_CHECK
@@ -138,8 +138,8 @@ def _small_platform(env: dict) -> dict:
     assert run_in_workspace(instance, "set_controls_job", run_config={"ops": {"set_controls": {
         "config": {"snapshot": "pause"}}}}).success
     tables = mv_tables(d, settings)
-    rows = mv_store.read_rows(mv_store.open_table(tables.progress, tables.storage_options), None,
-                              [codec.VNODE, codec.FINISHED]).to_pylist()
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
+    rows = owned_tables.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
     return {"finished": {vnode_key(r[codec.VNODE], VNODES) for r in rows if r[codec.FINISHED]},
             "started": {vnode_key(r[codec.VNODE], VNODES) for r in rows}}
 

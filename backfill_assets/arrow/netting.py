@@ -9,7 +9,7 @@ the rows each vnode's position already covers (the rule of ``mv_spark.visible_ro
 those keys the MV holds the row at the vnode's version, which is what ``net_with_prior`` takes
 from the feed as the row before the range.
 
-The rule is the one of ``spark_ops.net_changes``: the last change of a key wins (highest
+The rule is the one of ``netting.net_changes``: the last change of a key wins (highest
 ``_commit_version``; within one version an insert/update_postimage wins over a
 delete/update_preimage). Netting here also yields what the Spark path reads from the MV
 instead: the row each key held before the range, i.e. its first change when that is a delete
@@ -40,7 +40,7 @@ UPSERT_TYPES = ("insert", "update_postimage")
 def with_vnode(raw: pa.Table, key_names: Sequence[str], key_types: Sequence[str],
                vnode_count: int) -> pa.Table:
     """``raw`` with its ``vnode`` column computed from the key (``core.vnode``: the same value
-    as the Spark expression of ``spark_ops.with_vnode``)."""
+    as the Spark expression of ``netting.with_vnode``)."""
     keys = list(zip(*(raw.column(k).to_pylist() for k in key_names), strict=True))
     vnodes = pa.array(vnodes_of(keys, key_types, vnode_count), pa.int32())
     if VNODE in raw.column_names:

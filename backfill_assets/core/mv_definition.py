@@ -23,7 +23,7 @@ from backfill_assets.core.progress import is_count
 from backfill_assets.core.snapshot import CATCH_UP_STEP_ROWS, DEFAULT_SLICE_ROWS
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
-MODES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
+MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
 VNODE_COLUMN = "vnode"
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
@@ -50,7 +50,7 @@ class MVDefinition:
     columns: tuple[str, ...]
     filter: str | None = None
     computed: tuple[ComputedColumn, ...] = ()
-    mode: str = MODES[0]
+    mode: str = MODE_NAMES[0]
     chunk_size: int = 10000
     rate_limit: int | None = None
     vnode_count: int = 256
@@ -149,8 +149,8 @@ class MVDefinition:
         for field in ("name", "upstream"):
             if not isinstance(getattr(self, field), str) or not getattr(self, field):
                 out.append(f"{field} must be a non-empty string")
-        if self.mode not in MODES:
-            out.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.mode not in MODE_NAMES:
+            out.append(f"mode {self.mode!r} is not one of {', '.join(MODE_NAMES)}")
         if not is_count(self.chunk_size) or self.chunk_size < 1:
             out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
         for field in ("slice_rows", "catch_up_rows"):

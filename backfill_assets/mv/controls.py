@@ -16,9 +16,8 @@ from enum import Enum
 
 from backfill_assets.core.cost_choice import CHOICES
 from backfill_assets.core.errors import InvalidControl
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.documents import read_json, write_json
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import objects, read_json, write_json
 
 UNSET = "unset"
 

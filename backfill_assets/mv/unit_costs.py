@@ -13,9 +13,8 @@ over the other's: one sample is lost, which a smoothed figure can afford (no loc
 from __future__ import annotations
 
 from backfill_assets.core.cost_choice import UnitCosts
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.documents import read_json, write_json
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import objects, read_json, write_json
 
 
 def unit_costs_uri(tables: MVTables) -> str:

@@ -30,7 +30,7 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.snapshot import last_key_sort_sql
 from backfill_assets.engine.projection import rows_after
 from backfill_assets.step.key_checks import check_snapshot_keys
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.storage import col
 
 
 def read_remainder(rows: DataFrame, keys: DataFrame, positions: Mapping[int, Key | None],

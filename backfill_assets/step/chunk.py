@@ -23,7 +23,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, InProgress
-from backfill_assets.engine import netting as spark_ops
+from backfill_assets.engine import netting
 from backfill_assets.engine.projection import (
     BAD_KEY,
     chunk_stats,
@@ -31,7 +31,7 @@ from backfill_assets.engine.projection import (
     first_rows,
     project,
 )
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.step.bulk_read import read_remainder
 from backfill_assets.step.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
 from backfill_assets.step.request import StepReport
@@ -48,7 +48,7 @@ from backfill_assets.upstream.layout import keys_kept_unique
 class Chunk:
     """What a step's snapshot read produced."""
 
-    rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
+    rows: DataFrame | None  # projected rows + KEEP, ROW_NUMBER, BAD_KEY, cached; None: no rows
     read: int
     stats: dict
     scanned: int | None = None  # rows of the files a seek read (None: not a seek)
@@ -247,7 +247,7 @@ def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
     if not vnodes or keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names,
                                       ctx.vnode_count, ctx.tables.storage_options):
         return
-    check_snapshot_keys(upstream_at(ctx).where(mv_store.vnode_in(vnodes)), ctx.key_names,
+    check_snapshot_keys(upstream_at(ctx).where(owned_tables.vnode_in(vnodes)), ctx.key_names,
                         ctx.tables.upstream, ctx.v_new)
 
 
@@ -260,9 +260,9 @@ def mv_file_rows(ctx: SourceContext) -> int:
 
 def upstream_at(ctx: SourceContext) -> DataFrame:
     """The upstream's rows at the step's version, with the MV's vnode (lazy)."""
-    rows = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
+    rows = storage.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
                                   storage_options=ctx.tables.storage_options)
-    return spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return netting.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
 
 
 def position(progress) -> tuple | None:

@@ -32,13 +32,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets import storage
-from backfill_assets.arrow import netting as arrow_changes
+from backfill_assets.arrow import netting
+from backfill_assets.core.names import BAD_KEY, KEEP, ROW_NUMBER
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
-from backfill_assets.engine.projection import BAD_KEY, KEEP, RN, validate_expressions
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.engine.projection import validate_expressions
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import throttle
+from backfill_assets.mv.owned_tables import STEP_METADATA_KEY
 from backfill_assets.mv.recovery import (
     progress_rows,
     progress_schema,
@@ -50,7 +52,6 @@ from backfill_assets.mv.recovery import (
     write_progress,
 )
 from backfill_assets.mv.run_layout import check_run_layout
-from backfill_assets.mv.tables import STEP_METADATA_KEY
 from backfill_assets.step import heap
 from backfill_assets.step.bulk_read import replacing
 from backfill_assets.step.chunk import (
@@ -73,7 +74,6 @@ from backfill_assets.step.key_checks import check_inserted_keys, check_inserted_
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 from backfill_assets.step.source_context import SnapshotSource, SourceContext
-from backfill_assets.storage.writes import maintain
 
 SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a step keeps them on the driver
 
@@ -129,10 +129,10 @@ class _Step:
         upstream = checked_upstream(req.tables, d, req.v_new, req.mode.check_upstream)
         key_order = upstream.key_order
         mv_schema = validate_expressions(spark, d, upstream.schema, upstream.mv_schema)
-        mv = mv_store.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
+        mv = owned_tables.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
                                         key_names=key_order.names, vnode_count=d.vnode_count)
         pin = upstream.pin(d, mv_schema)
-        progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
+        progress_table = owned_tables.ensure_table(req.tables.progress, progress_schema(key_order),
                                                so, cdf=False, description=pin)
         vnodes = tuple(sorted(req.vnodes))
         strategy = req.mode.positions()
@@ -146,8 +146,8 @@ class _Step:
                 if v not in req.reset and not isinstance(state.committed(v), NotStarted)}), []
         strategy.recover(state)
         refuse_stale(state, vnodes, upstream.version, req.tables.mv)
-        replica = mv_store.open_table(req.tables.replica, so)
-        replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes, so)
+        replica = owned_tables.open_if_exists(req.tables.replica, so)
+        replica_versions = owned_tables.txn_versions(replica, d.name, "replica", vnodes, so)
         plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
                          req.chunk_size, req.rate_limit)
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
@@ -243,7 +243,7 @@ class _Step:
         upstream whose every row came from the platform's pk-enforcing writer."""
         ctx = self.ctx
         if isinstance(changes, pa.Table):
-            rows = arrow_changes.newer_than(changes, {v: -1 for v in started})
+            rows = netting.newer_than(changes, {v: -1 for v in started})
             check_inserted_keys_local(rows, ctx.tables, ctx.key_names, ctx.vnode_count,
                                       self.plan.v_new)
         elif changes is not None:
@@ -279,7 +279,7 @@ class _Step:
         if final:
             self.carried_rows = rows
         metadata = {STEP_METADATA_KEY: step_json(self.state, vnodes, v_new, key_order, rows)}
-        return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
+        return owned_tables.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
                    chunk: DataFrame | None, clustered: bool = False,
@@ -303,7 +303,8 @@ class _Step:
         if written is not None:
             self.committed = (snap, storage.commit_written(snap, intent, written, hook=hook))
             return
-        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
+        rows = (chunk.where(F.col(KEEP)).drop(KEEP, ROW_NUMBER, BAD_KEY) if chunk is not None
+                else None)
         keyed = forward if isinstance(forward, storage.KeyedRows) else None
         changes = None if keyed is not None else forward
         if self.req.reset:  # a re-snapshot reads only reset vnodes: their old rows go
@@ -333,12 +334,12 @@ def _compact(ctx: SourceContext, vnodes: Sequence[int],
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact); whether it ran. After
     an MV commit the step judges that from the version it committed on and what it committed
-    (`maintain.compaction_due`); only when compaction is due, or the step committed nothing,
+    (`storage.compaction_due`); only when compaction is due, or the step committed nothing,
     is the latest version loaded. The replica is never rewritten by a barrier: its changes
     are appended (storage/rows/replica.py). A loaded version, not the process's latest table
-    brought forward (`mv_store.open_table`): another run in this process may hold that object
+    brought forward (`owned_tables.open_table`): another run in this process may hold that object
     as the snapshot its step planned on."""
-    if committed is not None and not maintain.compaction_due(*committed, vnodes):
+    if committed is not None and not storage.compaction_due(*committed, vnodes):
         return False
     snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
-    return maintain.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0
+    return storage.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0

@@ -17,20 +17,18 @@ from backfill_assets import storage
 from backfill_assets.arrow.expressions import NotExact
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import BAD_KEY
-from backfill_assets.core.names import ROW_NUMBER as RN
+from backfill_assets.core.names import BAD_KEY, ROW_NUMBER
 from backfill_assets.core.positions import rows_to_see
 from backfill_assets.engine.projection import exact_projection
 from backfill_assets.step.source_context import SeekRead, SourceContext
-from backfill_assets.storage.rows import replica
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.storage import col, replica
 
 
 def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
                shared: bool) -> tuple[DataFrame, int]:
     """A chunk read from the files that can hold it (storage.seek), typed as the replica's
-    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
+    columns, plus ROW_NUMBER and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
     replica's change rows are resolved with its base rows in the tasks."""
     snap, files, changes = _seek_side(ctx, uri, version, positions)
     schema = replica_schema(ctx.upstream_schema)
@@ -39,7 +37,7 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
                               picked, shared, changes)
     typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
-    return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
+    return rows.select(*typed, ROW_NUMBER, BAD_KEY), picked.rows_scanned
 
 
 def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,

@@ -24,6 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from backfill_assets import storage
 from backfill_assets.arrow.types import arrow_type, type_name
 from backfill_assets.core.errors import BackfillError, InvalidUpstreamSpec, NotAnUpstreamTable
 from backfill_assets.core.keys import KeyColumn
@@ -34,11 +35,10 @@ from backfill_assets.core.vnode import (
     normalize_key_type,
     vnode_of,
 )
-from backfill_assets.storage.delta import delta_rs as delta_store
 
-PK_PROPERTY = delta_store.PK_PROPERTY
-VNODE_COUNT_PROPERTY = delta_store.VNODE_COUNT_PROPERTY
-VNODE_COLUMN = delta_store.VNODE_COLUMN
+PK_PROPERTY = storage.PK_PROPERTY
+VNODE_COUNT_PROPERTY = storage.VNODE_COUNT_PROPERTY
+VNODE_COLUMN = storage.VNODE_COLUMN
 COLUMN_TYPES = ("int", "bigint", "string", "date", "timestamp", "decimal(p,s)", "double",
                 "boolean")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -129,8 +129,8 @@ def _spell_type(typ: str) -> str:
 
 def create_upstream(uri: str, spec: UpstreamSpec, storage_options=None) -> int:
     """Create the (empty) upstream table; returns its version (0)."""
-    metadata = delta_store.arrangement_properties(spec.primary_key, spec.vnode_count)
-    dt_ = delta_store.create_table(
+    metadata = storage.arrangement_properties(spec.primary_key, spec.vnode_count)
+    dt_ = storage.create_table(
         uri, spec.arrow_schema(), [VNODE_COLUMN], cdf=True, name=spec.name,
         description=spec.description or f"platform upstream table {spec.name}",
         metadata=metadata, storage_options=storage_options,
@@ -140,7 +140,7 @@ def create_upstream(uri: str, spec: UpstreamSpec, storage_options=None) -> int:
 
 def read_upstream_spec(uri: str, storage_options=None) -> UpstreamSpec:
     """Recover the spec recorded by :func:`create_upstream` (column types from the schema)."""
-    table = delta_store.open_table(uri, storage_options=storage_options)
+    table = storage.open_table(uri, storage_options=storage_options)
     meta = table.metadata()
     config = meta.configuration
     if PK_PROPERTY not in config:
@@ -148,7 +148,7 @@ def read_upstream_spec(uri: str, storage_options=None) -> UpstreamSpec:
             f"{uri} has no recorded primary key ({PK_PROPERTY}): create it with create_upstream "
             "(or upstream_load_job), or declare the key where the backfill is configured"
         )
-    schema = delta_store.arrow_schema(table)
+    schema = storage.arrow_schema(table)
     columns = {f.name: type_name(f.type) for f in schema if f.name != VNODE_COLUMN}
     return UpstreamSpec(
         name=meta.name or uri.rstrip("/").rsplit("/", 1)[-1],

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets import storage
 from backfill_assets.core.errors import (
     BackfillError,
     DuplicatePrimaryKey,
@@ -26,7 +27,6 @@ from backfill_assets.core.errors import (
     WrongColumnType,
 )
 from backfill_assets.core.vnode import decimal_precision_scale, decimal_text
-from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.upstream.spec import VNODE_COLUMN, UpstreamSpec
 
 _INT_BOUNDS = {"int": 2**31, "bigint": 2**63}
@@ -181,5 +181,5 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
                 f"{dup.num_rows} key(s) occur more than once in the rows, e.g. "
                 f"{dup.select(pk).slice(0, 1).to_pylist()[0]}"
             )
-    vnodes = delta_store.vnodes_for(data, spec.key_columns, spec.vnode_count)
+    vnodes = storage.vnodes_for(data, spec.key_columns, spec.vnode_count)
     return data.append_column(schema.field(VNODE_COLUMN), vnodes)

@@ -21,7 +21,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from backfill_assets.mv.tables import open_table, read_rows
+from backfill_assets.mv.owned_tables import open_if_exists, read_rows
 from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
 from backfill_assets.wiring.liveness import FOLLOWER_JOB
 from backfill_assets.wiring.run_launcher import worker_pid
@@ -84,10 +84,10 @@ def _barriers_done(instance: dg.DagsterInstance, run_id: str) -> int:
 
 
 def _caught_up(tables, upstream_uri: str) -> bool:
-    progress = open_table(tables.progress, {})
+    progress = open_if_exists(tables.progress, {})
     if progress is None:
         return False
-    latest = open_table(upstream_uri, {}).version()
+    latest = open_if_exists(upstream_uri, {}).version()
     rows = read_rows(progress, None, ["backfill_finished", "version"]).to_pylist()
     return len(rows) == VNODES and all(r["backfill_finished"] and r["version"] == latest
                                        for r in rows)

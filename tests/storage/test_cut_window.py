@@ -29,7 +29,7 @@ from backfill_assets.storage import (
     file_reader,
     windowed_cut,
 )
-from backfill_assets.storage.chunks import window_scan as window_read
+from backfill_assets.storage.chunks import window_scan
 from tests.storage.test_shared_cut import SCHEMA, VNODES, key_orders  # the same upstream
 
 
@@ -139,12 +139,12 @@ def _apply(up: _Upstream, ops: list[tuple]) -> None:
 @given(_case())
 def test_every_chunk_equals_the_upstream_at_its_version(case):
     key_order, keys, run, limit, file_rows, shuffled, changes, knobs = case
-    saved = window_read._SAMPLE_FILES, window_read.WINDOW_CAP
-    window_read._SAMPLE_FILES, window_read.WINDOW_CAP = knobs
+    saved = window_scan._SAMPLE_FILES, window_scan.WINDOW_CAP
+    window_scan._SAMPLE_FILES, window_scan.WINDOW_CAP = knobs
     try:
         _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes)
     finally:
-        window_read._SAMPLE_FILES, window_read.WINDOW_CAP = saved
+        window_scan._SAMPLE_FILES, window_scan.WINDOW_CAP = saved
 
 
 def _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes) -> None:

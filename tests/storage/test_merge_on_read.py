@@ -30,7 +30,7 @@ from backfill_assets.storage import (
     apply_keyed,
     ensure_mor_table,
 )
-from backfill_assets.storage.rows import commit as commit_mod
+from backfill_assets.storage.rows import commit
 from backfill_assets.storage.rows.scan import read_snapshot
 from backfill_assets.storage.writes import maintain
 from backfill_assets.storage.writes.maintain import collect_dv_garbage, compact
@@ -123,7 +123,7 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
     ones, keyed rows + Spark inserts for chunked ones) against the same model; the final
     compaction on the same engine (a compaction of more than DRIVER_COMPACT_ROWS rows runs in
     Spark)."""
-    monkeypatch.setattr(commit_mod, "CHECKPOINT_INTERVAL", 3)
+    monkeypatch.setattr(commit, "CHECKPOINT_INTERVAL", 3)
     monkeypatch.setattr(maintain, "DRIVER_COMPACT_ROWS",
                         0 if engine == "spark" else maintain.DRIVER_COMPACT_ROWS_DEFAULT)
     uri = str(tmp_path_factory.mktemp("mor") / "t")

@@ -78,11 +78,11 @@ def test_a_table_a_racing_run_just_created_is_upgraded_before_use(tmp_path):
     """Another run created the progress table (version 0) and has not enabled DVs yet: the
     table handed to this run has them, so its commit is not planned on version 0 and refused
     later as a concurrent protocol change (a disjoint-vnodes race of CI)."""
-    from backfill_assets.mv import tables as mv_store
+    from backfill_assets.mv import owned_tables
 
     uri = str(tmp_path / "progress")
     DeltaTable.create(uri, SCHEMA, configuration={"delta.enableChangeDataFeed": "false"})
-    table = mv_store.ensure_table(uri, SCHEMA, {}, cdf=False)
+    table = owned_tables.ensure_table(uri, SCHEMA, {}, cdf=False)
     assert "deletionVectors" in (table.protocol().reader_features or [])
     version = _replace(uri, Snapshot(uri, {}, table), [1, 2], _rows([1, 2], 7, False), "a")
     assert version == table.version() + 1 and _held(uri) == {1: (8, "v1@7"), 2: (9, "v2@7")}

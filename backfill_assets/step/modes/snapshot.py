@@ -54,9 +54,8 @@ from backfill_assets.core.snapshot import (
     plan_slices,
     slice_summary,
 )
-from backfill_assets.engine import netting as spark_ops
 from backfill_assets.engine.projection import exact_projection
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.recovery import recover_state
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes.arrangement import ARRANGEMENT
@@ -64,7 +63,6 @@ from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.request import Hook, Mode, StepReport, StepRequest
 from backfill_assets.step.seek_chunk import replica_schema
 from backfill_assets.step.source_context import SourceContext
-from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.upstream.layout import same_vnodes
 
 MAX_CATCH_UP_ROUNDS = 8
@@ -81,18 +79,18 @@ def run_snapshot_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> S
         return report
     so = req.tables.storage_options
     version = req.v_new if req.v_new is not None else \
-        delta_store.latest_version(req.tables.upstream, so)
+        storage.latest_version(req.tables.upstream, so)
     run = _Run(spark, req, hook)
     run.barrier(version)
     if req.v_new is None:  # catch up until within one barrier of the upstream
         for _ in range(MAX_CATCH_UP_ROUNDS):
-            latest = delta_store.latest_version(req.tables.upstream, so)
+            latest = storage.latest_version(req.tables.upstream, so)
             lag = catch_up_lag(latest, run.version)
             if not more_catch_up(lag, run.covered):
                 break
             run.catch_up_rounds += 1
             run.barrier(latest)
-    run.lag = catch_up_lag(delta_store.latest_version(req.tables.upstream, so), run.version)
+    run.lag = catch_up_lag(storage.latest_version(req.tables.upstream, so), run.version)
     return run.report()
 
 
@@ -132,7 +130,7 @@ class _Run:
         self.estimates.update(estimate_rows(self.req, version, pending))
         slices = plan_slices({v: self.estimates[v] for v in pending},
                              self.req.definition.slice_rows)
-        config = delta_store.table_configuration(self.req.tables.upstream, version,
+        config = storage.table_configuration(self.req.tables.upstream, version,
                                                  self.req.tables.storage_options)
         safety = history_safety(sum(self.estimates[v] for v in pending), config)
         self.history, self.history_safe = safety.message(), safety.safe
@@ -237,8 +235,8 @@ def recovered_progress(req: StepRequest, version: int) -> dict:
     the MV's tables do not exist yet)."""
     key_order = checked_upstream(req.tables, req.definition, version).key_order
     so = req.tables.storage_options
-    progress_table = mv_store.open_table(req.tables.progress, so)
-    mv = mv_store.open_table(req.tables.mv, so)
+    progress_table = owned_tables.open_if_exists(req.tables.progress, so)
+    mv = owned_tables.open_if_exists(req.tables.mv, so)
     if progress_table is None or mv is None:
         return {v: (NotStarted(), None) for v in req.vnodes}
     state, _ = recover_state(req.definition.name, key_order, sorted(req.vnodes),
@@ -250,7 +248,7 @@ def estimate_rows(req: StepRequest, version: int, vnodes: tuple[int, ...]) -> di
     """Rows per vnode from the upstream's Delta file statistics: exact per vnode when the
     upstream is arranged by the same vnodes, else its total spread evenly (the hash is)."""
     d, so = req.definition, req.tables.storage_options
-    table = mv_store.open_table(req.tables.upstream, so, version)
+    table = owned_tables.open_if_exists(req.tables.upstream, so, version)
     files = pa.table(table.get_add_actions(flatten=True))
     counts = [n or 0 for n in files.column("num_records").to_pylist()]
     key_names = [c.name for c in d.primary_key]
@@ -293,13 +291,13 @@ class BulkSource:
         if key_only:
             schema = pa.schema([schema.field(c) for c in (*ctx.key_names, VNODE)])
         if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
-            return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
+            return storage.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
                                           vnodes=vnodes, storage_options=so,
                                           cluster_keys=ctx.key_names), True
-        up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
+        up = storage.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
                                     pa.schema([f for f in schema if f.name != VNODE]),
                                     storage_options=so)
-        return ctx.with_vnode(up).where(mv_store.vnode_in(vnodes)), False
+        return ctx.with_vnode(up).where(owned_tables.vnode_in(vnodes)), False
 
     def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition,
                    key_order: KeyOrder) -> storage.BulkRows | None:

@@ -14,7 +14,7 @@ How. A window holds the run's rows after its position ``lo`` up to a bound ``hi`
 must be read, else a shared cut with that many rows as its limit, storage/chunks/shared_cut.py)
 and sorted by key (``key_ranks``). A later barrier at version
 ``v`` reads the feed of (``version``, v], keeps the change rows of the run's vnodes in
-(position, ``hi``], nets them per key (``arrow_changes.net_with_prior``: the last change wins)
+(position, ``hi``], nets them per key (``netting.net_with_prior``: the last change wins)
 and takes its chunk: the window's next rows, without the keys that changed, plus the rows those
 keys hold at ``v``. A barrier whose chunk would pass ``hi`` reads a new window. That is exact
 because the window held every row of the version read in (``lo``, ``hi``], and the feed names

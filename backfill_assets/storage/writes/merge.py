@@ -36,7 +36,7 @@ from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
 from backfill_assets.storage.delta.log import Snapshot
 from backfill_assets.storage.delta.prune import VNODE, files_holding
-from backfill_assets.storage.rows import keyed as keyed_mod
+from backfill_assets.storage.rows import keyed
 from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.rows.keyed import NEW_FILE_ROWS, KeyedRows
 from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, read_snapshot
@@ -136,16 +136,16 @@ def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: 
     rows. A side the table disagrees with raises ``StorageMismatch`` before anything is
     written."""
     _refuse_written(inserts)
-    located = keyed_mod.locate(snap, key_names, rows)
+    located = keyed.locate(snap, key_names, rows)
     side = _SparkSide.of(snap, key_names, rows_hint, file_rows)
     side.add_inserts(inserts, clustered_inserts)
-    adds = side.write() + keyed_mod.write_located(snap, key_names, located,
+    adds = side.write() + keyed.write_located(snap, key_names, located,
                                                   min(side.file_rows, NEW_FILE_ROWS))
     # the keyed side's change rows are few and written here; a chunk's inserts keep their
     # tasks (one vnode range each) instead of funnelling through one
     return _published(snap, intent, adds, dict(located.deletes), bool(side.laid_out),
                       lambda: _feed_files(snap, side.cdc_parts, one_file=False)
-                      + keyed_mod.write_located_feed(snap, key_names, located), hook)
+                      + keyed.write_located_feed(snap, key_names, located), hook)
 
 
 def commit_written(snap: Snapshot, intent: Intent, written: BulkWritten, *,

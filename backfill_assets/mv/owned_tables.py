@@ -24,14 +24,17 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from backfill_assets.arrow.types import normalize_schema
 from backfill_assets.core.errors import ConcurrentBackfillRun, TableNotFound, WarehouseNotWritable
-from backfill_assets.storage import Intent, Snapshot, ensure_mor_table, replace_keyed
-from backfill_assets.storage.delta.delta_rs import (
+from backfill_assets.storage import (
+    LRU,
+    Intent,
+    Snapshot,
     arrangement_properties,
     arrow_schema,
+    ensure_mor_table,
     latest_version,
+    objects,
+    replace_keyed,
 )
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.lru import LRU
 
 STEP_METADATA_KEY = "backfill.step"
 
@@ -78,7 +81,7 @@ def vnode_in(vnodes: Iterable[int], alias: str = "") -> str:
     return f"{prefix}vnode IN ({', '.join(str(v) for v in sorted(vnodes))})"
 
 
-def open_table(uri: str, storage_options: Mapping[str, str], version: int | None = None
+def open_if_exists(uri: str, storage_options: Mapping[str, str], version: int | None = None
                ) -> DeltaTable | None:
     """The table at `version` (latest when None), or None when it does not exist yet. The
     latest is kept per process and brought forward with `update_incremental` (a barrier
@@ -134,7 +137,7 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str]
     """Open the progress table, creating it empty when missing: a merge-on-read table of one
     row per vnode (not partitioned: a barrier's progress commit then writes one small file,
     not one per vnode). Tables made before round 7 are vnode-partitioned and stay so."""
-    table = open_table(uri, storage_options)
+    table = open_if_exists(uri, storage_options)
     if table is not None and ("vnode" in table.metadata().partition_columns
                               or "deletionVectors" in (table.protocol().reader_features or [])):
         return table
@@ -193,7 +196,7 @@ def ensure_data_table(uri: str, schema: pa.Schema, storage_options: Mapping[str,
     """The MV or the replica (merge-on-read, created when missing), recording its primary key
     and vnode count like a platform upstream, so another MV can be built on it; ``layout``:
     storage layout properties fixed at creation (the replica's ``backfill.seekFileRows``)."""
-    table = open_table(uri, storage_options)
+    table = open_if_exists(uri, storage_options)
     if table is not None and "deletionVectors" in (table.protocol().reader_features or []):
         return table
     if "://" not in uri:

@@ -175,7 +175,7 @@ class LazySession:
         """Where the session's tasks will run, from the conf it starts with, before it has
         started: its master, ``"remote"`` for a Connect session, None when not known. The
         storage layer asks this to run a chunk's tasks in this process on a local master
-        (``storage.read.tasks_run_here``) without starting a JVM to learn it."""
+        (``storage.rows.scan.tasks_run_here``) without starting a JVM to learn it."""
         if REMOTE_KEY in self._conf:
             return "remote"
         return self._conf.get("spark.master")

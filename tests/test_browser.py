@@ -21,7 +21,7 @@ import time
 import dagster as dg
 import pytest
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.partitions import range_tags
 from jobs.dagster_dev import dagster_dev, graphql
 from jobs.workspace_runs import ASSET_JOB, run_in_workspace, stop_sensor

@@ -12,8 +12,7 @@ import pytest
 import yaml
 
 from backfill_assets import storage
-from backfill_assets.upstream.writer import read_upstream_spec, row_count
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, read_upstream_spec, row_count, run_load
 from jobs.upstream_load import upstream_load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

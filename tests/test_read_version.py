@@ -44,8 +44,7 @@ def test_read_version_matches_delta(spark, table):
 
 
 def test_read_version_prunes_vnodes(spark, table):
-    from backfill_assets.storage import Snapshot, read_version
-    from backfill_assets.storage.delta.prune import files_in_vnodes
+    from backfill_assets.storage import Snapshot, files_in_vnodes, read_version
 
     files_all = Snapshot.load(table, 2).files
     files_some = files_in_vnodes(files_all, [1, 2])

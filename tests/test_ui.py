@@ -26,7 +26,7 @@ from dagster._core.definitions.reconstruct import ReconstructableJob
 
 from backfill_assets.core import codec
 from backfill_assets.mv import owned_tables
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA
 from backfill_assets.wiring.checks import CHECK_NAME, PROGRESS_CHECK
 from backfill_assets.wiring.partitions import range_tags, vnode_key

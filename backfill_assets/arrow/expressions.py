@@ -308,7 +308,7 @@ def compile_projection(definition: MVDefinition, upstream_schema: pa.Schema,
     """The definition as Arrow kernels with Spark's results, or None (then Spark evaluates
     it): an expression outside the subset, an unknown or ambiguous column, types mixed
     outside the rules, or a computed type other than Spark's own analysis (``mv_schema``,
-    from `mv_spark.validate_expressions`)."""
+    from `engine.projection.validate_expressions`)."""
     names = [*definition.columns, *(c.name for c in definition.computed), VNODE]
     if mv_schema.names != names or any(c not in upstream_schema.names
                                        for c in (*definition.columns, VNODE)):

@@ -5,16 +5,16 @@ already on the driver (the storage layer reads the feed as Arrow), so netting th
 the Spark jobs (a shuffle for the window, a collect of the keys) that dominate such a barrier.
 
 A chunked barrier's forwarded changes take the same path when they are few: ``visible`` keeps
-the rows each vnode's position already covers (the rule of ``mv_spark.visible_rows``), and for
-those keys the MV holds the row at the vnode's version, which is what ``net_with_prior`` takes
-from the feed as the row before the range.
+the rows each vnode's position already covers (the rule of
+``engine.projection.visible_rows``), and for those keys the MV holds the row at the vnode's
+version, which is what ``net_with_prior`` takes from the feed as the row before the range.
 
 The rule is the one of ``netting.net_changes``: the last change of a key wins (highest
 ``_commit_version``; within one version an insert/update_postimage wins over a
 delete/update_preimage). Netting here also yields what the Spark path reads from the MV
 instead: the row each key held before the range, i.e. its first change when that is a delete
 or a pre-image (a key whose first change is an insert did not exist). The storage layer then
-only looks up where those keys live (``storage.keyed``) and checks the table agrees.
+only looks up where those keys live (``storage.rows.keyed``) and checks the table agrees.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def visible(rows: pa.Table, progress: Mapping[int, VnodeProgress],
     """The rows (with ``vnode``) each vnode's backfill already covers: every row of a Completed
     vnode (or one whose position is the empty vnode's placeholder), the rows of an InProgress
     vnode whose key is at or before its position (``core.changes.is_visible``: the core's key
-    order), none of other vnodes. What ``mv_spark.visible_rows`` keeps, on the driver."""
+    order), none of other vnodes. What ``engine.projection.visible_rows`` keeps, on the driver."""
     if not rows.num_rows:
         return rows
     vnodes = rows.column(VNODE).to_numpy(zero_copy_only=False)

@@ -82,7 +82,7 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     exact = exact_projection(spark, definition, upstream_schema) \
         if upstream_schema is not None else None
     if exact is not None:
-        try:  # the same values as the Spark job below, without one (arrow_expr)
+        try:  # the same values as the Spark job below, without one (arrow/expressions.py)
             return exact.project(before), exact.project(after)
         except NotExact:
             pass
@@ -143,7 +143,7 @@ _EXACT: dict[tuple, ArrowProjection | None] = {}
 
 def exact_projection(spark: SparkSession, definition: MVDefinition,
                      upstream_schema: pa.Schema) -> ArrowProjection | None:
-    """The definition compiled to Arrow kernels whose results are Spark's (`arrow_expr`:
+    """The definition compiled to Arrow kernels whose results are Spark's (`arrow.expressions`:
     a proven subset; its result types checked against Spark's own analysis), or None: then
     only Spark evaluates it. Built once per session, definition and upstream schema."""
     key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())

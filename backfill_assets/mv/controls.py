@@ -4,7 +4,7 @@ over finished vnodes chooses between applying its changes and re-snapshotting th
 
 RisingWave changes these with Pause / Resume / Throttle mutations carried by barriers; here a
 small JSON document beside the MV's tables (local folder or object store, through
-`storage.documents`) is read at every barrier, so a change takes effect at the next barrier
+`storage.store.documents`) is read at every barrier, so a change takes effect at the next barrier
 without restarting anything. Run config of a single run overrides it.
 """
 

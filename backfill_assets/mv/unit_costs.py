@@ -2,7 +2,7 @@
 re-snapshotted (core/cost_choice.py's `UnitCosts`), kept in `unit_costs.json` beside the MV's
 tables.
 
-Why a document beside the tables (through `storage.documents`, like the controls): every run,
+Why a document beside the tables (through `storage.store.documents`, like the controls): every run,
 follower and machine that runs a barrier of this MV reads and refines the same figures, on a
 local folder or an object store; they describe this MV's data and this deployment's engine,
 so a reset keeps them, as it keeps the controls. A write replaces the document whole; two runs

@@ -9,7 +9,7 @@ scan of a few columns and one row per vnode through the shuffle.
 
 Duplicate pks need a group-by over every key (a shuffle of all keys): it runs unless every row
 of the upstream came from the platform's own writer, which refuses them
-(`upstream_layout.keys_kept_unique`: a platform table with the MV's pk whose row-adding commits all
+(`upstream.layout.keys_kept_unique`: a platform table with the MV's pk whose row-adding commits all
 carry its marker). Not caught therefore: duplicates written by another engine in commits the
 log no longer holds.
 

@@ -12,7 +12,7 @@ run termination, Ctrl-C) ends the loop after the barrier in flight has committed
 interrupt abandons it at once (its commits are atomic and recoverable, nothing is
 half-visible). A stop request stays in force until `clear_stop` (`start_follower_job`), so the
 barrier sensor does not restart a follower someone stopped. It is a small document beside the
-MV's tables (`storage.documents`), so it works the same on a local folder and an object store.
+MV's tables (`storage.store.documents`), so it works the same on a local folder and an object store.
 """
 
 from __future__ import annotations

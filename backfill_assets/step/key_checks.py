@@ -8,7 +8,7 @@ rows. A step checks what it reads before it writes anything:
 - the snapshot of vnodes that start in this step (one Spark pass over their rows, once per
   vnode, before their replica or MV rows are written);
 - every snapshot chunk: a null pk or twice the same key, flagged by the chunk's own window
-  (`mv_spark.select_chunk`, the row's key against the previous row's) and read with its
+  (`engine.projection.select_chunk`, the row's key against the previous row's) and read with its
   per-vnode stats, so it costs no extra Spark pass.
 - keys the change chunk inserts into vnodes that already started (`check_inserted_keys`): an
   insert (or a pk change's new key) without a delete of the same key in the same version is
@@ -91,7 +91,7 @@ def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Seque
     """`check_inserted_keys` for a small barrier (change rows on the driver, finished vnodes):
     the inserted keys are counted in the upstream at `version` by reading only the key columns
     of the files whose statistics admit them. Skipped when every row of the upstream came from
-    the platform's writer, which enforces the pk (`upstream_layout.keys_kept_unique`)."""
+    the platform's writer, which enforces the pk (`upstream.layout.keys_kept_unique`)."""
     from backfill_assets import storage
     from backfill_assets.arrow import netting
     from backfill_assets.upstream.layout import keys_kept_unique

@@ -12,7 +12,7 @@ remainder whole, without a sort, in step/bulk_read.py); kill points (`hook`) sit
 commit boundary for the crash tests.
 
 A step whose change rows are few (`keyed_barrier`) keeps them on the driver: they are netted
-in Arrow (`arrow_changes`), the visible ones projected in one small Spark job, and merged on
+in Arrow (`arrow.netting`), the visible ones projected in one small Spark job, and merged on
 read by key lookups (`storage.apply_keyed`, with the chunk's Spark-written rows in the same commit)
 instead of a Spark merge that reads every column of every file a changed key may be in (for
 changes spread over all vnodes, the whole MV). The snapshot chunk, which can be large, stays in
@@ -97,7 +97,7 @@ def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> Ste
 def keyed_barrier(raw: pa.Table | None, special: bool) -> bool:
     """Whether the step's change rows stay on the driver (netted in Arrow, applied by key
     lookups): at most `SMALL_BARRIER_ROWS` of them, and not a replay or a re-snapshot (those
-    take the Spark merge, which `snapshot_read.replacing` builds on)."""
+    take the Spark merge, which `step.bulk_read.replacing` builds on)."""
     return raw is not None and raw.num_rows <= SMALL_BARRIER_ROWS and not special
 
 
@@ -166,7 +166,7 @@ class _Step:
     def run(self, changes: DataFrame | pa.Table | None) -> StepReport:
         """Replicate, forward, read the snapshot chunk, commit the MV, commit progress.
         ``changes``: the step's change rows in Spark, or few of them on the driver (Arrow,
-        `step_changes.on_driver`), or None."""
+        `step.forward.on_driver`), or None."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         source = self.req.mode.source
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
@@ -224,7 +224,7 @@ class _Step:
     def _read_chunk(self, source: SnapshotSource, fresh: list[int]) -> Chunk:
         """The step's snapshot rows. A bulk step whose vnodes all start now (nothing to
         forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
-        phase of its commit (`chunk_reads.arrow_chunk`)."""
+        phase of its commit (`step.chunk.arrow_chunk`)."""
         d, plan, state = self.req.definition, self.plan, self.state
         mv = self._mv_snapshot()
         if not self.strategy.bulk:

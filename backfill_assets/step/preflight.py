@@ -119,7 +119,7 @@ def _pinned_mv_schema(pinned: dict) -> pa.Schema | None:
 
 def _opened(tables: MVTables, d: MVDefinition, version: int | None):
     """The upstream at `version` (its head: metadata and schema without the file list,
-    `storage.log_head`), else the latest."""
+    `storage.delta.log_head`), else the latest."""
     missing = UpstreamNotFound(
         f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
         "with upstream_load_job) or fix `upstream` in the MV definition")

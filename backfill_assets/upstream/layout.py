@@ -17,7 +17,7 @@ def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: i
                 storage_options: Mapping[str, str]) -> bool:
     """Whether the upstream is a platform table arranged by the MV's vnodes (same pk, same
     count, partitioned by vnode): its files then hold one vnode each, and its writer keeps
-    the pk unique and non-null (`upstream.apply_dml`)."""
+    the pk unique and non-null (`upstream.writer.apply_dml`)."""
 
     table = storage.open_head(uri, version, storage_options)
     config = table.metadata().configuration

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from backfill_assets.mv.owned_tables import open_if_exists, read_rows
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.liveness import FOLLOWER_JOB
 from backfill_assets.wiring.run_launcher import worker_pid
 from benchmarks import dagster_dev

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from backfill_assets.storage import objects
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from resources.spark import child_env
 from tests.infra.dagster_cli import execute, mv_yaml
 

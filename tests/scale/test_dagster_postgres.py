@@ -21,7 +21,7 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.sensors import build_barrier_sensor
 from jobs.backfill import MV_TAG
 from resources.mv import load_mv_definition

@@ -32,7 +32,7 @@ class UpstreamSource:
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
                 changes: DataFrame | pa.Table | None, hook: Hook) -> int:
-        # the layout was checked before anything was written (upstream_check)
+        # the layout was checked before anything was written (step/preflight.py)
         hook("after_replica_commit")
         return 0
 

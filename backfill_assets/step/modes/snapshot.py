@@ -1,14 +1,14 @@
 """Snapshot mode (the default for a new MV): one bulk read at a pinned version, committed in
 vnode-range slices, then catch-up from the change feed.
 
-A barrier in snapshot mode is a short sequence of ordinary steps (`step.run_step`, the one step
+A barrier in snapshot mode is a short sequence of ordinary steps (`step.loop.run_step`, the one step
 loop) at ONE upstream version v (the barrier's, pinned for all of them):
 1. the vnodes already Completed forward the change feed (v_k, v] (a first catch-up coalesces
    every version since the snapshot), in steps over vnode ranges of at most
    `catch_up_rows` estimated change rows each (default 16,384; an upstream arranged by the MV's
    vnodes; each step reads only its vnodes' files), so the driver holds a bounded part of
    the writer's volume at a time;
-2. the others are read in bulk (`core.snapshot.BulkPositions`, `snapshot_read`) one slice at a
+2. the others are read in bulk (`core.snapshot.BulkPositions`, `step.bulk_read`) one slice at a
    time: a slice is a contiguous vnode range of about `slice_rows` rows (estimated from the
    upstream's Delta file statistics) and one step, so each slice commit carries its progress
    (app transactions per vnode + the step metadata) and recovery works as for every mode; a
@@ -302,7 +302,7 @@ class BulkSource:
     def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition,
                    key_order: KeyOrder) -> storage.BulkRows | None:
         """The vnodes' whole rows projected by Python tasks alone (no row through the JVM),
-        when the definition compiles to Arrow with Spark's meaning (`mv_spark.
+        when the definition compiles to Arrow with Spark's meaning (`engine.projection.
         exact_projection`) and the upstream is arranged by the MV's vnodes (each task then
         reads one vnode range); None otherwise (the Spark path)."""
         so = ctx.tables.storage_options

@@ -47,7 +47,7 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
 
     The last few ranges read are kept, and ``reuse`` takes the range from them when it is
     there: a no_shuffle barrier reads its range for the changes it forwards, then for its
-    window (storage/cut_window.py), and committed change rows never change. Other reads go
+    window (storage/chunks/cut_window.py), and committed change rows never change. Other reads go
     to the files (a vacuumed range must fail there)."""
     vnodes = None if vnodes is None else sorted({int(x) for x in vnodes})
     key = None if latest.table is None else (
@@ -142,7 +142,7 @@ def metadata_changed(uri: str, first: int, last: int,
     """Whether a commit of versions first..last changes the table's metadata (then the
     configuration of an earlier version may differ from the one at ``last``). ``table``
     (opened at ``last`` or later): the commits are parsed once per process
-    (storage/change_log.py), not at every call."""
+    (storage/delta/change_log.py), not at every call."""
     snap = Snapshot(uri.rstrip("/"), dict(storage_options or {}), table)
     return any("metaData" in a for v in range(first, last + 1) for a in _actions(snap, v))
 

@@ -46,7 +46,8 @@ def read_raw_changes(
     ``_commit_version`` (and ``_commit_timestamp`` unless ``columns`` is given); strings as
     ``string`` (not ``string_view``). ``vnodes`` keeps the rows of those vnodes (a platform
     table with a ``vnode`` column). Read by the storage layer from the log
-    (``storage.changes``), not by delta-rs ``load_cdf`` (it mis-encodes some partition paths).
+    (``storage.rows.change_feed``), not by delta-rs ``load_cdf`` (it mis-encodes some
+    partition paths).
     Raises ChangeFeedDisabled when the change data feed is off at either end of the range,
     HistoryUnavailable when a version of the range is out of the table's history or its files
     were vacuumed, InvalidVersionRange when ``end < start_exclusive`` or

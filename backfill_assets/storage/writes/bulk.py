@@ -3,7 +3,7 @@
 A snapshot-mode bulk step reads every row of its vnodes, projects them through the MV
 definition and writes them. Through Spark that is two crossings between the JVM and Python
 per row plus Spark's own row format in between (round 8: the bulk barrier at 1.8-2.2x a
-clustered refresh). When the transform is exact in Arrow (``arrow_expr``: the MV definition
+clustered refresh). When the transform is exact in Arrow (``arrow.expressions``: the MV definition
 compiled with Spark's semantics), each task here reads a contiguous vnode range (DVs applied,
 partition values from the log, row counts checked: ``read.file_rows``), applies the
 transform, sorts its rows by (vnode, key) and writes them as the MV's files with their
@@ -179,12 +179,12 @@ def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callab
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None,
                 threads: int | None = None) -> BulkWritten:
-    """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
+    """A chunked barrier's snapshot chunk (``chunks.chunk_scan.chunk_tasks``: the rows after each
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
     the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
     tasks may read, which decide where they run (``local_threads``); ``threads``: run them in
-    this process on that many (a reader holding its rows, ``chunk_read.HeldChunk``)."""
+    this process on that many (a reader holding its rows, ``chunks.chunk_scan.HeldChunk``)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)

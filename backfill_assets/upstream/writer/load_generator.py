@@ -23,14 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets import storage
-from backfill_assets.upstream.writer import (
-    DmlBatch,
-    UpstreamSpec,
-    apply_dml,
-    create_upstream,
-    insert_rows,
-    read_upstream_spec,
-)
+from backfill_assets.upstream.spec import UpstreamSpec, create_upstream, read_upstream_spec
+from backfill_assets.upstream.writer.dml import DmlBatch, apply_dml, insert_rows
 
 REGIONS = ("eu", "us", "apac", "latam", "mea")
 _EPOCH_2020 = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
@@ -255,7 +249,7 @@ def run_load(
     first_version = storage.latest_version(uri, storage_options)
     rows_initial = _initial_load(uri, spec, params, storage_options, log) if created else 0
     version, counts = _write_versions(uri, spec, params, weights, storage_options, log, sleep)
-    from backfill_assets.upstream.writer import row_count
+    from backfill_assets.upstream.writer.dml import row_count
 
     return LoadSummary(
         table_uri=uri, created=created, first_version=first_version, last_version=version,
@@ -325,7 +319,7 @@ def _write_versions(uri: str, spec: UpstreamSpec, params: LoadParams, weights: l
 
 def versions_summary(uri: str, storage_options=None, limit: int = 20) -> Iterator[dict]:
     """Per version (newest first, at most ``limit``): operation, row count, DML counts."""
-    from backfill_assets.upstream.writer import row_count
+    from backfill_assets.upstream.writer.dml import row_count
 
     table = storage.open_table(uri, storage_options=storage_options)
     for h in table.history(limit):

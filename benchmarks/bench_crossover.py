@@ -155,7 +155,7 @@ def _case(fraction: float, changes: int, dml: dict, order, trials: dict) -> dict
 
 def _next_base(trials: dict, old):
     """The auto copy goes on, knowing the forced runs' costs too (not twice the one it ran)."""
-    from backfill_assets.mv.unit_costs import record_barrier
+    from backfill_assets.mv.unit_costs import record_cost
 
     auto = trials["auto"]
     for path in ("apply", "resnapshot"):
@@ -164,7 +164,7 @@ def _next_base(trials: dict, old):
             continue
         rows = ran.get("estimated_change_rows" if path == "apply" else "estimated_vnode_rows")
         if rows:
-            record_barrier(auto["tables"], path, int(rows), ran["seconds"])
+            record_cost(auto["tables"], path, int(rows), ran["seconds"])
     for t in ("apply", "resnapshot"):
         shutil.rmtree(os.path.dirname(trials[t]["tables"].root), ignore_errors=True)
     shutil.rmtree(os.path.dirname(old.root), ignore_errors=True)

@@ -31,10 +31,10 @@ from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA
 from backfill_assets.wiring.checks import CHECK_NAME, PROGRESS_CHECK
 from backfill_assets.wiring.partitions import range_tags, vnode_key
 from jobs.dagster_dev import ROOT, dagster_dev, graphql
+from jobs.ports import free_port
 from jobs.workspace_runs import ASSET_JOB, MODULE, run_in_workspace
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
-from tests.infra import procs
 
 VNODES = 8
 ASSETS = """
@@ -152,7 +152,7 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, platform):
     finished, started = vnodes["finished"], vnodes["started"]
     assert finished == {"0", "1", "2", "3"} and started == finished | {"4", "5"}
     with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True,
-                     port=procs.free_port()) as url:
+                     port=free_port()) as url:
         keys = [{"path": [k]} for k in ("upstream_table", "replicated_state", "downstream_mv",
                                         "backfill_progress")]
         nodes = {n["assetKey"]["path"][0]: n

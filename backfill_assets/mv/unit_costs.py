@@ -31,7 +31,7 @@ def read_unit_costs(tables: MVTables) -> UnitCosts:
     return UnitCosts.from_json(doc if isinstance(doc, dict) else None)
 
 
-def record_barrier(tables: MVTables, path: str, rows: int, seconds: float) -> UnitCosts:
+def record_cost(tables: MVTables, path: str, rows: int, seconds: float) -> UnitCosts:
     """Fold one barrier's cost on `path` (APPLY or RESNAPSHOT) into the document; returns the
     costs now kept (unchanged, and nothing written, for a barrier too small to say)."""
     before = read_unit_costs(tables)

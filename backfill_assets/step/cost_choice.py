@@ -36,7 +36,7 @@ from backfill_assets.core.cost_choice import (
     vnode_rows_needed,
 )
 from backfill_assets.core.errors import ChangeFeedDisabled, HistoryUnavailable
-from backfill_assets.mv.unit_costs import read_unit_costs, record_barrier
+from backfill_assets.mv.unit_costs import read_unit_costs, record_cost
 from backfill_assets.step.modes.snapshot import estimate_rows, recovered_progress
 from backfill_assets.step.pacing import merged
 from backfill_assets.step.request import Hook, StepReport, StepRequest
@@ -129,6 +129,6 @@ def _record(req: StepRequest, decision: Decision, report: StepReport, seconds: f
     if report.v_new != decision.version or report.recovered:
         return
     if decision.resnapshot:
-        record_barrier(req.tables, RESNAPSHOT, decision.vnode_rows or 0, seconds)
+        record_cost(req.tables, RESNAPSHOT, decision.vnode_rows or 0, seconds)
     else:
-        record_barrier(req.tables, APPLY, decision.change_rows, seconds)
+        record_cost(req.tables, APPLY, decision.change_rows, seconds)

@@ -32,7 +32,7 @@ surface (``__all__``); the modules it comes from are the layer's inside.
   ``compaction_due`` / ``compact``;
 - bytes that are not Delta: ``objects`` (a local folder or S3: read, write, list,
   ``put_if_absent``), JSON documents (``read_json``, ``write_json``, create-only sequences
-  ``read_sequence`` / ``append_sequence``), ``LRU`` (the one in-process cache
+  ``read_sequence`` / ``append_sequence``), ``table_uri``, ``LRU`` (the one in-process cache
   helper), ``settle_driver_memory``.
 See docs/ARCHITECTURE.md, "The storage layer", and docs/STORAGE.md.
 """
@@ -97,6 +97,7 @@ from backfill_assets.storage.store.documents import (
 from backfill_assets.storage.store.lru import LRU
 from backfill_assets.storage.store.memory import settle_driver_memory
 from backfill_assets.storage.store.objects import StorageOptions
+from backfill_assets.storage.store.uris import table_uri
 from backfill_assets.storage.writes.bulk import (
     BulkRows,
     BulkWritten,
@@ -145,8 +146,8 @@ __all__ = [
     "write_bulk", "write_chunk", "write_copy",
     "DV_KEEP_VERSIONS", "DV_MIN_AGE_SECONDS", "compact", "compaction_due", "maintain",
     # bytes that are not Delta
-    "objects", "StorageOptions", "append_sequence", "read_json", "read_sequence", "write_json",
-    "LRU", "settle_driver_memory",
+    "objects", "StorageOptions", "table_uri", "append_sequence", "read_json", "read_sequence",
+    "write_json", "LRU", "settle_driver_memory",
 ]
 
 

@@ -26,12 +26,17 @@ import pyarrow as pa
 
 from backfill_assets import storage
 from backfill_assets.arrow.types import arrow_type, type_name
-from backfill_assets.core.errors import BackfillError, InvalidUpstreamSpec, NotAnUpstreamTable
+from backfill_assets.core.errors import (
+    BackfillError,
+    InvalidKeyType,
+    InvalidUpstreamSpec,
+    NotAnUpstreamTable,
+)
+from backfill_assets.core.key_types import decimal_precision_scale
 from backfill_assets.core.keys import KeyColumn
 from backfill_assets.core.vnode import (
     DEFAULT_VNODE_COUNT,
     MAX_VNODE_COUNT,
-    decimal_precision_scale,
     normalize_key_type,
     vnode_of,
 )
@@ -120,8 +125,11 @@ class UpstreamSpec:
 
 def _spell_type(typ: str) -> str:
     t = typ.strip().lower()
-    ps = decimal_precision_scale(t)
-    return f"decimal({ps[0]},{ps[1]})" if ps else t
+    try:
+        precision, scale = decimal_precision_scale(t)
+    except InvalidKeyType:
+        return t
+    return f"decimal({precision},{scale})"
 
 
 # --------------------------------------------------------------------------------- create / read

@@ -22,11 +22,13 @@ from backfill_assets import storage
 from backfill_assets.core.errors import (
     BackfillError,
     DuplicatePrimaryKey,
+    InvalidKeyType,
     NullPrimaryKey,
     UnknownColumn,
     WrongColumnType,
 )
-from backfill_assets.core.vnode import decimal_precision_scale, decimal_text
+from backfill_assets.core.key_types import decimal_precision_scale
+from backfill_assets.core.vnode import decimal_text
 from backfill_assets.upstream.spec import VNODE_COLUMN, UpstreamSpec
 
 _INT_BOUNDS = {"int": 2**31, "bigint": 2**63}
@@ -69,9 +71,10 @@ def check_value(column: str, typ: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise wrong("give a Python bool")
         return value
-    ps = decimal_precision_scale(typ)
-    if ps is None:  # pragma: no cover - the spec only admits the types above
-        raise wrong("unsupported type")
+    try:
+        ps = decimal_precision_scale(typ)
+    except InvalidKeyType:  # pragma: no cover - the spec only admits the types above
+        raise wrong("unsupported type") from None
     try:
         text = decimal_text(value, *ps)
     except BackfillError as exc:

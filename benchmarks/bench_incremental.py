@@ -145,7 +145,7 @@ def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:
         if i % 20 == 0:
             print(f"  consecutive barrier {i + 1}/{args.consecutive}: {secs:.2f}s "
                   f"({rep.engine})", flush=True)
-    snap = storage.Snapshot.load(tables.mv)
+    snap = storage.TableVersion.load(tables.mv)
     files = {"files": len(snap.files), "files_with_dv": sum(1 for f in snap.files
                                                            if f.deletion_vector)}
     read_now = _read_seconds(spark, tables.mv)

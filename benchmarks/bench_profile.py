@@ -64,7 +64,7 @@ def worker(args) -> dict:
                                           vnode_count=args.vnodes)
 
     def append_dataframe(df, table) -> int:
-        snap = storage.Snapshot(table.table_uri.removeprefix("file://"), {}, table)
+        snap = storage.TableVersion(table.table_uri.removeprefix("file://"), {}, table)
         intent = owned_tables.intent("p", "x", vnodes, version)
         return storage.append(spark, snap, df, key_names, intent, args.rows).rows_written
 

@@ -59,7 +59,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
 
 def _expected(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int,
               key_names: list[str], key_types: list[str]) -> DataFrame:
-    snap = storage.Snapshot.load(tables.upstream, version, tables.storage_options)
+    snap = storage.TableVersion.load(tables.upstream, version, tables.storage_options)
     if any(f.deletion_vector for f in snap.files):  # delta-rs' add actions do not show DVs
         raise ValueError(f"{tables.upstream} v{version} has deletion vectors: use the oracle")
     files = [snap.file_uri(f.path) for f in snap.files]

@@ -169,7 +169,7 @@ def assert_mv_readers_and_feed(spark, uri: str, key_names: Sequence[str]) -> Non
     query = pa.table(QueryBuilder().register("mv", table).execute("select * from mv").read_all())
     assert _multiset(query) == expected, "QueryBuilder disagrees with scan"
     assert _multiset(pl.read_delta(uri).to_arrow()) == expected, "polars disagrees with scan"
-    spark_rows = storage.read_snapshot(spark, storage.Snapshot.load(uri)).toArrow()
+    spark_rows = storage.read_table_version(spark, storage.TableVersion.load(uri)).toArrow()
     assert _multiset(spark_rows) == expected, "the storage layer's Spark reader disagrees"
     now = {_key(r, key_names): _canon(r) for r in scan.to_pylist()}
     version, before = _SEEN.get(uri, (None, {}))

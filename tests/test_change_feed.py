@@ -317,7 +317,7 @@ def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
     """A no_shuffle barrier reads its change range for the changes it forwards, then for its
     window (``reuse``): the second read takes the rows the first read, not the files. Other
     reads always go to the files: a range whose files are gone fails there."""
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
     from backfill_assets.storage.rows.change_feed import read_change_range
 
     uri = os.path.join(warehouse, "reuse")
@@ -325,7 +325,7 @@ def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
     forwarded = change_range.read_raw_changes(uri, 1, 3)  # the step's read
     for f in glob.glob(os.path.join(uri, "_change_data", "**", "*.parquet"), recursive=True):
         os.remove(f)
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     window = read_change_range(snap, 1, 3, ["id", "v"], reuse=True)
     names = ["id", "v", "_change_type", "_commit_version"]
     rows = lambda t: sorted(tuple(r.values()) for r in t.select(names).to_pylist())  # noqa: E731

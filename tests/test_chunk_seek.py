@@ -83,7 +83,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
         # barriers' change files (each spans every vnode and every key)
         assert scanned[-1] <= VNODES * (CHUNK + 2 * FILE_ROWS) + 2 * CHANGES * (n + 1), scanned
     assert_verified(spark, d, tables)
-    copied = storage.Snapshot.load(tables.replica, None, {})
+    copied = storage.TableVersion.load(tables.replica, None, {})
     one_vnode = [f for f in copied.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
@@ -121,7 +121,7 @@ def test_bulk_key_stats_from_the_log_equal_the_rows(spark, warehouse):
     live.create(rows=120)
     for _ in range(3):
         live.apply(live.random_batch(CHANGES * 3))
-    snap = storage.Snapshot.load(live.uri, None, {})
+    snap = storage.TableVersion.load(live.uri, None, {})
     positions = dict.fromkeys(range(VNODES))
     from_log = storage.vnode_stats_from_log(snap.files, "id", positions)
     assert from_log is not None

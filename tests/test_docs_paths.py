@@ -96,7 +96,7 @@ def _defined(path: pathlib.Path) -> set[str]:
 
 def _layer_name_dead(dotted: str) -> bool:
     """``dotted`` (relative to the package) is not a module, or a module and a name it lacks
-    (an attribute of that name, ``Snapshot.load``, is not checked)."""
+    (an attribute of that name, ``TableVersion.load``, is not checked)."""
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         base = PACKAGE.joinpath(*parts[:n])

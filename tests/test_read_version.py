@@ -44,9 +44,9 @@ def test_read_version_matches_delta(spark, table):
 
 
 def test_read_version_prunes_vnodes(spark, table):
-    from backfill_assets.storage import Snapshot, files_in_vnodes, read_version
+    from backfill_assets.storage import TableVersion, files_in_vnodes, read_version
 
-    files_all = Snapshot.load(table, 2).files
+    files_all = TableVersion.load(table, 2).files
     files_some = files_in_vnodes(files_all, [1, 2])
     assert 0 < len(files_some) < len(files_all)
     rows = _rows(read_version(spark, table, 2, vnodes=[1, 2]))

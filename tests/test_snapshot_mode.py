@@ -209,7 +209,7 @@ def test_a_selection_only_mv_projects_small_barriers_in_arrow_exactly(spark, war
 def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
     """benchmarks.scale_check (per-vnode fingerprints, for sizes the oracle cannot hold) passes
     on an MV the oracle passes, and names the vnode of a row the MV should not hold."""
-    from backfill_assets.storage import Intent, Snapshot, apply_changes, spark_schema
+    from backfill_assets.storage import Intent, TableVersion, apply_changes, spark_schema
     from benchmarks.scale_check import scale_check
 
     live, d, tables = _setup(warehouse, seed=47)
@@ -219,7 +219,7 @@ def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
     assert_verified(spark, d, tables)
     good = scale_check(spark, d, tables)
     assert good["ok"] and good["vnodes"] == VNODES and good["rows"] > 0, good
-    mv = Snapshot.load(tables.mv)
+    mv = TableVersion.load(tables.mv)
     first = pa.table(QueryBuilder().register("t", DeltaTable(tables.mv))
                      .execute("select * from t limit 1").read_all())
     first = first.select(mv.arrow_schema.names).cast(mv.arrow_schema)

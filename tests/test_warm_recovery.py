@@ -13,7 +13,7 @@ from backfill_assets import storage
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress
 from backfill_assets.mv import owned_tables, recovery
-from backfill_assets.storage import KeyedRows, Snapshot, apply_keyed, ensure_mor_table
+from backfill_assets.storage import KeyedRows, TableVersion, apply_keyed, ensure_mor_table
 
 KO = KeyOrder((KeyColumn("id", "bigint"),))
 VNODES = [0, 1, 2, 3]
@@ -52,7 +52,7 @@ def test_app_transactions_from_the_replay_match_delta_rs(tmp_path):
     ensure_mor_table(uri, schema, None, cdf=True, configuration={})
     for version in range(3):  # each commit read once by the incremental replay
         rows = pa.table({"id": [version], "vnode": [version]}, schema=schema)
-        apply_keyed(Snapshot.load(uri), ["id"], owned_tables.intent("m", "mv", [version % 2],
+        apply_keyed(TableVersion.load(uri), ["id"], owned_tables.intent("m", "mv", [version % 2],
                                                                  version), KeyedRows(
             rows.slice(0, 0), rows))
         table = DeltaTable(uri)
@@ -73,7 +73,7 @@ def test_a_table_recreated_at_the_same_uri_is_loaded_afresh(tmp_path):
     again = storage.open_table(uri, 0)
     assert again is not first and again.schema().to_arrow().names == ["b"]
     assert storage.latest_version(uri) == 0
-    assert Snapshot.load(uri).version == 0  # the latest, by a listing
+    assert TableVersion.load(uri).version == 0  # the latest, by a listing
 
 
 def test_a_progress_table_of_earlier_rounds_keeps_its_vnode_partitions(tmp_path):
@@ -110,7 +110,7 @@ def test_a_step_remembered_recovers_as_a_fresh_read_does(tmp_path):
     mv = DeltaTable(mv_uri)
     metadata = {owned_tables.STEP_METADATA_KEY: recovery.step_json(state, VNODES, 5, KO)}
     rows = pa.table({"id": [1], "vnode": [0]}, schema=schema)
-    applied = apply_keyed(Snapshot.load(mv_uri), ["id"],
+    applied = apply_keyed(TableVersion.load(mv_uri), ["id"],
                           owned_tables.intent("m", "mv", VNODES, 5, metadata),
                           KeyedRows(rows.slice(0, 0), rows))
     recovery.write_progress(progress, state, KO, "m", VNODES, 5)
@@ -129,7 +129,7 @@ def test_a_step_remembered_recovers_as_a_fresh_read_does(tmp_path):
     # another commit to the MV: the remembered entry is not the answer at its new version
     recovery._RECOVERED.clear()
     recovery.remember_step(progress, mv, applied.version, "m", KO, VNODES)
-    apply_keyed(Snapshot.load(mv_uri), ["id"], owned_tables.intent("other", "mv", [2], 6),
+    apply_keyed(TableVersion.load(mv_uri), ["id"], owned_tables.intent("other", "mv", [2], 6),
                 KeyedRows(rows.slice(0, 0), pa.table({"id": [2], "vnode": [2]}, schema=schema)))
     moved = recovery.recover_state("m", KO, VNODES, progress, DeltaTable(mv_uri))
     assert len(recovery._RECOVERED) == 2 and moved[0].version(2) == 5
@@ -168,7 +168,7 @@ def test_the_progress_commit_is_not_fsynced_and_the_mv_commit_is(tmp_path, monke
     rows = pa.table({"id": [1], "vnode": [0]}, schema=pa.schema([("id", pa.int64()),
                                                                  ("vnode", pa.int32())]))
     synced.clear()
-    apply_keyed(Snapshot.load(mv_uri), ["id"], owned_tables.intent("m", "mv", [0], 1),
+    apply_keyed(TableVersion.load(mv_uri), ["id"], owned_tables.intent("m", "mv", [0], 1),
                 KeyedRows(rows.slice(0, 0), rows))
     assert len(synced) == 1
     state = BackfillState(KO, VNODES)

@@ -27,7 +27,7 @@ from backfill_assets.core.errors import ConcurrentBackfillRun, TableNotFound, Wa
 from backfill_assets.storage import (
     LRU,
     Intent,
-    Snapshot,
+    TableVersion,
     arrangement_properties,
     arrow_schema,
     ensure_mor_table,
@@ -172,7 +172,7 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
                  vnodes: Iterable[int], storage_options: Mapping[str, str] | None = None
                  ) -> dict[int, int | None]:
     """Per vnode, the upstream version the last commit of `phase` was made at: every app id
-    from one replay of the log (`storage.Snapshot.txn_versions`, incremental in a warm
+    from one replay of the log (`storage.TableVersion.txn_versions`, incremental in a warm
     process) instead of one delta-rs lookup per vnode (256 lookups cost ~0.1 s). A remote
     table without its storage options is asked through delta-rs."""
     if table is None:
@@ -180,7 +180,7 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
     uri = _local(table.table_uri)
     if storage_options is None and not objects.is_local(uri):
         return {v: table.transaction_version(txn_id(mv_name, phase, v)) for v in vnodes}
-    txns = Snapshot(uri, dict(storage_options or {}), table).txn_versions
+    txns = TableVersion(uri, dict(storage_options or {}), table).txn_versions
     return {v: txns.get(txn_id(mv_name, phase, v)) for v in vnodes}
 
 
@@ -221,7 +221,7 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
     """Replace the rows of `vnodes` in `table` with `rows` in one commit (app transactions
     `{mv}/{phase}/{vnode}` at `version`); the new table version."""
     if "vnode" not in table.metadata().partition_columns:
-        snap = Snapshot(_local(table.table_uri), dict(storage_options or {}), table)
+        snap = TableVersion(_local(table.table_uri), dict(storage_options or {}), table)
         keys = pa.table({"vnode": pa.array(sorted(vnodes), rows.schema.field("vnode").type)})
         # a progress commit is not fsynced: the MV commit before it carries the same
         # progress (recovery completes a lost progress commit from it)

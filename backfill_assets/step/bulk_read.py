@@ -73,7 +73,7 @@ def _vnode_stats(rows: DataFrame, key_order: KeyOrder) -> list[dict]:
     return agg.toArrow().to_pylist()
 
 
-def replacing(spark: SparkSession, mv: storage.Snapshot, rows: DataFrame | None,
+def replacing(spark: SparkSession, mv: storage.TableVersion, rows: DataFrame | None,
               vnodes: Sequence[int], key_names: Sequence[str]) -> DataFrame:
     """Keyed changes that turn the MV's rows of `vnodes` into `rows` (the vnodes re-read from
     scratch): every new row upserted (the storage layer skips an upsert equal to the row it

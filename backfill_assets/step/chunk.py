@@ -72,14 +72,14 @@ class Chunk:
 
 
 def snapshot_chunk(ctx: SourceContext, source: ChunkSource, state: BackfillState, plan: StepPlan,
-                   d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
+                   d: MVDefinition, mv: storage.TableVersion | None = None) -> Chunk:
     """Chunked modes: the next chunk after each unfinished vnode's position, read from only
     the files that can hold it (the rows never pass through the driver); per-vnode stats (rows
     read, last key) come back to the driver. no_shuffle's shared limit is cut from the
     candidates' key columns (Arrow path) or from the read tasks' candidates in Spark
     (`first_rows`). ``mv``: write the chunk into it in Arrow when the
     source can (`arrow_seek_chunk`), else project in Spark."""
-    readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
+    readers = [p.vnode for p in plan.vnodes if p.read_table_version]
     if not readers or plan.chunk_limit == 0:
         return Chunk(None, 0, {})
     positions = {v: position(state.current(v)) for v in readers}
@@ -128,7 +128,7 @@ def snapshot_chunk(ctx: SourceContext, source: ChunkSource, state: BackfillState
 
 def arrow_seek_chunk(ctx: SourceContext, source: ChunkSource, positions: dict,
                      state: BackfillState, plan: StepPlan, d: MVDefinition,
-                     mv: storage.Snapshot) -> Chunk | None:
+                     mv: storage.TableVersion) -> Chunk | None:
     """The first phase of a chunked step's commit: the chunk read, projected in Arrow and
     written into ``mv`` by Python tasks that report each vnode's rows and last key. None
     when the definition does not compile to Arrow, or when a pk is null or repeated (the
@@ -171,7 +171,7 @@ def _written_chunk(written: storage.BulkWritten, readers: list[int],
 
 
 def first_chunk(ctx: SourceContext, source: SnapshotSource, d: MVDefinition, plan: StepPlan,
-                mv: storage.Snapshot | None, fresh: list[int]) -> storage.FirstChunk | None:
+                mv: storage.TableVersion | None, fresh: list[int]) -> storage.FirstChunk | None:
     """What a replica's copy may write of this step's chunk: every reading vnode starts now
     (its chunk is the first rows of the copy) and the definition compiles to Arrow."""
     readers = plan.snapshot_vnodes
@@ -187,7 +187,7 @@ def first_chunk(ctx: SourceContext, source: SnapshotSource, d: MVDefinition, pla
 
 
 def bulk_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, plan: StepPlan,
-               d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
+               d: MVDefinition, mv: storage.TableVersion | None = None) -> Chunk:
     """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached).
     ``mv``: the MV to write into when the step has nothing but these rows to commit; vnodes
     read whole are then written by Python tasks alone (`arrow_chunk`) when the definition
@@ -217,7 +217,7 @@ def bulk_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, pl
 
 
 def arrow_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, d: MVDefinition,
-                mv: storage.Snapshot, readers: list[int], keys: DataFrame) -> Chunk | None:
+                mv: storage.TableVersion, readers: list[int], keys: DataFrame) -> Chunk | None:
     """The first phase of a bulk step's commit: the vnodes' rows read, projected in Arrow
     and written into ``mv`` by Python tasks, which report each vnode's rows and last key
     (the step commits the files with the progress they make). None when the upstream or
@@ -254,7 +254,7 @@ def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
 def mv_file_rows(ctx: SourceContext) -> int:
     """Rows per MV data file: sized by the upstream version's rows (the MV holds at most
     those), so a bulk written in slices gets the files the whole table wants."""
-    snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
+    snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
     return storage.file_rows_for(snap.live_rows)
 
 

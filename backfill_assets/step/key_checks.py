@@ -103,7 +103,7 @@ def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Seque
     inserted = netting.inserted_keys(rows, key_names)
     if not inserted.num_rows:
         return
-    snap = storage.Snapshot.load(tables.upstream, version, so)
+    snap = storage.TableVersion.load(tables.upstream, version, so)
     counts = storage.key_counts(snap, inserted, key_names)
     twice = counts.filter(pc.greater(counts.column("count"), 1))
     if twice.num_rows:

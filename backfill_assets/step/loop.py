@@ -118,7 +118,7 @@ class _Step:
     started: float
     replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
     mv_version: int | None = None  # the MV's version after this step's first commit
-    committed: tuple[storage.Snapshot, storage.Applied] | None = None  # its last MV commit
+    committed: tuple[storage.TableVersion, storage.Applied] | None = None  # its last MV commit
     carried_rows: list[dict | None] | None = None  # the progress rows that commit carries
 
     @classmethod
@@ -175,7 +175,7 @@ class _Step:
             check_fresh_keys(self.ctx, fresh)
         self._check_inserted(changes, [v for v in report.vnodes if v not in fresh])
         if not self.replay and not self.req.reset:
-            self.ctx.first_chunk = first_chunk(self.ctx, source, d, plan, self._mv_snapshot(),
+            self.ctx.first_chunk = first_chunk(self.ctx, source, d, plan, self._mv_version(),
                                                fresh)
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         keyed = isinstance(changes, pa.Table)
@@ -187,7 +187,7 @@ class _Step:
         committed = False
         # the forwarded changes alone, positions as they were: only a step that reads
         # snapshot rows can commit twice (a small barrier of finished vnodes does not)
-        before = self._mv_intent(final=False) if any(p.read_snapshot for p in plan.vnodes) \
+        before = self._mv_intent(final=False) if any(p.read_table_version for p in plan.vnodes) \
             else None
         try:
             if not self.replay:
@@ -226,7 +226,7 @@ class _Step:
         forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
         phase of its commit (`step.chunk.arrow_chunk`)."""
         d, plan, state = self.req.definition, self.plan, self.state
-        mv = self._mv_snapshot()
+        mv = self._mv_version()
         if not self.strategy.bulk:
             return snapshot_chunk(self.ctx, source, state, plan, d,
                                   None if self.req.reset else mv)
@@ -234,8 +234,8 @@ class _Step:
         mv = mv if alone else None
         return bulk_chunk(self.ctx, source, state, plan, d, mv)
 
-    def _mv_snapshot(self) -> storage.Snapshot:
-        return storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+    def _mv_version(self) -> storage.TableVersion:
+        return storage.TableVersion(self.req.tables.mv, self.req.tables.storage_options, self.mv)
 
     def _check_inserted(self, changes: DataFrame | pa.Table | None, started: list[int]) -> None:
         """Keys the change rows insert into started vnodes: not held twice by the upstream
@@ -293,8 +293,8 @@ class _Step:
         if forward is None and chunk is None and written is None and not self.req.reset:
             return
         key_order, intent = self.state.key_order, intent or self._mv_intent()
-        snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv) \
-            if self.mv_version is None else storage.Snapshot.load(
+        snap = storage.TableVersion(self.req.tables.mv, self.req.tables.storage_options, self.mv) \
+            if self.mv_version is None else storage.TableVersion.load(
                 self.req.tables.mv, self.mv_version, self.req.tables.storage_options)
 
         def hook(point: str) -> None:
@@ -330,7 +330,7 @@ class _Step:
 
 
 def _compact(ctx: SourceContext, vnodes: Sequence[int],
-             committed: tuple[storage.Snapshot, storage.Applied] | None) -> bool:
+             committed: tuple[storage.TableVersion, storage.Applied] | None) -> bool:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact); whether it ran. After
     an MV commit the step judges that from the version it committed on and what it committed
@@ -341,5 +341,5 @@ def _compact(ctx: SourceContext, vnodes: Sequence[int],
     as the snapshot its step planned on."""
     if committed is not None and not storage.compaction_due(*committed, vnodes):
         return False
-    snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
+    snap = storage.TableVersion.load(ctx.tables.mv, None, ctx.tables.storage_options)
     return storage.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0

@@ -42,7 +42,7 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
 
 def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                      positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
-                     d: MVDefinition, mv: storage.Snapshot, tail: int = 0, shared: bool = False
+                     d: MVDefinition, mv: storage.TableVersion, tail: int = 0, shared: bool = False
                      ) -> tuple[storage.BulkWritten, SeekRead] | None:
     """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the first
     phase of the MV commit, as a bulk step's), with the rows of the files read; None when
@@ -99,9 +99,9 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
 
 
 def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]
-               ) -> tuple[storage.Snapshot, list[storage.DataFile], pa.Table | None]:
+               ) -> tuple[storage.TableVersion, list[storage.DataFile], pa.Table | None]:
     """The table a chunk seeks in, its files to seek, and (a replica) its change rows."""
-    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
+    snap = storage.TableVersion.load(uri, version, ctx.tables.storage_options)
     if replica.VERSION not in snap.arrow_schema.names:
         return snap, snap.files, None
     return snap, replica.base_files(snap), replica.read_changes(snap, vnodes)

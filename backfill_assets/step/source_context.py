@@ -74,7 +74,7 @@ class ChunkSource(SnapshotSource, Protocol):
         files read."""
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.TableVersion,
                     tail: int = 0, shared: bool = False
                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
         """The same chunk projected in Arrow and written into ``mv`` by Python tasks (not

@@ -7,11 +7,11 @@ surface (``__all__``); the modules it comes from are the layer's inside.
   HistoryUnavailable), ``create_table``, ``latest_version``, ``read_table``, ``arrow_schema``,
   the table properties the platform sets (``PK_PROPERTY``, ``VNODE_COUNT_PROPERTY``,
   ``arrangement_properties``), column mapping (``column_mapping``, ``column_identities``);
-- a table version by log replay: ``Snapshot.load(uri, version, storage_options)`` (protocol
+- a table version by log replay: ``TableVersion.load(uri, version, storage_options)`` (protocol
   checked, files, typed partition values, deletion vectors; ``check_readable``), its head
   without a file list (``open_head``, ``TableHead``), the wait for a table's next commit
   (``wait_for_commit``: the follower);
-- ``read_version`` / ``read_snapshot``: a version's live rows into Spark (DVs applied, column
+- ``read_version`` / ``read_table_version``: a version's live rows into Spark (DVs applied, column
   mapping, partition values from the log, row counts checked against the log);
 - ``read_raw_changes``: the change feed of a version range as Arrow (named history errors);
   ``change_rows_by_vnode`` / ``estimate_change_rows``: its size from the log alone;
@@ -76,7 +76,7 @@ from backfill_assets.storage.delta.delta_rs import (
     vnode_predicate,
     vnodes_for,
 )
-from backfill_assets.storage.delta.log import DataFile, Snapshot, check_readable
+from backfill_assets.storage.delta.log import DataFile, TableVersion, check_readable
 from backfill_assets.storage.delta.log_head import TableHead, open_head
 from backfill_assets.storage.delta.log_wait import wait_for_commit
 from backfill_assets.storage.delta.mor_tables import ensure_mor_table, open_mor_table
@@ -85,7 +85,7 @@ from backfill_assets.storage.rows import key_cache, replica
 from backfill_assets.storage.rows.change_range import read_raw_changes
 from backfill_assets.storage.rows.commit import Intent
 from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
-from backfill_assets.storage.rows.scan import parallelism, read_snapshot
+from backfill_assets.storage.rows.scan import parallelism, read_table_version
 from backfill_assets.storage.rows.spark_types import col, spark_schema, spark_type
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.documents import (
@@ -131,10 +131,10 @@ __all__ = [
     "partition_columns", "read_table", "table_configuration", "table_exists", "vnode_predicate",
     "vnodes_for", "ensure_mor_table", "open_mor_table",
     # a version by log replay, its head, its next commit
-    "DataFile", "Snapshot", "check_readable", "TableHead", "open_head", "wait_for_commit",
+    "DataFile", "TableVersion", "check_readable", "TableHead", "open_head", "wait_for_commit",
     "VNODE", "files_in_vnodes", "vnode_stats_from_log",
     # rows in and out
-    "read_version", "read_snapshot", "parallelism", "col", "spark_schema", "spark_type",
+    "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",
     "read_raw_changes", "change_rows_by_vnode", "estimate_change_rows",
     "Intent", "KeyedRows", "key_counts", "replace_keyed", "key_cache", "replica",
     # chunk reads
@@ -158,7 +158,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
     """The rows of ``version`` (latest when None) of the table at ``uri``: the columns of
     ``schema`` (default: all) with its types, restricted to ``vnodes`` when given (files pruned
     by their vnode partition or statistics; the table then needs a ``vnode`` column)."""
-    snap = Snapshot.load(uri, version, storage_options)
+    snap = TableVersion.load(uri, version, storage_options)
     columns = schema.names if schema is not None else snap.arrow_schema.names
     files = snap.files
     wanted = None
@@ -167,7 +167,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
             raise ValueError(f"read_version of {uri} with vnodes needs a {VNODE!r} column")
         wanted = sorted({int(v) for v in vnodes})
         files = files_in_vnodes(files, wanted)
-    df = read_snapshot(spark, snap, columns, files, cluster_keys=cluster_keys)
+    df = read_table_version(spark, snap, columns, files, cluster_keys=cluster_keys)
     if schema is not None:
         df = df.select(*[col(f.name).cast(spark_type(f.type)).alias(f.name)
                          for f in schema])
@@ -207,5 +207,5 @@ def _change_rows(uri: str, start_exclusive: int, end: int,
     from backfill_assets.storage.rows.change_feed import change_rows
 
     so = dict(storage_options or {})
-    return change_rows(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive,
+    return change_rows(TableVersion(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive,
                        end, column)

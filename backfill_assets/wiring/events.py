@@ -108,5 +108,5 @@ def summary_metadata(d: MVDefinition, tables: MVTables, report: StepReport, figs
 
 def mv_rows(tables: MVTables) -> int:
     """Live rows of the MV's latest version, from its log (file row counts less their DVs)."""
-    snap = storage.Snapshot.load(tables.mv, None, tables.storage_options)
+    snap = storage.TableVersion.load(tables.mv, None, tables.storage_options)
     return sum(f.live_records or 0 for f in snap.files)

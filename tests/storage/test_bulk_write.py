@@ -24,7 +24,7 @@ from backfill_assets.storage import (
     BulkRows,
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     TransformRefused,
     apply_changes,
     apply_keyed,
@@ -43,20 +43,20 @@ VNODES = 8
 BY_ID = KeyOrder((KeyColumn("id", "bigint"),))
 
 
-def _source(spark, uri: str, rows: list[dict], deleted: list[int]) -> Snapshot:
+def _source(spark, uri: str, rows: list[dict], deleted: list[int]) -> TableVersion:
     """A merge-on-read table of ``rows`` (small files, so vnodes span several), then the keys
     ``deleted`` deleted by DVs."""
     ensure_mor_table(uri, SOURCE, None, cdf=False,
                      configuration={"backfill.vnodeCount": str(VNODES)})
     seed = spark.createDataFrame(pa.Table.from_pylist(rows, SOURCE).to_pylist(),
                                  "id long, name string, qty int, vnode int")
-    apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/src/0": 0}), inserts=seed,
+    apply_changes(spark, TableVersion.load(uri), ["id"], Intent({"t/src/0": 0}), inserts=seed,
                   rows_hint=len(rows), file_rows=7)
     gone = [r for r in rows if r["id"] in set(deleted)]
     if gone:
-        apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/src/0": 1}),
+        apply_keyed(TableVersion.load(uri), ["id"], Intent({"t/src/0": 1}),
                     KeyedRows(pa.Table.from_pylist(gone, SOURCE), SOURCE.empty_table()))
-    return Snapshot.load(uri)
+    return TableVersion.load(uri)
 
 
 @pytest.fixture(params=["threads here", "spark tasks"])
@@ -68,10 +68,10 @@ def where(request, monkeypatch) -> str:
     return request.param
 
 
-def _target(uri: str) -> Snapshot:
+def _target(uri: str) -> TableVersion:
     ensure_mor_table(uri, BULK_TARGET, None, cdf=True,
                      configuration={"backfill.vnodeCount": str(VNODES)})
-    return Snapshot.load(uri)
+    return TableVersion.load(uri)
 
 
 def _parquet_files(uri: str) -> set[str]:
@@ -110,7 +110,7 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, w
     got = sorted((r["id"], r["name"], r["twice"], r["vnode"]) for r in table.to_pylist())
     assert got == expected
     assert table.schema.field("twice").type == pa.int64()
-    for f in Snapshot.load(dst.uri).files:  # each file: (vnode, id) order, exact bounds
+    for f in TableVersion.load(dst.uri).files:  # each file: (vnode, id) order, exact bounds
         part = pq.read_table(os.path.join(dst.uri, f.path))
         keys = list(zip(part.column("vnode").to_pylist(), part.column("id").to_pylist(),
                         strict=True))
@@ -118,10 +118,10 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, w
         assert f.num_records == part.num_rows
         assert (f.stats[("min", "id")], f.stats[("max", "id")]) == (min(k for _, k in keys),
                                                                     max(k for _, k in keys))
-    _check_kept_keys(Snapshot.load(dst.uri), where)
+    _check_kept_keys(TableVersion.load(dst.uri), where)
 
 
-def _check_kept_keys(snap: Snapshot, where: str) -> None:
+def _check_kept_keys(snap: TableVersion, where: str) -> None:
     """Tasks in threads here hand each file's keys to the key cache exactly as a read of the
     file would give them (the next lookup reads none); Spark tasks hand none (their cache is
     another process's)."""
@@ -145,7 +145,7 @@ def test_a_refused_transform_leaves_nothing(spark, tmp_path, where):
     bulk_rows = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
     with pytest.raises(TransformRefused, match="'refuse' is not handled"):
         write_bulk(spark, bulk_rows, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
-    assert (_parquet_files(dst.uri), Snapshot.load(dst.uri).version) == before
+    assert (_parquet_files(dst.uri), TableVersion.load(dst.uri).version) == before
 
 
 def test_a_repeated_key_is_reported_and_nothing_written(spark, tmp_path):

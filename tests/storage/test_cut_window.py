@@ -22,7 +22,7 @@ from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.storage import (
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     apply_keyed,
     chunk_files,
     ensure_mor_table,
@@ -59,7 +59,7 @@ class _Upstream:
     def change(self, before: list[dict], after: list[dict]) -> None:
         """Our writer's commit: ``before`` rows deleted, ``after`` rows inserted."""
         self.commits += 1
-        apply_keyed(Snapshot.load(self.uri), list(self.key_order.names),
+        apply_keyed(TableVersion.load(self.uri), list(self.key_order.names),
                     Intent({"t/up/0": self.commits}), KeyedRows(_table(before), _table(after)))
         gone = {self.key(r) for r in before}
         self.rows = [r for r in self.rows if self.key(r) not in gone] + after
@@ -78,7 +78,7 @@ class _Upstream:
 
 
 def _barrier(up: _Upstream, run: list[int], pos: tuple | None, limit: int, reads: list):
-    snap = Snapshot.load(up.uri)
+    snap = TableVersion.load(up.uri)
     positions = dict.fromkeys(run, pos)
 
     def pick(n: int):

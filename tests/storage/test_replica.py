@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.positions import chunk_window, rows_to_see
-from backfill_assets.storage import Intent, Snapshot, chunk_files, chunk_tasks, ensure_mor_table
+from backfill_assets.storage import Intent, TableVersion, chunk_files, chunk_tasks, ensure_mor_table
 from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.rows import replica
 from backfill_assets.storage.rows.commit import Change, commit
@@ -79,11 +79,11 @@ def _build(uri: str, base: dict, key_order: KeyOrder = KEYS, exact: bool = False
                             max_rows_per_file=file_rows, key_sort=[
                                 (c.name, "descending" if c.descending else "ascending")
                                 for c in key_order.columns] if exact else None)
-    commit(Snapshot.load(uri, None, {}), Change(adds=adds), Intent())
+    commit(TableVersion.load(uri, None, {}), Change(adds=adds), Intent())
 
 
 def _append(uri: str, batch: dict, version: int) -> None:
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     after = [_row(v, k, val) for (v, k), val in batch.items() if val is not None]
     gone = [_row(v, k, 0) for (v, k), val in batch.items() if val is None]
     replica.append_changes(snap, replica.change_rows(pa.Table.from_pylist(after, DATA),
@@ -100,7 +100,7 @@ def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS, tai
 def _read_cut(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS,
               tail: int = 0) -> tuple[dict[int, list[dict]], set[int]]:
     """One chunk read and the vnodes it exhausted."""
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     changes = replica.read_changes(snap, positions)
     picked = chunk_files(replica.base_files(snap), key_order, positions, rows_to_see(limit, tail),
                          False, replica.tombstones(changes))
@@ -155,10 +155,10 @@ def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, hist
     rest = _model(base, batches, positions, key_order)
     got, exhausted = _read_cut(uri, positions, limit, key_order, tail)
     _check_chunks(got, exhausted, rest, limit, tail, positions)
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     assert not any(f.deletion_vector for f in snap.files)  # the base is never rewritten
     if replica.merge_changes(snap, key_order, Intent()):
-        folded = Snapshot.load(uri, None, {})
+        folded = TableVersion.load(uri, None, {})
         assert len(replica.change_files(folded)) == 1
         assert _read_cut(uri, positions, limit, key_order, tail) == (got, exhausted)
 
@@ -231,10 +231,10 @@ def test_change_files_are_folded_past_the_limit(tmp_path):
     _build(uri, {v: {(1, "x"): 1} for v in range(VNODES)})
     for version in range(2, replica.MAX_CHANGE_FILES + 3):
         _append(uri, {(0, (version, "y")): version, (1, (1, "x")): None}, version)
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     assert len(replica.change_files(snap)) == replica.MAX_CHANGE_FILES + 1
     assert replica.merge_changes(snap, KEYS, Intent())
-    after = Snapshot.load(uri, None, {})
+    after = TableVersion.load(uri, None, {})
     changes = replica.read_changes(after)
     assert len(replica.change_files(after)) == 1
     assert changes.num_rows == replica.MAX_CHANGE_FILES + 2  # one row per key: the newest
@@ -251,7 +251,7 @@ def test_a_replica_from_before_the_version_columns_is_given_them(tmp_path):
     table = ensure_mor_table(uri, DATA, {}, cdf=False,
                              configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
     old = pa.Table.from_pylist([_row(0, (k, "x"), k) for k in range(5)], DATA)
-    commit(Snapshot.load(uri, None, {}), Change(adds=write_table(old, uri, {}, DATA)), Intent())
+    commit(TableVersion.load(uri, None, {}), Change(adds=write_table(old, uri, {}, DATA)), Intent())
     table.update_incremental()
     replica.with_version_columns(table)
     _append(uri, {(0, (1, "x")): None, (0, (2, "x")): 20, (0, (9, "x")): 9}, 7)
@@ -266,7 +266,7 @@ def test_exact_key_bounds_reach_the_log_and_narrow_a_composite_seek(tmp_path):
     uri = str(tmp_path / "t")
     rows = {(a, b): a for a in range(12) for b in ("x", "y")}
     _build(uri, {0: rows, 1: {}, 2: {}, 3: {}}, KEYS, exact=True)
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     tags = [json.loads(f.add_action["tags"]["backfill.keyBounds"]) for f in snap.files]
     assert sorted(tags) == sorted([list(map(list, [k[0], k[-1]])) for k in (
         sorted(rows, key=KEYS.sort_key)[i:i + FILE_ROWS]
@@ -300,11 +300,11 @@ def test_a_fold_that_loses_the_race_leaves_nothing(tmp_path):
     _build(uri, {v: {(1, "x"): 1} for v in range(VNODES)})
     for version in range(2, replica.MAX_CHANGE_FILES + 3):
         _append(uri, {(version % VNODES, (version, "y")): version}, version)
-    stale = Snapshot.load(uri, None, {})
+    stale = TableVersion.load(uri, None, {})
     want = _read(uri, dict.fromkeys(range(VNODES)), 100)
-    assert replica.merge_changes(Snapshot.load(uri, None, {}), KEYS, Intent())
+    assert replica.merge_changes(TableVersion.load(uri, None, {}), KEYS, Intent())
     assert not replica.merge_changes(stale, KEYS, Intent())
-    after = Snapshot.load(uri, None, {})
+    after = TableVersion.load(uri, None, {})
     assert len(replica.change_files(after)) == 1
     on_disk = {p.name for p in (tmp_path / "t").glob("change-*.parquet")}
     live = {f.path for f in after.files}

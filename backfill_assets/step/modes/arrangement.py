@@ -70,9 +70,9 @@ class ReplicaSource:
         alone when the upstream is arranged by the MV's vnodes (each reads a vnode range,
         sorts it by key and writes one-vnode files), else through Spark."""
         so = ctx.tables.storage_options
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, so)
         intent = owned_tables.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        target = storage.Snapshot(ctx.tables.replica, so, table)
+        target = storage.TableVersion(ctx.tables.replica, so, table)
         seek_rows = int(target.configuration.get(storage.SEEK_ROWS_PROPERTY)
                         or storage.seek_file_rows(ctx.chunk_limit))
         data = replica_schema(ctx.upstream_schema)
@@ -92,13 +92,13 @@ class ReplicaSource:
                                              split_column=VNODE, key_bounds=True)
             if written.bad_keys:
                 written.discard()
-                check_snapshot_keys(ctx.with_vnode(storage.read_snapshot(
+                check_snapshot_keys(ctx.with_vnode(storage.read_table_version(
                     ctx.spark, snap, ctx.upstream_schema.names)).where(
                     owned_tables.vnode_in(vnodes)), ctx.key_names, ctx.tables.upstream, ctx.v_new)
                 raise AssertionError("the replica's tasks flagged a pk the key check did not find")
             storage.commit_written(target, intent, written)
             return sum(f.rows for f in written.files)
-        up = storage.read_snapshot(ctx.spark, snap, ctx.upstream_schema.names)
+        up = storage.read_table_version(ctx.spark, snap, ctx.upstream_schema.names)
         up = ctx.with_vnode(up).where(owned_tables.vnode_in(vnodes))
         up = up.withColumn(replica.VERSION, F.lit(ctx.v_new).cast("long")).withColumn(
             replica.DELETED, F.lit(False))
@@ -111,7 +111,7 @@ class ReplicaSource:
         """Append the change chunk (d_k, v_new] of every vnode k, netted per key, as change
         rows as of v_new (few change rows: netted in Arrow on the driver; else in Spark)."""
         intent = owned_tables.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
-        target = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+        target = storage.TableVersion(ctx.tables.replica, ctx.tables.storage_options, table)
         schema = target.arrow_schema
         if isinstance(changes, pa.Table):
             from backfill_assets.arrow.netting import net_with_prior, newer_than
@@ -128,7 +128,7 @@ class ReplicaSource:
                                  F.lit(ctx.v_new).cast("long").alias(replica.VERSION),
                                  (F.col(OP) == "delete").alias(replica.DELETED))
         written = replica.append_changes(target, rows, intent)
-        replica.merge_changes(storage.Snapshot.load(target.uri, None, target.storage_options),
+        replica.merge_changes(storage.TableVersion.load(target.uri, None, target.storage_options),
                               ctx.key_order, storage.Intent())
         return written
 
@@ -137,7 +137,7 @@ class ReplicaSource:
         return seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, shared)
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.TableVersion,
                     tail: int = 0, shared: bool = False
                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
         return write_seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, d,

@@ -42,7 +42,7 @@ class UpstreamSource:
                           shared)
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.TableVersion,
                     tail: int = 0, shared: bool = False
                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
         return write_seek_chunk(ctx, ctx.tables.upstream, ctx.v_new, positions, key_order,

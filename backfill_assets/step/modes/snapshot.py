@@ -311,7 +311,7 @@ class BulkSource:
         projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
         if projection is None:
             return None
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, so)
         return storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
                                 projection, key_order, NotExact)
 
@@ -327,7 +327,7 @@ class BulkSource:
         so = ctx.tables.storage_options
         if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
             return None
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, so)
         single = key_order.columns[0]
         if unique_keys and len(key_order.columns) == 1 and not single.descending \
                 and single.type in ("int", "bigint") \

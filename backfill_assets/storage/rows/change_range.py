@@ -26,7 +26,7 @@ from backfill_assets.storage.delta.delta_rs import (
     is_missing_history,
     latest_version,
 )
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.delta.log_head import open_head
 from backfill_assets.storage.rows.change_feed import metadata_changed, read_change_range
 
@@ -60,7 +60,7 @@ def read_raw_changes(
     if end == start_exclusive:
         return _empty_changes(dt, wanted)
     try:
-        table = read_change_range(Snapshot(uri.rstrip("/"), dict(storage_options or {}), dt),
+        table = read_change_range(TableVersion(uri.rstrip("/"), dict(storage_options or {}), dt),
                                   start_exclusive, end, wanted, vnodes)
     except (DeltaError, OSError, pa.ArrowException) as exc:
         if is_missing_history(exc):

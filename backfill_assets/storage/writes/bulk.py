@@ -51,7 +51,7 @@ from backfill_assets.storage.chunks.chunk_scan import (
 )
 from backfill_assets.storage.chunks.chunk_task import ranked
 from backfill_assets.storage.chunks.row_order import in_sort_order, sorted_rows
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.scan import (
     READ_TASK_ROWS,
@@ -94,7 +94,7 @@ class BulkRows:
     columns), sorted by (vnode, key in ``key_order``). ``refusal``: the exception type by
     which the transform refuses rows."""
 
-    snap: Snapshot
+    snap: TableVersion
     vnodes: tuple[int, ...]
     columns: tuple[str, ...]
     transform: BulkTransform

@@ -42,8 +42,8 @@ from backfill_assets.core.expressions import (
     parse,
 )
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import VNODE
 
-VNODE = "vnode"
 MAX_PRECISION = 38
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _INT_DIGITS = {pa.int8(): 3, pa.int16(): 5, pa.int32(): 10, pa.int64(): 20}

@@ -28,11 +28,10 @@ import pyarrow.compute as pc
 
 from backfill_assets.core.changes import is_visible
 from backfill_assets.core.keys import KeyOrder
-from backfill_assets.core.names import RANK, ROW_NUMBER
+from backfill_assets.core.names import RANK, ROW_NUMBER, VNODE
 from backfill_assets.core.progress import Completed, InProgress, VnodeProgress
 from backfill_assets.core.vnode import vnodes_of
 
-VNODE = "vnode"
 CHANGE_TYPE, VERSION = "_change_type", "_commit_version"
 UPSERT_TYPES = ("insert", "update_postimage")
 

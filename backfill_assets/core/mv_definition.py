@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from backfill_assets.core.codec import RESERVED_COLUMNS
 from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
-from backfill_assets.core.names import name_problems
+from backfill_assets.core.names import VNODE, name_problems
 from backfill_assets.core.progress import is_count
 from backfill_assets.core.snapshot import CATCH_UP_STEP_ROWS, DEFAULT_SLICE_ROWS
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
 MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
-VNODE_COLUMN = "vnode"
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
            "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows")
@@ -88,7 +87,7 @@ class MVDefinition:
     @property
     def output_columns(self) -> tuple[str, ...]:
         """Selected columns, computed columns, then the vnode column (always added)."""
-        return (*self.columns, *(c.name for c in self.computed), VNODE_COLUMN)
+        return (*self.columns, *(c.name for c in self.computed), VNODE)
 
     def recorded(self) -> dict[str, object]:
         """What the MV's rows depend on, as plain data recorded with its state: the upstream,
@@ -176,13 +175,13 @@ class MVDefinition:
             out.append(
                 f"columns must be a non-empty list of column names (got {list(self.columns)})"
             )
-        if VNODE_COLUMN in self.columns:
+        if VNODE in self.columns:
             out.append(
-                f"{VNODE_COLUMN!r} is computed by the platform for every MV row (an upstream "
+                f"{VNODE!r} is computed by the platform for every MV row (an upstream "
                 f"column of that name is not carried): remove it from columns"
             )
         unknown = [c for c in self.columns
-                   if c not in upstream and c not in bad and c != VNODE_COLUMN]
+                   if c not in upstream and c not in bad and c != VNODE]
         if unknown:
             out.append(f"unknown columns {unknown}: pick from the upstream's columns ({available})")
         pk_names = [c.name for c in self.primary_key]
@@ -207,7 +206,7 @@ class MVDefinition:
         if dupes:
             out.append(
                 f"output column names {dupes} appear more than once (names are "
-                f"case-insensitive; {VNODE_COLUMN!r} is always added): rename them"
+                f"case-insensitive; {VNODE!r} is always added): rename them"
             )
         upstream_lower = {u.lower() for u in upstream}
         for c in self.computed:

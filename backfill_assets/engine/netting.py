@@ -14,7 +14,7 @@ from backfill_assets import storage
 from backfill_assets.arrow.types import type_name
 from backfill_assets.core.names import OP, RANK, ROW_NUMBER
 from backfill_assets.core.vnode import spark_vnode_sql
-from backfill_assets.storage import VNODE_COLUMN, col, spark_schema
+from backfill_assets.storage import VNODE, col, spark_schema
 
 __all__ = ["net_changes", "read_changes", "vnode_column", "with_vnode"]
 
@@ -33,7 +33,7 @@ def vnode_column(key_columns: Sequence[Any], vnode_count: int) -> Column:
 def with_vnode(df: DataFrame, key_names: Sequence[str], key_types: Sequence[str],
                vnode_count: int) -> DataFrame:
     """``df`` with its ``vnode`` column (re)computed from the key."""
-    return df.withColumn(VNODE_COLUMN, F.expr(spark_vnode_sql(key_names, key_types, vnode_count)))
+    return df.withColumn(VNODE, F.expr(spark_vnode_sql(key_names, key_types, vnode_count)))
 
 
 def net_changes(df: DataFrame, key_names: Sequence[str]) -> DataFrame:
@@ -73,7 +73,7 @@ def read_changes(
     key_types = [type_name(schema.field(k).type) for k in key_names]
     vnode_list = sorted({int(v) for v in vnodes}) if vnodes is not None else None
     platform_vnodes = (
-        VNODE_COLUMN in schema.names
+        VNODE in schema.names
         and storage.PK_PROPERTY in config
         and [str(k) for k in key_names] == _json_list(config[storage.PK_PROPERTY])
         and str(config.get(storage.VNODE_COUNT_PROPERTY)) == str(vnode_count)
@@ -86,7 +86,7 @@ def read_changes(
     if not platform_vnodes:
         df = with_vnode(df, key_names, key_types, vnode_count)
     if vnode_list is not None:
-        df = df.where(F.col(VNODE_COLUMN).isin(vnode_list))
+        df = df.where(F.col(VNODE).isin(vnode_list))
     return net_changes(df, key_names)
 
 

@@ -57,7 +57,6 @@ from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY, chunk_files,
 from backfill_assets.storage.chunks.shared_cut import SharedCut, shared_cut
 from backfill_assets.storage.delta.delta_rs import (
     PK_PROPERTY,
-    VNODE_COLUMN,
     VNODE_COUNT_PROPERTY,
     arrangement_properties,
     arrow_schema,
@@ -125,7 +124,7 @@ from backfill_assets.storage.writes.replica_copy import FirstChunk, write_copy
 
 __all__ = [
     # tables by delta-rs, and their properties
-    "PK_PROPERTY", "VNODE_COLUMN", "VNODE_COUNT_PROPERTY", "arrangement_properties",
+    "PK_PROPERTY", "VNODE_COUNT_PROPERTY", "arrangement_properties",
     "arrow_schema", "change_feed_enabled", "check_commits_safe", "column_identities",
     "column_mapping", "commit_properties", "create_table", "latest_version", "open_table",
     "partition_columns", "read_table", "table_configuration", "table_exists", "vnode_predicate",

@@ -27,7 +27,7 @@ def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: i
         return False
     return (pk == list(key_names)
             and str(config.get(storage.VNODE_COUNT_PROPERTY)) == str(vnode_count)
-            and storage.VNODE_COLUMN in storage.partition_columns(table))
+            and storage.VNODE in storage.partition_columns(table))
 
 
 # Operations that add no row another engine could have duplicated a key with.

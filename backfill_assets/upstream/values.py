@@ -29,7 +29,7 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.key_types import decimal_precision_scale
 from backfill_assets.core.vnode import decimal_text
-from backfill_assets.upstream.spec import VNODE_COLUMN, UpstreamSpec
+from backfill_assets.upstream.spec import VNODE, UpstreamSpec
 
 _INT_BOUNDS = {"int": 2**31, "bigint": 2**63}
 
@@ -154,7 +154,7 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
     schema = spec.arrow_schema()
     arrays = []
     for f in schema:
-        if f.name == VNODE_COLUMN:
+        if f.name == VNODE:
             continue
         if f.name not in rows.column_names:
             if f.name in spec.primary_key:
@@ -174,7 +174,7 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
                 f"{str(exc).splitlines()[0]}"
             ) from None
     pk = list(spec.primary_key)
-    data_schema = pa.schema([f for f in schema if f.name != VNODE_COLUMN])
+    data_schema = pa.schema([f for f in schema if f.name != VNODE])
     data = pa.Table.from_arrays(arrays, schema=data_schema)
     if data.num_rows:
         counts = data.select(pk).group_by(pk).aggregate([([], "count_all")])
@@ -185,4 +185,4 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
                 f"{dup.select(pk).slice(0, 1).to_pylist()[0]}"
             )
     vnodes = storage.vnodes_for(data, spec.key_columns, spec.vnode_count)
-    return data.append_column(schema.field(VNODE_COLUMN), vnodes)
+    return data.append_column(schema.field(VNODE), vnodes)

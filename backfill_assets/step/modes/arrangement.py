@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from backfill_assets import storage
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import OP
+from backfill_assets.core.names import OP, VNODE
 from backfill_assets.core.positions import PerVnodePositions
 from backfill_assets.engine import netting
 from backfill_assets.mv import owned_tables
@@ -29,8 +29,6 @@ from backfill_assets.step.seek_chunk import replica_schema, seek_chunk, write_se
 from backfill_assets.step.source_context import SeekRead, SourceContext
 from backfill_assets.storage import col, replica
 from backfill_assets.upstream.layout import same_vnodes
-
-VNODE = "vnode"
 
 
 class ReplicaSource:

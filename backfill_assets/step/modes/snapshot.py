@@ -43,6 +43,7 @@ from backfill_assets.arrow.expressions import NotExact
 from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import VNODE
 from backfill_assets.core.progress import NotStarted
 from backfill_assets.core.snapshot import (
     BULK_LIMIT,
@@ -67,7 +68,6 @@ from backfill_assets.upstream.layout import same_vnodes
 
 MAX_CATCH_UP_ROUNDS = 8
 CHUNKED_PATH = ARRANGEMENT  # a rate limit or a pause: arrangement's steps
-VNODE = "vnode"
 
 
 def run_snapshot_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> StepReport:

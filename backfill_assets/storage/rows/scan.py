@@ -22,6 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.core import names
 from backfill_assets.core.errors import StorageMismatch
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import vnode_span
@@ -30,7 +31,6 @@ from backfill_assets.storage.store import objects
 
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
 ROW_COLUMN = names.ROW  # its physical row index in that file
-VNODE = "vnode"
 MAX_READ_TASKS = 512
 # rows a read task holds, about: a Python task costs ~50 ms to start, so one task per small file
 # (the 256-file upstream of a vnode-partitioned writer) made reads 6-10x slower than Spark's

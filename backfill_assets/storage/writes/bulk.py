@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.chunks.chunk_scan import (
     BAD_KEY,
     RN,
@@ -63,7 +64,6 @@ from backfill_assets.storage.rows.spark_types import exchange_schema
 from backfill_assets.storage.rows.write import MANIFEST, FileWriter, NewFile, check_written
 from backfill_assets.storage.store import objects
 
-VNODE = "vnode"
 LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
 LOCAL_THREADS = 2
 BULK_ROWS_HERE = 1 << 19  # rows a bulk task reads when it runs in a thread here

@@ -29,7 +29,7 @@ from backfill_assets import storage
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.errors import DuplicatePrimaryKey, MissingPrimaryKey, WrongColumnType
 from backfill_assets.core.vnode import canonical_key_text
-from backfill_assets.upstream.spec import VNODE_COLUMN, UpstreamSpec, read_upstream_spec
+from backfill_assets.upstream.spec import VNODE, UpstreamSpec, read_upstream_spec
 from backfill_assets.upstream.values import RowChecker, conform_rows
 
 
@@ -165,7 +165,7 @@ def _source_table(spec: UpstreamSpec, changes: list[_Change]) -> pa.Table:
     cols["_op"] = pa.array([ch.op for ch in changes], pa.string())
     for c, typ in spec.columns.items():
         cols[c] = pa.array([(ch.row or {}).get(c) for ch in changes], arrow_type(typ))
-    cols[VNODE_COLUMN] = pa.array(
+    cols[VNODE] = pa.array(
         [spec.vnode_of(tuple(ch.row[k] for k in spec.primary_key)) if ch.row else None
          for ch in changes], pa.int32())
     for c in spec.value_columns:
@@ -190,14 +190,14 @@ def apply_dml(uri: str, batch: DmlBatch, *, spec: UpstreamSpec | None = None,
     source = _source_table(spec, changes)
     vnodes = sorted(set(source.column("_m_vnode").to_pylist()))
     on = " AND ".join(
-        [storage.vnode_predicate(vnodes, f"t.{VNODE_COLUMN}"), f"t.{VNODE_COLUMN} = s._m_vnode"]
+        [storage.vnode_predicate(vnodes, f"t.{VNODE}"), f"t.{VNODE} = s._m_vnode"]
         + [f"t.{k} = s._m_{k}" for k in spec.primary_key]
     )
     updates = {k: f"s.{k}" for k in spec.primary_key}
     updates.update({c: f"CASE WHEN s._set_{c} THEN s.{c} ELSE t.{c} END"
                     for c in spec.value_columns})
-    updates[VNODE_COLUMN] = f"s.{VNODE_COLUMN}"
-    inserts = {c: f"s.{c}" for c in [*spec.columns, VNODE_COLUMN]}
+    updates[VNODE] = f"s.{VNODE}"
+    inserts = {c: f"s.{c}" for c in [*spec.columns, VNODE]}
     counts = {op: sum(1 for ch in changes if ch.op == op)
               for op in ("insert", "update", "delete", "upsert", "pk_change")}
     meta = {"backfill.dml": counts, **(commit_metadata or {})}

@@ -82,8 +82,9 @@ def vnode_in(vnodes: Iterable[int], alias: str = "") -> str:
 
 
 def open_if_exists(uri: str, storage_options: Mapping[str, str], version: int | None = None
-               ) -> DeltaTable | None:
-    """The table at `version` (latest when None), or None when it does not exist yet. The
+                   ) -> DeltaTable | None:
+    """The table at `version` (latest when None), or None when it does not exist yet (where
+    `storage.open_table` raises TableNotFound: a backfill's own tables may not exist yet). The
     latest is kept per process and brought forward with `update_incremental` (a barrier
     opens the progress table and the MV about eight times: ~5 ms each as a fresh load, ~1 ms
     as a listing of the log plus a stat), while the commit file of the version it holds is

@@ -41,7 +41,7 @@ from backfill_assets.step.source_context import (
     SourceContext,
     WholeSource,
 )
-from backfill_assets.upstream.layout import keys_kept_unique
+from backfill_assets.upstream import keys_kept_unique
 
 
 @dataclass

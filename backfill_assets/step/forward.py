@@ -27,7 +27,7 @@ from backfill_assets.engine.projection import (
 from backfill_assets.mv import owned_tables
 from backfill_assets.step.key_checks import check_change_keys
 from backfill_assets.step.source_context import SourceContext
-from backfill_assets.upstream.layout import same_vnodes
+from backfill_assets.upstream import same_vnodes
 
 
 def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:

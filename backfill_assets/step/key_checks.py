@@ -94,7 +94,7 @@ def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Seque
     the platform's writer, which enforces the pk (`upstream.layout.keys_kept_unique`)."""
     from backfill_assets import storage
     from backfill_assets.arrow import netting
-    from backfill_assets.upstream.layout import keys_kept_unique
+    from backfill_assets.upstream import keys_kept_unique
 
     so = tables.storage_options
     if not rows.num_rows or keys_kept_unique(tables.upstream, version, key_names, vnode_count,

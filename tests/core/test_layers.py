@@ -39,12 +39,13 @@ LAYERS: tuple[str, ...] = (
 
 # a layer entered only through its package (``__init__``), which re-exports what the code above
 # it needs, with ``__all__``
-DOORS = ("backfill_assets.storage", "backfill_assets.upstream.writer")
+DOORS = ("backfill_assets.storage", "backfill_assets.upstream", "backfill_assets.upstream.writer")
 # tests of a door's inside, beside its own folder of tests: they reach what no caller may
 # (monkeypatched internals, the raw change-feed reader, log entries written by hand)
 INSIDE_TESTS = {
     "backfill_assets.storage": ("tests.storage", "tests.test_chunk_seek", "tests.test_settings",
                                 "tests.test_change_feed", "tests.test_foreign_upstreams"),
+    "backfill_assets.upstream": (),
     "backfill_assets.upstream.writer": (),
 }
 
@@ -138,7 +139,8 @@ def _door_entries() -> dict[str, list[tuple[str, set[str]]]]:
         for door in DOORS:
             if _inside(name, door) or any(_inside(name, t) for t in INSIDE_TESTS[door]):
                 continue
-            behind = {t for t in imports_of(name, path, known) if _inside(t, door) and t != door}
+            behind = {t for t in imports_of(name, path, known)
+                      if _inside(t, door) and t != door and t not in DOORS}  # a door within
             found[door].append((name, behind))
     return found
 

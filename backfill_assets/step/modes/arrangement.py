@@ -28,7 +28,7 @@ from backfill_assets.step.request import Hook, Mode
 from backfill_assets.step.seek_chunk import replica_schema, seek_chunk, write_seek_chunk
 from backfill_assets.step.source_context import SeekRead, SourceContext
 from backfill_assets.storage import col, replica
-from backfill_assets.upstream.layout import same_vnodes
+from backfill_assets.upstream import same_vnodes
 
 
 class ReplicaSource:

@@ -64,7 +64,7 @@ from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.request import Hook, Mode, StepReport, StepRequest
 from backfill_assets.step.seek_chunk import replica_schema
 from backfill_assets.step.source_context import SourceContext
-from backfill_assets.upstream.layout import same_vnodes
+from backfill_assets.upstream import same_vnodes
 
 MAX_CATCH_UP_ROUNDS = 8
 CHUNKED_PATH = ARRANGEMENT  # a rate limit or a pause: arrangement's steps

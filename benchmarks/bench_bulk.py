@@ -96,7 +96,7 @@ def worker_backfill(args) -> dict:
     import pyarrow as pa
 
     from backfill_assets.core.read_cost import ReadCost
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.barrier import run_barrier
     from backfill_assets.step.modes import mode_named
 

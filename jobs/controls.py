@@ -22,7 +22,8 @@ from backfill_assets.mv.controls import (
     requested,
     write_controls,
 )
-from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.mv.recovery import vnode_states
+from backfill_assets.step.barrier import controls_in_force, figures
 from backfill_assets.wiring.assets import MV
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.metadata import controls_metadata

@@ -19,7 +19,8 @@ from dagster_pyspark import LazyPySparkResource
 
 from backfill_assets.core.errors import FollowerAlreadyRunning
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.step.barrier import controls_in_force, vnode_states
+from backfill_assets.mv.recovery import vnode_states
+from backfill_assets.step.barrier import controls_in_force
 from backfill_assets.step.follower import (
     DEFAULT_POLL_SECONDS,
     BarrierRecord,

@@ -19,7 +19,8 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.mv.recovery import vnode_states
+from backfill_assets.step.barrier import controls_in_force, figures
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.resnapshot import resnapshot
 from backfill_assets.wiring.checks import progress_result

@@ -11,7 +11,7 @@ import yaml
 
 from backfill_assets.core.errors import InvalidMVDefinition, InvalidSettings
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from resources.settings import ENV_MV_CONFIG, ENV_MV_DIR, Settings, load_settings
 
 DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "configs",

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 
 from backfill_assets.core.errors import InvalidSettings
 from backfill_assets.core.vnode import DEFAULT_VNODE_COUNT, MAX_VNODE_COUNT
+from backfill_assets.storage import table_uri
 from resources.class_archive import ENV_CLASS_ARCHIVE, chosen_path
 
 DEFAULT_CHUNK_SIZE = 10_000
@@ -114,13 +115,7 @@ class Settings:
 
     def table_uri(self, name: str) -> str:
         """URI of a table called ``name`` under the warehouse root."""
-        return join_uri(self.warehouse_root, name)
-
-
-def join_uri(root: str, name: str) -> str:
-    if "://" in name or name.startswith("/"):
-        return name
-    return f"{root.rstrip('/')}/{name}"
+        return table_uri(self.warehouse_root, name)
 
 
 def _positive_int(environ: Mapping[str, str], var: str, default: int, maximum: int) -> int:

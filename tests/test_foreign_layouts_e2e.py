@@ -21,7 +21,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.barrier import run_barrier
 from tests.support import LiveUpstream, assert_verified, drive, simple_mv, simple_row, simple_spec
 

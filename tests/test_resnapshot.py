@@ -11,7 +11,7 @@ import pytest
 from deltalake import DeltaTable
 
 from backfill_assets.core.errors import ResnapshotRefused
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.barrier import run_barrier
 from backfill_assets.step.oracle import verify
 from backfill_assets.step.resnapshot import resnapshot

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook, StepReport, StepRequest
 
 MAX_CREDIT_SECONDS = 60.0  # the most a pace lets accumulate (after a stall, a long gap)
@@ -115,7 +115,7 @@ def merged(reports: list[StepReport]) -> StepReport:
 
 def _last_commit(tables: MVTables) -> float | None:
     """When the progress table last committed (s), None before its first commit."""
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     if progress is None:
         return None
     history = progress.history(1)

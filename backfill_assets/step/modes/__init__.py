@@ -4,7 +4,7 @@ mode is chosen by name."""
 from __future__ import annotations
 
 from backfill_assets.core.errors import InvalidMVDefinition
-from backfill_assets.core.mv_definition import MODES as MODE_NAMES
+from backfill_assets.core.mv_definition import MODE_NAMES
 from backfill_assets.step.modes.arrangement import ARRANGEMENT
 from backfill_assets.step.modes.no_shuffle import NO_SHUFFLE
 from backfill_assets.step.modes.snapshot import SNAPSHOT

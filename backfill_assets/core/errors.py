@@ -45,6 +45,21 @@ class InvalidMVExpression(InvalidMVDefinition):
     on the upstream's columns (the message names the expression and carries Spark's detail)."""
 
 
+class InvalidAggregate(InvalidMVDefinition):
+    """An aggregate MV's group_by or aggregates cannot be kept exact: an unsupported or
+    non-deterministic function, a type the aggregate cannot keep exact, a bad name."""
+
+
+class AggregateOverflow(BackfillError):
+    """An aggregate's value leaves its Spark result type (a sum beyond bigint or beyond the
+    decimal's precision), where Spark's own GROUP BY would fail too."""
+
+
+class AggregateStateMismatch(BackfillError):
+    """Signed change rows retract what the aggregate state never held (a count below zero,
+    an input row that is not there): the state is not the one these changes follow."""
+
+
 class InvalidControl(BackfillError):
     """A bad runtime control: chunk size or rate limit."""
 

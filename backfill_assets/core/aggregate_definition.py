@@ -159,34 +159,30 @@ def parse_call(name: str, text: object) -> Aggregate:
     return Aggregate(name, function, arg, bool(distinct))
 
 
-def _balanced(text: str) -> bool:
-    """Whether ``text``'s parentheses balance outside string literals (so ``sum(a) + max(b)``
-    is not read as one call)."""
-    depth, quote = 0, None
+def _outside_quotes(text: str) -> list[tuple[str, int]]:
+    """Each character outside string literals and backticks with the parenthesis depth
+    before it (so ``sum(a) + max(b)`` is not read as one call, nor ``f(a, b)`` as one
+    argument)."""
+    out, depth, quote = [], 0, None
     for ch in text:
         if quote:
             quote = None if ch == quote else quote
         elif ch in "'\"`":
             quote = ch
-        elif ch in "()":
-            depth += 1 if ch == "(" else -1
-            if depth < 0:
-                return False
-    return depth == 0
+        else:
+            out.append((ch, depth))
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+    return out
+
+
+def _balanced(text: str) -> bool:
+    walk = _outside_quotes(text)
+    ends = [d + {"(": 1, ")": -1}.get(ch, 0) for ch, d in walk]
+    return min(ends, default=0) >= 0 and (not ends or ends[-1] == 0)
 
 
 def _top_level_comma(text: str) -> bool:
-    depth, quote = 0, None
-    for ch in text:
-        if quote:
-            quote = None if ch == quote else quote
-        elif ch in "'\"`":
-            quote = ch
-        elif ch in "()":
-            depth += 1 if ch == "(" else -1
-        elif ch == "," and depth == 0:
-            return True
-    return False
+    return any(ch == "," and depth == 0 for ch, depth in _outside_quotes(text))
 
 
 def _unquote(name: str) -> str:

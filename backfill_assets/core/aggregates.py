@@ -229,12 +229,15 @@ def _value(plan: AggregatePlan, i: int, a: Aggregate, state: GroupState,
     if values is not None:  # float sum / avg over the current values
         total = float_sum(values)
         return total if a.function == "sum" else total / float(state.counts[i])
-    return _exact(plan, i, a, state)
+    return exact_value(plan, i, state.sums[i] or 0, state.counts[i])
 
 
-def _exact(plan: AggregatePlan, i: int, a: Aggregate, state: GroupState) -> object:
-    units, scale, result = state.sums[i] or 0, plan.sum_scale(i), plan.result_types[i]
-    dec = decimal_of(result)
+def exact_value(plan: AggregatePlan, i: int, units: int, count: int) -> object:
+    """Aggregate i (an integer or decimal sum / avg) of a group whose running state is the
+    exact sum ``units`` over ``count`` non-null inputs, in Spark's type and rounding."""
+    if count == 0:
+        return None
+    a, scale, dec = plan.aggregates[i], plan.sum_scale(i), decimal_of(plan.result_types[i])
     if a.function == "sum":
         if plan.input_types[i] in INTEGERS:
             if not -_BIGINT <= units < _BIGINT:
@@ -245,8 +248,8 @@ def _exact(plan: AggregatePlan, i: int, a: Aggregate, state: GroupState) -> obje
         _fits(a, units, dec)  # type: ignore[arg-type]
         return as_decimal(units, scale)
     if dec is None:  # avg over integers: Spark divides the doubles of sum and count
-        return float(units) / float(state.counts[i])
-    quotient = _DIVIDE.divide(as_decimal(units, scale), Decimal(state.counts[i]))
+        return float(units) / float(count)
+    quotient = _DIVIDE.divide(as_decimal(units, scale), Decimal(count))
     rounded = quotient.quantize(Decimal(f"1E-{dec[1]}"), context=_WIDE)
     _fits(a, unscaled(rounded, dec[1]), dec)
     return rounded

@@ -5,7 +5,10 @@ Why Arrow: a barrier's cost must follow its changed rows and touched groups, so 
 part (netting signed rows per group, per (group, pk) of the kept input, min/max/count(DISTINCT)
 over the touched groups' input) runs as Arrow hash aggregations; only the O(touched groups)
 finish of integer/decimal sum and avg goes through the pure reference (core/aggregates.py),
-whose exact rounding it shares. Null group keys are a group like any other: everything here
+whose exact rounding it shares, and float sums, added per touched group from the kept input
+with the reference's correctly rounded `float_sum` (the same value in both, whatever order
+the rows are in). Running sums are added as decimal256 and must fit decimal(38) when stored.
+Null group keys are a group like any other: everything here
 groups (Arrow's hash group-by treats null as a value) and never joins on group keys.
 
 Tables (docs/AGGREGATES.md), each keyed and vnode-partitioned by the group key:
@@ -25,7 +28,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.arrow.types import arrow_type
-from backfill_assets.core.aggregates import AggregatePlan, exact_value, group_vnode, unscaled
+from backfill_assets.core.aggregates import (
+    AggregatePlan,
+    exact_value,
+    float_sum,
+    group_vnode,
+    unscaled,
+)
 from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
 from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
 
@@ -91,6 +100,11 @@ class AggregateTables:
     def _sum_type(self, i: int) -> pa.DataType:
         return pa.decimal128(38, self.plan.sum_scale(i))
 
+    def _wide_type(self, i: int) -> pa.DataType:
+        """Where sums are added: Arrow's decimal128 sum wraps around silently past 38
+        digits, a decimal256 one cannot reach its 76 within any batch."""
+        return pa.decimal256(76, self.plan.sum_scale(i))
+
     @property
     def group_names(self) -> list[str]:
         return [f.name for f in self.group]
@@ -119,8 +133,8 @@ class AggregateTables:
             valid = pc.cast(pc.is_valid(changes.column(value_column(i))), pa.int64())
             cols[count_column(i)] = pc.multiply(valid, sign)
         for i in self.running:
-            v = pc.fill_null(pc.cast(changes.column(value_column(i)), self._sum_type(i)),
-                             pa.scalar(0, self._sum_type(i)))  # a null adds nothing
+            v = pc.fill_null(pc.cast(changes.column(value_column(i)), self._wide_type(i)),
+                             pa.scalar(0, self._wide_type(i)))  # a null adds nothing
             cols[sum_column(i)] = pc.if_else(positive, v, pc.negate(v))
         cols[_OLD] = pa.repeat(pa.scalar(0, pa.int64()), changes.num_rows)
         cols[_TOUCH] = pa.repeat(pa.scalar(1, pa.int64()), changes.num_rows)
@@ -136,6 +150,16 @@ class AggregateTables:
             [(c, "sum") for c in deltas.schema.names if c not in self.group_names])
         summed = summed.rename_columns([c.removesuffix("_sum") for c in summed.schema.names])
         summed = summed.filter(pc.greater(summed.column(_TOUCH), 0))
+        for i in self.running:
+            try:
+                summed = summed.set_column(summed.schema.get_field_index(sum_column(i)),
+                                           sum_column(i),
+                                           pc.cast(summed.column(sum_column(i)), self._sum_type(i)))
+            except pa.ArrowInvalid as e:
+                raise AggregateOverflow(
+                    f"the sum of {self.plan.aggregates[i].text} in a group leaves 38 digits, "
+                    "beyond every Spark decimal (Spark fails too): aggregate a rescaled "
+                    "expression") from e
         rows = summed.column(ROWS)
         bad = pc.less(rows, 0)
         for i in self.args:
@@ -197,7 +221,7 @@ class AggregateTables:
         for i in self.kept:
             fn = self.plan.aggregates[i].function
             how = "count_distinct" if self.plan.aggregates[i].distinct else \
-                {"avg": "sum"}.get(fn, fn)
+                {"avg": "list", "sum": "list"}.get(fn, fn)
             aggs.append((value_column(i), how, pc.CountOptions("only_valid"))
                         if how == "count_distinct" else (value_column(i), how))
             if self.plan.input_types[i] in ("float", "double") and fn in ("min", "max"):
@@ -213,6 +237,10 @@ class AggregateTables:
             group = tuple(row[n] for n in self.group_names)
             values = {i: row[f"{value_column(i)}_{a[1]}"] for i, a in zip(self.kept, aggs,
                                                                            strict=True)}
+            for i in self.kept:  # a float sum of the current values, correctly rounded
+                if isinstance(values[i], list):
+                    present = [v for v in values[i] if v is not None]
+                    values[i] = float_sum(present) if present else None
             for i in nan_aggs:  # Spark orders NaN above every number; Arrow skips it
                 if row[f"nan_{i}_sum"]:
                     if self.plan.aggregates[i].function == "max" or values[i] is None:

@@ -13,7 +13,7 @@ import pyarrow as pa
 from backfill_assets.arrow.aggregate_state import SIGN, AggregateTables, value_column
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.aggregate_definition import GroupColumn, parse_aggregates
-from backfill_assets.core.aggregates import AggregatePlan
+from backfill_assets.core.aggregates import AggregatePlan, exact_value, unscaled
 
 TYPES = {"g1": "int", "g2": "string", "i": "int", "d": "decimal(5,2)", "s": "string",
          "f": "double", "b": "bigint", "e": "decimal(36,2)"}
@@ -137,3 +137,17 @@ def test_state_mv_equals_sparks_group_by_in_type_and_value(spark) -> None:
                     math.isnan(ours) and math.isnan(theirs)), (group, name)
             else:
                 assert ours == theirs or (ours != ours and theirs != theirs), (group, name)
+
+
+def test_decimal_avg_rounds_once_at_the_result_scale(spark) -> None:
+    """10^30 + 0.00000045 has 38 digits to the 7th decimal: a divide to 38 significant digits
+    HALF_UP would round there first (…0000005, then …000001); Spark 4.2 divides to 39
+    decimals rounding DOWN, so one HALF_UP rounding at scale 6 decides (…000000)."""
+    big = "200000000000000000000000000000000000.09"
+    (row,) = spark.sql(
+        f"SELECT avg(CASE WHEN id = 0 THEN CAST('{big}' AS decimal(38,2)) "
+        "ELSE CAST(0 AS decimal(38,2)) END) AS a FROM range(200000)").collect()
+    plan = AggregatePlan.of((GroupColumn("g", "g"),), parse_aggregates({"a": "avg(v)"}),
+                            {"g": "int", "a": "decimal(38,2)"})
+    ours = exact_value(plan, 0, unscaled(Decimal(big), 2), 200000)
+    assert ours == row["a"] == Decimal("1000000000000000000000000000000.000000")

@@ -20,7 +20,7 @@ import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import ROUND_HALF_UP, Context, Decimal
+from decimal import Decimal
 
 from backfill_assets.core.aggregate_definition import (
     INTEGERS,
@@ -35,8 +35,6 @@ from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatc
 from backfill_assets.core.vnode import SEPARATOR, canonical_value_text, check_vnode_count
 
 _BIGINT = 2**63
-_DIVIDE = Context(prec=38, rounding=ROUND_HALF_UP)  # Spark's Decimal MATH_CONTEXT
-_WIDE = Context(prec=120, rounding=ROUND_HALF_UP)  # exact for every value of 38 digits
 
 
 @dataclass(frozen=True)
@@ -249,10 +247,14 @@ def exact_value(plan: AggregatePlan, i: int, units: int, count: int) -> object:
         return as_decimal(units, scale)
     if dec is None:  # avg over integers: Spark divides the doubles of sum and count
         return float(units) / float(count)
-    quotient = _DIVIDE.divide(as_decimal(units, scale), Decimal(count))
-    rounded = quotient.quantize(Decimal(f"1E-{dec[1]}"), context=_WIDE)
-    _fits(a, unscaled(rounded, dec[1]), dec)
-    return rounded
+    # Spark 4.2 divides to scale 39 rounding DOWN, then rounds HALF_UP to the result scale
+    # (<= 38): the truncation never crosses a half of the result scale, so this one exact
+    # HALF_UP division of integers gives the same value
+    numerator, sign = abs(units) * 10 ** (dec[1] - scale), -1 if units < 0 else 1
+    quotient, remainder = divmod(numerator, count)
+    rounded = sign * (quotient + (1 if 2 * remainder >= count else 0))
+    _fits(a, rounded, dec)
+    return as_decimal(rounded, dec[1])
 
 
 def _fits(a: Aggregate, units: int, dec: tuple[int, int]) -> None:

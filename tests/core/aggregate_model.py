@@ -1,7 +1,8 @@
 """The aggregate property tests' model: random upstream rows, random DML histories as signed
 rows, and a naive GROUP BY from scratch (the oracle) written independently of the algebra:
-sums as exact Python ints and Fractions, avg rounded by hand with Fraction arithmetic (Spark:
-divide to 38 significant digits HALF_UP, then to the result scale HALF_UP), min/max by sorting.
+sums as exact Python ints and Fractions, avg rounded by hand with Fraction arithmetic as Spark
+4.2's bytecode does (divide to 39 decimals rounding DOWN, then HALF_UP to the result scale),
+min/max by sorting.
 """
 
 from __future__ import annotations
@@ -147,19 +148,12 @@ def _naive(a, values: list, n: int) -> object:
 
 
 def _spark_avg(q: Fraction, scale: int) -> Decimal:
-    """Round ``q`` HALF_UP to 38 significant digits, then HALF_UP to ``scale`` digits."""
-    if q == 0:
-        return Decimal(0).scaleb(-scale)
-    exp = 0
-    while abs(q) * Fraction(10) ** exp < Fraction(10) ** 37:
-        exp += 1
-    while abs(q) * Fraction(10) ** exp >= Fraction(10) ** 38:
-        exp -= 1
-    first = _half_up(q * Fraction(10) ** exp)  # 38 significant digits
-    return Decimal(_half_up(Fraction(first, 10**exp) * 10**scale)).scaleb(-scale)
+    """Round ``q`` as Spark 4.2 does: to 39 decimals DOWN, then HALF_UP to ``scale``."""
+    truncated = Fraction(math.trunc(q * 10**39), 10**39)
+    return Decimal(f"{half_up(truncated * 10**scale)}E-{scale}")
 
 
-def _half_up(x: Fraction) -> int:
+def half_up(x: Fraction) -> int:
     n = math.floor(abs(x) + Fraction(1, 2))
     return n if x >= 0 else -n
 

@@ -32,9 +32,10 @@ def test_parses_group_by_and_aggregates_and_names_the_outputs() -> None:
     d = make()
     assert d.is_aggregate and d.columns == ()
     assert d.group_by == (GroupColumn("region", "region"), GroupColumn("day", "to_date(ts)"))
-    assert d.aggregates == (Aggregate("revenue", "sum", "amount"), Aggregate("orders", "count", None),
-                            Aggregate("avg_qty", "avg", "qty"), Aggregate("top", "max", "price"),
-                            Aggregate("buyers", "count", "note", True))
+    assert d.aggregates == (
+        Aggregate("revenue", "sum", "amount"), Aggregate("orders", "count", None),
+        Aggregate("avg_qty", "avg", "qty"), Aggregate("top", "max", "price"),
+        Aggregate("buyers", "count", "note", True))
     assert d.output_columns == ("region", "day", "revenue", "orders", "avg_qty", "top", "buyers",
                                 "vnode")
     assert d.validate(UPSTREAM).primary_key[0].type == "bigint"

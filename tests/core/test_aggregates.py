@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backfill_assets.core.aggregate_definition import GroupColumn, parse_aggregates
 from backfill_assets.core.aggregates import (
@@ -16,12 +18,20 @@ from backfill_assets.core.aggregates import (
     GroupState,
     SignedRow,
     apply_batch,
+    exact_value,
     float_sum,
     group_vnode,
 )
 from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
 from backfill_assets.core.vnode import vnode_of
-from tests.core.aggregate_model import AGGREGATES, PLAN, histories, recompute, to_signed
+from tests.core.aggregate_model import (
+    AGGREGATES,
+    PLAN,
+    half_up,
+    histories,
+    recompute,
+    to_signed,
+)
 
 
 class Reference:
@@ -108,7 +118,7 @@ def test_deleting_the_current_max_yields_the_next_and_the_last_row_drops_the_gro
     assert (last.deletes, last.upserts, last.states) == ({(1,)}, {}, {(1,): None})
 
 
-def test_avg_decimal_rounds_half_up_to_scale_plus_four() -> None:
+def test_avg_decimal_roundshalf_up_to_scale_plus_four() -> None:
     plan = _plan("avg(v)", "decimal(5,2)")
     out = apply_batch(plan, {}, {}, _rows(plan, (1, 1, Decimal("0.01")), (1, 2, Decimal("0.01")),
                                           (1, 3, Decimal("0.00"))))
@@ -119,6 +129,18 @@ def test_avg_decimal_rounds_half_up_to_scale_plus_four() -> None:
     neg = apply_batch(plan, {}, {}, _rows(plan, (1, 1, Decimal("-0.01")), (1, 2, Decimal("0")),
                                           (1, 3, Decimal("0"))))
     assert neg.upserts[(1,)] == (Decimal("-0.003333"),)
+
+
+@given(st.integers(-(10**38) + 1, 10**38 - 1), st.integers(1, 2**63 - 1))
+def test_decimal_avg_is_sparks_truncate_thenhalf_up(units: int, count: int) -> None:
+    plan = _plan("avg(v)", "decimal(38,2)")  # result decimal(38,6)
+    q = Fraction(units, 100 * count)
+    want = half_up(Fraction(math.trunc(q * 10**39), 10**39) * 10**6)
+    if abs(want) >= 10**38:
+        with pytest.raises(AggregateOverflow):
+            exact_value(plan, 0, units, count)
+    else:
+        assert exact_value(plan, 0, units, count) == Decimal(f"{want}E-6")
 
 
 def test_a_bigint_sum_beyond_bigint_is_refused_by_name_but_state_survives_transients() -> None:

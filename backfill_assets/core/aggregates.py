@@ -279,7 +279,9 @@ def float_sum(values: Sequence[float]) -> float:
     try:
         return math.fsum(values)
     except OverflowError:
-        return math.fsum(v / 2 for v in values) * 2  # the true sum is beyond double's range
+        # a partial sum left double's range: halves add without overflow (exactly, but for
+        # subnormals), and doubling back gives the sum or the infinity it rounds to
+        return math.fsum(v / 2 for v in values) * 2
 
 
 def group_vnode(group: tuple, types: Sequence[str], vnode_count: int) -> int:

@@ -57,6 +57,26 @@ class UnknownMV(BackfillError):
     """A job or a caller named an MV the catalog does not hold."""
 
 
+class InvalidAggregate(InvalidMVDefinition):
+    """An aggregate MV's group_by or aggregates cannot be kept exact: an unsupported or
+    non-deterministic function, a type the aggregate cannot keep exact, a bad name."""
+
+
+class AggregateMVNotServed(InvalidAggregate):
+    """An aggregate MV reached a barrier: its definition and algebra exist (docs/AGGREGATES.md)
+    but no step runs an aggregate yet, and running it as a row MV would write wrong rows."""
+
+
+class AggregateOverflow(BackfillError):
+    """An aggregate's value leaves its Spark result type (a sum beyond bigint or beyond the
+    decimal's precision), where Spark's own GROUP BY would fail too."""
+
+
+class AggregateStateMismatch(BackfillError):
+    """Signed change rows retract what the aggregate state never held (a count below zero,
+    an input row that is not there): the state is not the one these changes follow."""
+
+
 class InvalidControl(BackfillError):
     """A bad runtime control: chunk size or rate limit."""
 

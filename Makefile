@@ -21,12 +21,14 @@ jars: $(STAMP)
 classes: $(STAMP) jars
 	@$(PY) -m resources.class_archive_build
 
-# the project's Dagster instance config (run monitoring, see dagster.yaml) in DAGSTER_HOME
+# the project's Dagster instance config (run monitoring, see deploy/dagster.yaml) in DAGSTER_HOME:
+# not in the repository root, where `dagster dev` would warn at every `make ui` that a
+# dagster.yaml in the current folder is not used
 instance: $(DAGSTER_HOME)/dagster.yaml
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+$(DAGSTER_HOME)/dagster.yaml: deploy/dagster.yaml
 	@mkdir -p $(DAGSTER_HOME)
-	cp dagster.yaml $@
+	cp deploy/dagster.yaml $@
 
 # BACKFILL_SHARED_VENV=1: a venv shared with another checkout is never reinstalled from this
 # one (tests/test_readme.py runs the README's blocks in a copy of the tree with the venv linked)

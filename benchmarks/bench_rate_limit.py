@@ -34,7 +34,7 @@ def _platform(kind: str, rows: int, vnodes: int, rate: int) -> dict[str, str]:
     base = os.path.join(WORK_DIR, "rate_limit", kind)
     shutil.rmtree(base, ignore_errors=True)
     os.makedirs(os.path.join(base, "home"))
-    shutil.copy(os.path.join(ROOT, "dagster.yaml"), os.path.join(base, "home", "dagster.yaml"))
+    shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"), os.path.join(base, "home", "dagster.yaml"))
     with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     raw.update(vnode_count=vnodes, chunk_size=10_000_000)

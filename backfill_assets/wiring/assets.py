@@ -42,7 +42,7 @@ from backfill_assets.wiring.events import (
     record_barrier,
     summary_metadata,
 )
-from backfill_assets.wiring.liveness import BACKFILL_JOB
+from backfill_assets.wiring.liveness import BACKFILL_JOB, wait_turn
 from backfill_assets.wiring.metadata import read_cost
 from backfill_assets.wiring.partitions import split, vnode_partitions, vnodes_of
 from resources.mv import mv_tables
@@ -141,6 +141,7 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
     (and `dagster asset materialize`) barriers until every partition asked for ends
     materialized, i.e. its vnode finished (or the snapshot side is paused, or nothing moves)."""
     until_finished = context.run.job_name != BACKFILL_JOB
+    wait_turn(context.instance, context.run_id, vnodes, d.vnode_count, context.log.info)
     barriers = 0
     while True:
         barriers += 1

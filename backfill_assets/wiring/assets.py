@@ -24,6 +24,7 @@ materializable: the launch dialog never asks for it) and the lineage says so.
 import time
 
 import dagster as dg
+from dagster._core.execution.backfill import BulkActionStatus
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
@@ -62,6 +63,7 @@ PHASES = {
 # barrier's end always does (a one-step barrier records only that one)
 INTERIM_RESULT_SECONDS = 30.0
 BACKFILL_TAG = "dagster/backfill"  # a run launched by a Dagster backfill (the asset pages')
+STOPPED_TAG = "backfill/stopped"  # why a barrier stopped its Dagster backfill
 
 
 class BarrierConfig(dg.Config):
@@ -141,7 +143,7 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
     (and `dagster asset materialize`) barriers until every partition asked for ends
     materialized, i.e. its vnode finished (or the snapshot side is paused, or nothing moves)."""
     until_finished = context.run.job_name != BACKFILL_JOB
-    wait_turn(context.instance, context.run_id, vnodes, d.vnode_count, context.log.info)
+    wait_turn(context.instance, context.run.run_id, vnodes, d.vnode_count, context.log.info)
     barriers = 0
     while True:
         barriers += 1
@@ -154,6 +156,8 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
                 f"the snapshot side is paused: vnodes {split(vnodes)} cannot finish, so "
                 "their unfinished partitions stay unmaterialized; resume with "
                 "set_controls_job (snapshot: resume) and launch again")
+            _stop_dagster_backfill(context, "stopped: the MV is paused (resume with "
+                                            "set_controls_job, then launch again)")
             break
         if report.snapshot_rows == 0 and not report.recovered:
             break  # nothing moved (no snapshot rows left to read): never loop idle
@@ -161,6 +165,23 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
         context.log.info(f"{barriers} barrier{'s' * (barriers != 1)} brought vnodes "
                          f"{split(vnodes)} to "
                          f"{'finished' if report.finished else 'where they stand'}")
+
+
+def _stop_dagster_backfill(context: dg.AssetExecutionContext, reason: str) -> None:
+    """Mark the run's Dagster backfill Canceled, with `reason` as its tag `STOPPED_TAG`.
+
+    Why: the backfill daemon counts a partition its runs left unmaterialized as failed, so a
+    backfill stopped by a pause read a red "Failure" in Overview › Backfills beside its green
+    run; nothing failed, the MV was paused. Canceled is what happened (and is final, so the
+    daemon leaves it so)."""
+    backfill_id = context.run.tags.get(BACKFILL_TAG)
+    backfill = context.instance.get_backfill(backfill_id) if backfill_id else None
+    if backfill is None or backfill.status != BulkActionStatus.REQUESTED:
+        return
+    stopped = backfill.with_status(BulkActionStatus.CANCELED).with_end_timestamp(time.time())
+    context.instance.update_backfill(stopped._replace(tags={**backfill.tags,
+                                                             STOPPED_TAG: reason}))
+    context.log.warning(f"Dagster backfill {backfill_id} marked Canceled: {reason}")
 
 
 def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],

@@ -35,7 +35,9 @@ $(DAGSTER_HOME)/dagster.yaml: deploy/dagster.yaml
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ -n "$$BACKFILL_SHARED_VENV" ]; then echo "shared venv: not reinstalled"; else \
-		$(PY) -m pip install --quiet -e '.[dev]' && touch $(STAMP); fi
+		echo "installing the project and its dependencies into $(VENV) (a few minutes on a" \
+			"fresh clone; pip shows each package as it goes)"; \
+		$(PY) -m pip install -e '.[dev]' && touch $(STAMP); fi
 
 # 2 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
 # them, its own standalone cluster, Connect server and S3 server, on ports of its own block

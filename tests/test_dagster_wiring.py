@@ -67,6 +67,10 @@ def test_job_execute_backfill_ranges_then_verify(tmp_path, warehouse, dagster_ho
     assert "vnodes 0..7" in out and f"{VNODES}/{VNODES} finished" in out
     out = _execute(env, "verify_job")
     assert f"over {VNODES} vnodes: 0 vnodes differ" in out
+    # it says each stage as it goes (the log's order), not one line at the end
+    stages = [out.index(s) for s in ("verifying MV", "verify: read the MV",
+                                     "verify: recomputed", "0 vnodes differ")]
+    assert stages == sorted(stages), out[-3000:]
     # the documented maintenance (compaction, DV garbage, lite vacuum, checkpoint) keeps it exact
     config = tmp_path / "maintain.yaml"
     config.write_text(yaml.safe_dump({"ops": {"maintain_tables": {"config": {

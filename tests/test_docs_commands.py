@@ -122,3 +122,12 @@ def test_the_check_catches_the_commands_that_failed_as_written(demo_defs):
            ["job", "execute", "-m", MODULE, "-j", "reset_mv_job", "-c",
             "jobs/configs/pause.yaml"]]
     assert all(_check(argv, demo_defs, keys) for argv in bad)
+
+
+def test_make_ui_finds_no_instance_file_to_warn_about():
+    """`dagster dev` warns at every start when the current folder holds a dagster.yaml that is
+    not DAGSTER_HOME's; `make ui` runs from the repository root, so the project's instance
+    config lives in deploy/ and the Makefile copies it from there."""
+    assert not any(os.path.exists(os.path.join(ROOT, n)) for n in ("dagster.yaml", "dagster.yml"))
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
+        assert "$(DAGSTER_HOME)/dagster.yaml: deploy/dagster.yaml" in f.read()

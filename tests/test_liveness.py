@@ -206,3 +206,21 @@ def test_overlapping_runs_take_turns_oldest_first(dagster_home):
     assert time.monotonic() - started >= 1.0
     assert said == [f"waiting for __ASSET_JOB run {first.run_id[:8]} (STARTED), launched "
                     "earlier over some of the same vnodes; this run starts when it ends"]
+
+
+def test_a_killed_run_ahead_is_not_waited_for(dagster_home):
+    """A SIGKILLed `dagster job execute` run stays STARTED where no daemon monitors runs: the
+    rerun that recovers it must not wait for it (its worker pid is gone)."""
+    instance = _project_instance(dagster_home)
+    worker = subprocess.Popen(["sleep", "120"])
+    dead = _run(instance, "backfill_job", {})
+    instance.report_engine_event("Executing steps in process", dead,
+                                 EngineEventData.in_process(worker.pid))
+    worker.kill()
+    worker.wait()
+    time.sleep(0.01)
+    rerun = _run(instance, "backfill_job", {})
+    said: list[str] = []
+    started = time.monotonic()
+    wait_turn(instance, rerun.run_id, range(VNODES), VNODES, said.append)
+    assert said == [] and time.monotonic() - started < 1.0

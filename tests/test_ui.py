@@ -224,3 +224,20 @@ def _assert_timeline(timeline: dict, workspace: list) -> None:
     assert drawn == {("backfill_assets", "__repository__", job)
                      for job in (ASSET_JOB, "backfill_job", "verify_job", "set_controls_job")}
     assert drawn <= served
+
+
+def test_after_a_reset_the_checks_read_not_finished_not_passed(platform, tmp_path):
+    """After reset_mv_job the lineage summarises the MV's checks; with no result at all it drew
+    a green "0 / 2 Passed". Read back through GraphQL as the lineage does: `backfill_finished`
+    is a warning (0 vnodes finished), `matches_oracle` has no result, nothing passed."""
+    settings, d, instance = loaded(platform)
+    assert run_in_workspace(instance, "reset_mv_job", run_config={"ops": {"reset_mv": {
+        "config": {"confirm": d.name}}}}).success
+    with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True) as url:
+        node = graphql(url, CHECK_STATUS, {"keys": [{"path": ["downstream_mv"]}]})
+    checks = {c["name"]: c["executionForLatestMaterialization"]
+              for c in node["assetNodes"][0]["assetChecksOrError"]["checks"]}
+    assert checks[CHECK_NAME] is None
+    progress = checks[PROGRESS_CHECK]
+    assert progress["status"] == "FAILED" and progress["evaluation"]["severity"] == "WARN"
+    assert progress["evaluation"]["description"].startswith(f"0/{VNODES} vnodes finished")

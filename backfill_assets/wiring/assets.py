@@ -45,6 +45,7 @@ from backfill_assets.wiring.events import (
 )
 from backfill_assets.wiring.liveness import BACKFILL_JOB, wait_turn
 from backfill_assets.wiring.metadata import read_cost
+from backfill_assets.wiring.named_errors import named_first
 from backfill_assets.wiring.partitions import split, vnode_partitions, vnodes_of
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -120,6 +121,7 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
     # materialize --select downstream_mv`) runs the barrier, which records all its assets
     @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts, can_subset=True,
                     backfill_policy=dg.BackfillPolicy.single_run())
+    @named_first
     def vnode_backfill(context: dg.AssetExecutionContext, config: BarrierConfig,
                        spark: LazyPySparkResource, warehouse: WarehouseResource):
         ranged = context.has_partition_key or context.has_partition_key_range
@@ -192,7 +194,7 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     span = split(vnodes)
     context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
     report = run_barrier(session, d, tables, vnodes, version=version, overrides=controls,
-                         hook=_PhaseLog(context, span, d, tables, controls, hook),
+                         hook=PhaseLog(context, span, d, tables, controls, hook),
                          pace_seconds=BARRIER_SECONDS)  # a run costs seconds: a minute's worth
     figs = figures(d, tables, controls, report.v_new)
     cost = read_cost(report, figs, mode_named(d.mode).seeks_upstream)
@@ -238,16 +240,17 @@ def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition, mode: Mode) -
             "the asset set is the same in every mode."))
 
 
-class _PhaseLog:
-    """A step hook that logs each phase boundary, so a running barrier is not silent (with
-    the MV's percent done at each progress commit: one per slice in snapshot mode), records
-    the check's result at a step's progress commit after the first at most every
-    INTERIM_RESULT_SECONDS, then calls `then` (the kill points of the crash tests)."""
+class PhaseLog:
+    """A step hook that logs each phase boundary, so a running barrier (or re-snapshot:
+    `work`) is not silent (with the MV's percent done at each progress commit: one per slice
+    in snapshot mode), records the check's result at a step's progress commit after the
+    first at most every INTERIM_RESULT_SECONDS, then calls `then` (the crash tests' kill
+    points)."""
 
     def __init__(self, context: dg.AssetExecutionContext, span: str, d: MVDefinition,
-                 tables, controls: Controls, then: Hook) -> None:
+                 tables, controls: Controls, then: Hook, work: str = "barrier") -> None:
         self.context, self.span, self.d, self.tables = context, span, d, tables
-        self.controls, self.then = controls, then
+        self.controls, self.then, self.work = controls, then, work
         self.started = self.reported = time.monotonic()
         self.commits = 0
         # arrangement keeps the replica; snapshot mode on its chunked path only (a rate limit
@@ -256,7 +259,7 @@ class _PhaseLog:
 
     def __call__(self, point: str) -> None:
         if point in PHASES and (point != "after_replica_commit" or self.replica):
-            said = (f"barrier for vnodes {self.span}: {PHASES[point]} "
+            said = (f"{self.work} for vnodes {self.span}: {PHASES[point]} "
                     f"({time.monotonic() - self.started:.1f} s)")
             if point == "after_progress_commit":
                 said += self._progress()

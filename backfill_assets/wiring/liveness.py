@@ -1,14 +1,16 @@
 """Which runs hold which vnodes, from Dagster's run records: the sensor's and the follower's view.
 
-Why run status: with run monitoring on (the project's `deploy/dagster.yaml`, see `run_launcher.py`) a
-run whose process died is marked FAILURE, so an in-flight status means a live writer. One
-exception, which run monitoring never looks at and which would otherwise hold its vnodes for
-ever (`pass_over_dead`): a run left NOT_STARTED. A launch moves its run on within milliseconds
-(to QUEUED, or STARTING), so one still NOT_STARTED after `NEVER_STARTED_AFTER` was created by
-a launch that failed (a `dagster job execute` with partition keys that do not exist) and will
-never run. It is marked FAILURE with the reason (run tag `ABANDONED_TAG`, the run's failure
-event) and passed over. Per-barrier runs carry Dagster's partition range tags; follower runs carry
-`VNODES_TAG` ("first-last"). A run without either covers every vnode.
+Why run status: with run monitoring on (the project's `deploy/dagster.yaml`, see
+`run_launcher.py`) a run whose process died is marked FAILURE, so an in-flight status means a
+live writer. One exception, which run monitoring never looks at and which would otherwise hold
+its vnodes for ever (`pass_over_dead`): a run left NOT_STARTED. A launch moves its run on
+within milliseconds (to QUEUED, or STARTING), so one still NOT_STARTED after
+`NEVER_STARTED_AFTER` was created by a launch that failed (a `dagster job execute` with
+partition keys that do not exist) and will never run. It is marked FAILURE with the reason
+(run tag `ABANDONED_TAG`, the run's failure event) and passed over. Per-barrier runs carry
+Dagster's partition range tags; follower runs carry `VNODES_TAG` ("first-last"). A run without
+either covers every vnode. In-flight Dagster backfills hold the vnodes they have still to do
+(`backfills_over`), and overlapping runs take turns, oldest first (`wait_turn`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import dagster as dg
 from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
 
 from backfill_assets.wiring.partitions import RANGE_END, RANGE_START
+from backfill_assets.wiring.run_launcher import process_alive, worker_pid
 
 BACKFILL_JOB = "backfill_job"
 FOLLOWER_JOB = "follower_job"
@@ -185,6 +188,16 @@ def _backfill_vnodes(backfill: PartitionBackfill, vnode_count: int) -> set[int]:
 TURN_POLL_SECONDS = 5.0  # how often a run waiting for its turn looks again
 
 
+def _worker_gone(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """A STARTED run whose recorded worker process no longer exists on this host: a
+    SIGKILLed `dagster job execute` stays STARTED where no daemon monitors runs, and waiting
+    for it would wait for ever (a worker on another host counts as gone: fencing decides)."""
+    if run.status != dg.DagsterRunStatus.STARTED:
+        return False
+    recorded = worker_pid(instance, run.run_id)
+    return recorded is not None and not process_alive(*recorded)
+
+
 def wait_turn(instance: dg.DagsterInstance, run_id: str, vnodes: Sequence[int],
               vnode_count: int, say: Callable[[str], None]) -> None:
     """Wait while a run over any of `vnodes` that was created before run `run_id` is in
@@ -204,7 +217,8 @@ def wait_turn(instance: dg.DagsterInstance, run_id: str, vnodes: Sequence[int],
                  if r.dagster_run.job_name != FOLLOWER_JOB
                  and (r.create_timestamp.timestamp(), r.dagster_run.run_id) < mine
                  and _dead_reason(r, time.time(), NEVER_STARTED_AFTER) is None
-                 and set(vnodes).intersection(run_vnodes(r.dagster_run, vnode_count))]
+                 and set(vnodes).intersection(run_vnodes(r.dagster_run, vnode_count))
+                 and not _worker_gone(instance, r.dagster_run)]
         if not ahead:
             return
         run = ahead[0].dagster_run

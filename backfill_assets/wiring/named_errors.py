@@ -3,15 +3,21 @@
 Why: a wrong partition key given to `dagster job execute` ends a 30-frame Dagster traceback;
 the one line that says what happened and what to do was the last one. The command-line
 processes that load the definitions print a named error first and alone (the traceback only
-on request: BACKFILL_TRACEBACK=1); every other exception keeps Python's own report.
+on request: BACKFILL_TRACEBACK=1); every other exception keeps Python's own report. Inside a
+run, the ops (`named_first`) fail their step with the named error as its first line.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from types import TracebackType
+
+import dagster as dg
 
 from backfill_assets.core.errors import BackfillError
 
@@ -50,3 +56,25 @@ def install() -> None:
     """Print named errors first in this process (idempotent; another hook is left alone)."""
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
+
+
+def named_first(op_body: Callable) -> Callable:
+    """An op body whose named error fails its step as `dg.Failure` led by the error's name and
+    message (the cause kept below it), so a run's page and `dagster job execute` show what to
+    do first, not Dagster's "Error occurred while executing op" over a long traceback."""
+    if inspect.isgeneratorfunction(op_body):
+        @functools.wraps(op_body)
+        def generating(*args, **kwargs):
+            try:
+                yield from op_body(*args, **kwargs)
+            except BackfillError as exc:
+                raise dg.Failure(description=headline(exc)) from exc
+        return generating
+
+    @functools.wraps(op_body)
+    def returning(*args, **kwargs):
+        try:
+            return op_body(*args, **kwargs)
+        except BackfillError as exc:
+            raise dg.Failure(description=headline(exc)) from exc
+    return returning

@@ -31,6 +31,7 @@ from resources.warehouse import warehouse_resource
 
 named_errors.install()  # `dagster job execute` and friends: a named error first
 settings = load_settings()
+named_errors.install(settings.traceback)
 key_cache.set_limit(settings.key_cache_mib << 20)  # each run process keeps its own
 mv = load_mv_definition(settings)
 backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count), mv.name)

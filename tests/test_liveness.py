@@ -224,3 +224,14 @@ def test_a_killed_run_ahead_is_not_waited_for(dagster_home):
     started = time.monotonic()
     wait_turn(instance, rerun.run_id, range(VNODES), VNODES, said.append)
     assert said == [] and time.monotonic() - started < 1.0
+
+
+def test_the_traceback_is_there_on_request(warehouse, dagster_home):
+    """BACKFILL_TRACEBACK=1 (a setting): the named error first, Dagster's traceback after it."""
+    env = {**os.environ, "BACKFILL_WAREHOUSE": warehouse, "DAGSTER_HOME": dagster_home,
+           "BACKFILL_VNODE_COUNT": str(VNODES), "BACKFILL_TRACEBACK": "1"}
+    proc = _cli(env, "job", "execute", "-m", "backfill_assets.definitions", "-j", "backfill_job",
+                "--tags", json.dumps({RANGE_START: "0", RANGE_END: "9"}))
+    lines = [x for x in proc.stderr.splitlines() if x.startswith(("error:", "Traceback"))]
+    assert lines[0].startswith("error: UnknownVnodePartition: no vnode partition '9'")
+    assert lines[1].startswith("Traceback")

@@ -3,15 +3,15 @@
 Why: a wrong partition key given to `dagster job execute` ends a 30-frame Dagster traceback;
 the one line that says what happened and what to do was the last one. The command-line
 processes that load the definitions print a named error first and alone (the traceback only
-on request: BACKFILL_TRACEBACK=1); every other exception keeps Python's own report. Inside a
-run, the ops (`named_first`) fail their step with the named error as its first line.
+on request: BACKFILL_TRACEBACK=1, read by resources/settings.py); every other exception keeps
+Python's own report. Inside a run, the ops (`named_first`) fail their step with the named
+error as its first line.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -21,7 +21,7 @@ import dagster as dg
 
 from backfill_assets.core.errors import BackfillError
 
-TRACEBACK_ENV = "BACKFILL_TRACEBACK"
+_SHOW = {"traceback": False}  # the process's setting (install)
 
 
 def named_cause(exc: BaseException | None) -> BackfillError | None:
@@ -46,14 +46,16 @@ def _excepthook(kind: type[BaseException], exc: BaseException,
         sys.__excepthook__(kind, exc, tb)
         return
     print(f"error: {headline(named)}", file=sys.stderr)
-    if os.environ.get(TRACEBACK_ENV) == "1":
+    if _SHOW["traceback"]:
         traceback.print_exception(kind, exc, tb, file=sys.stderr)
     else:
-        print(f"(the full traceback: {TRACEBACK_ENV}=1)", file=sys.stderr)
+        print("(the full traceback: BACKFILL_TRACEBACK=1)", file=sys.stderr)
 
 
-def install() -> None:
-    """Print named errors first in this process (idempotent; another hook is left alone)."""
+def install(show_traceback: bool = False) -> None:
+    """Print named errors first in this process (idempotent; another hook is left alone);
+    `show_traceback`: the setting BACKFILL_TRACEBACK."""
+    _SHOW["traceback"] = show_traceback
     if sys.excepthook is sys.__excepthook__:
         sys.excepthook = _excepthook
 

@@ -35,7 +35,8 @@ def install_instance(dagster_home: str) -> None:
     import dagster as dg
 
     os.makedirs(dagster_home, exist_ok=True)
-    shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"), os.path.join(dagster_home, "dagster.yaml"))
+    shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"),
+                os.path.join(dagster_home, "dagster.yaml"))
     # the instance's storage made here, before dagster dev's processes start: a caller that
     # opened the same instance while they made it raced them to one sqlite schema ("table
     # jobs already exists", seen in tests/reliability/test_follower_kills.py)

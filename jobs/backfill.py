@@ -1,7 +1,10 @@
 """backfill_job: one barrier for a vnode range (all vnodes when no range tag is given).
 
     dagster job execute -m backfill_assets.definitions -j backfill_job --tags \
-      '{"dagster/asset_partition_range_start": "000", "dagster/asset_partition_range_end": "127"}'
+      '{"dagster/asset_partition_range_start": "00", "dagster/asset_partition_range_end": "31"}'
+
+(keys zero-padded to the vnode count's width: `00`..`63` for 64 vnodes; a key that does not
+exist is refused with `UnknownVnodePartition`, wiring/partitions.py).
 """
 
 import dagster as dg

@@ -194,8 +194,10 @@ def _how(mv) -> str:
     from backfill_assets.step.modes import mode_named
 
     if mode_named(mv.mode).bulk:
-        return (f"{mv.mode} mode: the first barrier reads every row at one pinned version, in "
-                f"slices of about {mv.slice_rows} rows, then the change feed keeps it current")
+        sliced = (f"in slices of about {mv.slice_rows:,} rows" if mv.slice_rows < DEMO_ROWS
+                  else f"in one slice (a slice holds up to {mv.slice_rows:,} rows)")
+        return (f"{mv.mode} mode: the first barrier reads every row at one pinned version, "
+                f"{sliced}, then the change feed keeps it current")
     return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
 
 

@@ -40,6 +40,7 @@ from backfill_assets.wiring.liveness import (
     vnodes_tag,
     writers_over,
 )
+from backfill_assets.wiring.named_errors import named_first
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -65,6 +66,7 @@ def build_follower_jobs(d: MVDefinition, settings: Settings,
 def _follower_job(d: MVDefinition, settings: Settings, hook: Hook) -> dg.JobDefinition:
     @dg.op(name="follow_upstream",
            description="Barrier after barrier on a warm Spark session until stopped.")
+    @named_first
     def follow_upstream(context: dg.OpExecutionContext, config: FollowerConfig,
                         spark: LazyPySparkResource, warehouse: WarehouseResource) -> dg.Output:
         vnodes = _vnodes(context.run, config, d.vnode_count)

@@ -41,6 +41,9 @@ BACKFILL_CONTINUOUS        1: the barrier sensor keeps one          0
 BACKFILL_KEY_CACHE_MIB     memory a process may keep data files'   512
                            key columns in (small barriers' key
                            lookups, storage/rows/key_cache.py)
+BACKFILL_TRACEBACK         1: a command that fails with a named     0
+                           error prints the traceback after it
+                           (backfill_assets/wiring/named_errors.py)
 BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
                            SIGKILL itself at that commit boundary
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset
@@ -80,6 +83,7 @@ ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
 ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
 ENV_CONTINUOUS = "BACKFILL_CONTINUOUS"
 ENV_KEY_CACHE_MIB = "BACKFILL_KEY_CACHE_MIB"
+ENV_TRACEBACK = "BACKFILL_TRACEBACK"
 DEFAULT_KEY_CACHE_MIB = 512
 _MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|mesos)://\S+)$")
 _REMOTE_RE = re.compile(r"^sc://[^\s/:]+(:\d+)?(/;\S*)?$")
@@ -102,6 +106,7 @@ class Settings:
     mv_dir: str | None = None  # folder of MV definitions (None: the one file above)
     run_ranges: int = 1  # vnode ranges the barrier sensor requests one run each for
     continuous: bool = False  # the sensor keeps followers alive instead of per-barrier runs
+    traceback: bool = False  # a named error's traceback printed after it (named_errors.py)
     key_cache_mib: int = DEFAULT_KEY_CACHE_MIB  # bound of the process's key cache
     test_kill_at: str | None = None  # fault injection for the crash tests (never in production)
     dagster_home: str | None = None
@@ -236,6 +241,7 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         mv_dir=mv_dir,
         run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),
         continuous=_flag(env, ENV_CONTINUOUS),
+        traceback=_flag(env, ENV_TRACEBACK),
         key_cache_mib=_positive_int(env, ENV_KEY_CACHE_MIB, DEFAULT_KEY_CACHE_MIB, 1 << 20),
         test_kill_at=env.get(ENV_TEST_KILL_AT) or None,
         dagster_home=env.get("DAGSTER_HOME") or None,

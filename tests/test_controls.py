@@ -105,7 +105,10 @@ def test_set_controls_job_typed_config_and_bad_values(tmp_path, warehouse, monke
                        ({"rate_limit": -5}, "rows per second >= 0")):
         failed = run(**bad)
         assert not failed.success
-        error = failed.failure_data_for_node("set_controls").error.cause
+        failure = failed.failure_data_for_node("set_controls").error
+        # the named error and what to do lead the step's failure (named_errors.named_first)
+        assert failure.message.split(": ", 1)[1].startswith("InvalidControl: "), failure.message
+        error = failure.cause
         assert error.cls_name == "InvalidControl" and words in error.message, error.message
     assert read_controls(tables) == Controls(chunk_size=None, rate_limit=500)  # nothing written
     with pytest.raises(dg.DagsterInvalidConfigError, match="snapshot"):

@@ -52,20 +52,23 @@ def test_a_barrier_delivers_the_rate_however_slow_its_steps(warehouse, monkeypat
     assert RATE <= reads[0] <= 1.1 * RATE  # the first step after the change: a second's worth
 
 
-def test_the_gap_between_runs_is_credited_up_to_a_minute(warehouse, monkeypatch):
-    """A new process (a Dagster run) anchors at the progress table's last commit: the time
-    the previous run ended and this one started is credited, at most MAX_CREDIT_SECONDS."""
+def test_a_gap_is_credited_only_up_to_the_bucket_no_catch_up_burst(warehouse, monkeypatch):
+    """A new process (a Dagster run) anchors at the progress table's last commit: a short gap
+    since the previous run is credited, a long one only up to MAX_CREDIT_SECONDS, a fifth of
+    a 60 s window, so no window reads more than 1.2 times the rate (the rest is lost)."""
+    assert pacing.MAX_CREDIT_SECONDS <= 0.2 * 60
     monkeypatch.setattr(pacing, "_PACES", {})
     req = _request(warehouse)
     monkeypatch.setattr(pacing, "controls_changed_at", lambda tables: time.time() - 3600)
-    monkeypatch.setattr(pacing, "_last_commit", lambda tables: time.time() - 20.0)
+    monkeypatch.setattr(pacing, "_last_commit", lambda tables: time.time() - 8.0)
     reads: list[int] = []
     pacing.paced(None, req, _step(0.0, reads), lambda p: None, seconds=0)
-    assert 19 * RATE <= reads[0] <= 21 * RATE
-    monkeypatch.setattr(pacing, "_PACES", {})
-    monkeypatch.setattr(pacing, "_last_commit", lambda tables: time.time() - 7200)
-    pacing.paced(None, req, _step(0.0, reads), lambda p: None, seconds=0)
-    assert reads[1] == int(pacing.MAX_CREDIT_SECONDS * RATE)
+    assert 7.5 * RATE <= reads[0] <= 8.5 * RATE
+    for gap in (35.0, 7200.0):  # the issue's gap between two sensor runs; a day's pause
+        monkeypatch.setattr(pacing, "_PACES", {})
+        monkeypatch.setattr(pacing, "_last_commit", lambda tables, gap=gap: time.time() - gap)
+        pacing.paced(None, req, _step(0.0, reads), lambda p: None, seconds=0)
+        assert reads[-1] == int(pacing.MAX_CREDIT_SECONDS * RATE)
 
 
 def test_a_controls_change_starts_a_new_pace(warehouse, monkeypatch):

@@ -219,3 +219,8 @@ class MVResetRefused(BackfillError):
 
 class ResnapshotRefused(BackfillError):
     """resnapshot_job was asked for vnodes that are not finished or not the MV's."""
+
+
+class UnknownVnodePartition(BackfillError, ValueError):
+    """A run or launch names a vnode partition key the MV does not have (keys are zero-padded
+    to the width of the MV's vnode count: `00`..`63` for 64 vnodes)."""

@@ -54,6 +54,12 @@ class MVFigures:
     mv_version: int | None  # the oldest version any started vnode is at (None: none started)
     lag_seconds: float  # age of the oldest upstream commit the MV has not applied (0: none)
 
+    def __post_init__(self) -> None:
+        # paused, no snapshot row is read: the rate of the barriers before the pause beside
+        # `state paused` would say the backfill still moves
+        if self.paused and not self.finished:
+            object.__setattr__(self, "rows_per_second", 0.0)
+
     @property
     def finished(self) -> bool:
         return self.vnodes_finished == self.vnode_count

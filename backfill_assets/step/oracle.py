@@ -14,7 +14,7 @@ failure, not an equal-looking value).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -64,11 +64,13 @@ class Verdict:
 
 
 def verify(spark: SparkSession, d: MVDefinition, tables: MVTables,
-           vnodes: Sequence[int] | None = None, progress: dict | None = None) -> Verdict:
+           vnodes: Sequence[int] | None = None, progress: dict | None = None,
+           say: Callable[[str], None] = lambda _: None) -> Verdict:
     """Compare every vnode of the MV with f(upstream@v_k, key <= current_pos_k).
 
     `progress` (vnode -> (progress, version)) defaults to the progress table; the crash tests
-    pass the progress a rerun would recover instead.
+    pass the progress a rerun would recover instead. `say` hears each stage as it ends (a
+    verification of a large MV takes minutes: verify_job logs them).
     """
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
@@ -85,13 +87,16 @@ def verify(spark: SparkSession, d: MVDefinition, tables: MVTables,
     actual = defaultdict(Counter)
     for row in actual_rows:
         actual[row["vnode"]][_frozen(row)] += 1
+    say(f"read the MV: {len(actual_rows)} rows of {len(vnodes)} vnodes")
     by_version = defaultdict(list)
     for vnode, (_, version) in progress.items():
         by_version[version].append(vnode)
     expected = defaultdict(Counter)
-    for version, group in by_version.items():
+    for done, (version, group) in enumerate(by_version.items(), 1):
         for row in _expected_rows(spark, d, tables, upstream, version, group, progress):
             expected[row["vnode"]][_frozen(row)] += 1
+        say(f"recomputed {len(group)} vnodes at upstream v{version} ({done}/{len(by_version)} "
+            "versions)")
     for vnode in vnodes:
         exp, act = expected[vnode], actual[vnode]
         verdict.vnodes.append(VnodeVerdict(

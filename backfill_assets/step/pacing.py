@@ -4,14 +4,17 @@ Why: a step under a rate limit used to read at most one second's worth (R rows) 
 the second; with a Dagster run per barrier (a launch and a JVM start, ~30 s apart) that
 delivered 234 rows/s against a limit of 20,000. Here the rows a rate-limited barrier may read
 are the rate times the time since the rows already read were due (the pace's *anchor*), at
-most MAX_CREDIT_SECONDS of it and at least one second of it (the step waits for that):
+most MAX_CREDIT_SECONDS of it and at least one second of it (the step waits for that). The
+bucket holds at most MAX_CREDIT_SECONDS of credit, a fifth of a minute, so no 60 s window
+reads more than 1.2 times its share: time nobody read in (a stall, the gap between two runs)
+is lost beyond that, never repaid in a burst.
 - within a barrier, step after step for `BARRIER_SECONDS` (a Dagster run: launching one costs
   seconds, so one run reads about a minute's worth before the next barrier's run), each step
   reading what came due while the previous one ran;
 - across barriers, the anchor is where the pace left it in this process (the follower runs its
-  barriers in one process), else the progress table's latest commit (a new run: the time
-  between runs is credited, so a sensor-driven backfill delivers R too), never before the
-  controls' last change (a resume or a new rate does not spend credit from before it).
+  barriers in one process), else the progress table's latest commit (a new run: the gap
+  since the previous run is credited up to the bucket's size), never before the controls'
+  last change (a resume or a new rate does not spend credit from before it).
 R per step is still a ceiling per vnode too: a step reads at most `chunk_size` rows per vnode,
 so a chunk size below R / unfinished vnodes bounds the rate instead.
 """
@@ -29,7 +32,7 @@ from backfill_assets.mv.controls import controls_changed_at
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook, StepReport, StepRequest
 
-MAX_CREDIT_SECONDS = 60.0  # the most a pace lets accumulate (after a stall, a long gap)
+MAX_CREDIT_SECONDS = 12.0  # the bucket: a fifth of a 60 s window (see the module docstring)
 MIN_CREDIT_SECONDS = 1.0  # a step waits for at least a second's worth
 BARRIER_SECONDS = 60.0  # how long a rate-limited barrier of a Dagster run keeps stepping
 

@@ -11,6 +11,8 @@ output (see assets.py), so a UI launch that adds the check to a barrier skips it
 recomputing the whole MV. `verify_job` (or "Execute" on the check) records its result here.
 """
 
+from collections.abc import Callable
+
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
@@ -35,9 +37,11 @@ MV = dg.AssetKey("downstream_mv")
 SHOWN_VNODES = 16  # vnodes listed in the table besides every failing one
 
 
-def run_oracle(spark: SparkSession, d: MVDefinition, tables) -> tuple[Verdict, dict]:
-    """Verify every vnode; the verdict plus the check's metadata (failing vnodes first)."""
-    verdict = verify(spark, d, tables)
+def run_oracle(spark: SparkSession, d: MVDefinition, tables,
+               say: Callable[[str], None] = lambda _: None) -> tuple[Verdict, dict]:
+    """Verify every vnode; the verdict plus the check's metadata (failing vnodes first).
+    `say` hears each stage as it ends."""
+    verdict = verify(spark, d, tables, say=say)
     lines = ["| vnode | version | expected | actual | missing | unexpected |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {v.vnode} | {v.version} | {v.expected} | {v.actual} | {v.missing} | "

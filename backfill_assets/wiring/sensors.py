@@ -12,8 +12,11 @@ alive, and restarts one whose run ended (a SIGKILLed follower is marked FAILURE 
 monitoring), unless the followers were stopped on request.
 
 In both modes a range is skipped while any backfill or follower run over overlapping vnodes is
-in flight (by run status: no age heuristic), and every skipped tick says why. Evaluating it never
-starts a JVM: it reads Delta versions (a few ms each) and run records.
+in flight (by run status), or a Dagster backfill launched from the asset pages still has
+overlapping vnodes to do (its runs come later: racing them would cost a red run), and every
+skipped tick says why. A run that will never run (left NOT_STARTED by a failed launch) holds
+nothing: each tick marks such runs failed and logs it (`liveness.pass_over_dead`). Evaluating
+it never starts a JVM: it reads Delta versions (a few ms each) and run records.
 """
 
 
@@ -29,17 +32,23 @@ from backfill_assets.step.follower import stop_request
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
+    NEVER_STARTED_AFTER,
+    backfills_over,
     follower_restart,
+    pass_over_dead,
     vnodes_tag,
     writers_over,
 )
-from backfill_assets.wiring.partitions import range_tags, vnode_ranges
+from backfill_assets.wiring.partitions import range_tags, split, vnode_ranges
 from resources.mv import mv_tables
 from resources.settings import Settings
 
 
-def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
-                         ranges: int) -> dg.SensorDefinition:
+def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str, ranges: int,
+                         never_started_after: float = NEVER_STARTED_AFTER
+                         ) -> dg.SensorDefinition:
+    """The sensor; `never_started_after`: seconds after which a NOT_STARTED run is known dead
+    (see liveness.py)."""
     target = FOLLOWER_JOB if settings.continuous else job_name
 
     @dg.sensor(name="upstream_barrier_sensor", job_name=target, minimum_interval_seconds=5,
@@ -51,6 +60,8 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
         upstream = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
         if upstream is None:
             return dg.SkipReason(f"upstream {tables.upstream} does not exist yet")
+        for said in pass_over_dead(context.instance, never_started_after):
+            context.log.warning(said)
         if settings.continuous:
             return _keep_followers(context.instance, d, tables, ranges)
         return _barrier_runs(context, d, tables, upstream.version(), ranges)
@@ -118,13 +129,18 @@ def _keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTab
 
 
 def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int) -> str:
-    """Why vnodes first..last must wait ("" when no run writes them)."""
+    """Why vnodes first..last must wait ("" when no run or Dagster backfill writes them)."""
     runs = writers_over(instance, range(first, last + 1), vnode_count)
-    if not runs:
-        return ""
-    run = runs[0]
-    return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
-            f"{run.status.value}")
+    if runs:
+        run = runs[0]
+        return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
+                f"{run.status.value}")
+    held = backfills_over(instance, range(first, last + 1), vnode_count)
+    if held:
+        backfill_id, vnodes = held[0]
+        return (f"vnodes {first}..{last}: Dagster backfill {backfill_id} has vnodes "
+                f"{split(vnodes)} to do")
+    return ""
 
 
 def _current_vnodes(progress, version: int, paused: bool) -> set[int]:

@@ -30,8 +30,8 @@ MODES = ("snapshot", "arrangement", "no_shuffle")
 
 
 def worker(args) -> dict:
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
     from backfill_assets.storage.delta import delta_rs as delta_store
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)

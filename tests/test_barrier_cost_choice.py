@@ -1,4 +1,4 @@
-"""Choose by cost (step/cost_choice.py): a barrier over finished vnodes re-snapshots them when
+"""Choose by cost (barrier/by_cost.py): a barrier over finished vnodes re-snapshots them when
 re-reading costs less than applying its changes (by the unit costs the MV measured, or forced
 by the `barrier_choice` control), lands exactly where applying would have (the oracle, row for
 row, and the same MV rows as a twin MV that applied the changes), records the choice in its
@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
+from backfill_assets.barrier.runner import figures, run_barrier
 from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT, UnitCost, UnitCosts
 from backfill_assets.mv.controls import Controls, write_controls
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.mv.unit_costs import read_unit_costs, unit_costs_uri
-from backfill_assets.step.barrier import figures, run_barrier
 from backfill_assets.storage.store.documents import write_json
 from backfill_assets.wiring.metadata import barrier_metadata
 from tests.reliability import harness as H

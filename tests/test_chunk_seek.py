@@ -15,13 +15,13 @@ from collections import Counter
 import pytest
 
 from backfill_assets import storage
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import chunk_tail
 from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.seek_chunk import replica_schema
 from backfill_assets.storage.chunks import chunk_scan as chunk_read

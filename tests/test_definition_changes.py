@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import INTERNAL_PREFIX
 from backfill_assets.mv.reset import reset_mv
 from backfill_assets.mv.tables import MVTables, open_table
-from backfill_assets.step.barrier import run_barrier
 from tests.reliability import harness as H
 from tests.support import assert_verified
 

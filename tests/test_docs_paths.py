@@ -26,7 +26,7 @@ DOTTED = re.compile(r"(?<![\w./-])((?:backfill_assets|resources|jobs|tests|bench
 TEST_ID = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
 # `step.loop.run_step`, `core.vnode`: a module of the package, then at most one name in it
 LAYER_DOTTED = re.compile(r"`(?:backfill_assets\.)?((?:core|arrow|storage|engine|upstream|mv|step"
-                          r"|wiring)(?:\.\w+)+)`")
+                          r"|testing|barrier|verify|wiring)(?:\.\w+)+)`")
 RUN_MODULE = re.compile(r"python -m ((?:backfill_assets|resources|jobs|tests|benchmarks|docs)"
                         r"(?:\.\w+)+)")
 

@@ -38,7 +38,6 @@ from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.engine.projection import BAD_KEY, KEEP, RN, validate_expressions
 from backfill_assets.mv import tables as mv_store
-from backfill_assets.mv.controls import throttle
 from backfill_assets.mv.recovery import (
     progress_rows,
     progress_schema,
@@ -254,7 +253,6 @@ class _Step:
         """After the MV commit: the progress commit, compaction, the report."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         self.hook("after_mv_commit")
-        throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered),

@@ -26,7 +26,7 @@ import random
 
 import pytest
 
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.barrier.runner import run_barrier
 from tests.interop.delta_spark import assert_mv_as_delta_spark_reads, recorded_versions
 from tests.interop.spark_upstream import Features, SparkUpstream
 from tests.reliability import harness as H

@@ -111,8 +111,8 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     from backfill_assets.core.progress import Completed
     from backfill_assets.core.vnode import vnode_of
     from backfill_assets.mv.tables import read_rows, txn_versions
-    from backfill_assets.step.oracle import verify
     from backfill_assets.step.preflight import checked_upstream
+    from backfill_assets.verify.oracle import verify
 
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
@@ -165,7 +165,7 @@ def assert_recovered_invariant(spark, d, tables, what: str) -> int:
 
 def assert_oracle(spark, d, tables, what: str) -> int:
     """The platform's own oracle (progress table only): what verify_job runs."""
-    from backfill_assets.step.oracle import verify
+    from backfill_assets.verify.oracle import verify
 
     verdict = verify(spark, d, tables)
     bad = [(v.vnode, v.missing, v.unexpected) for v in verdict.failures()]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 
 from backfill_assets.step import loop as step
-from backfill_assets.step.faults import kill_hook
+from backfill_assets.testing.kill_hook import kill_hook
 from tests.reliability import harness as H
 
 
@@ -91,7 +91,7 @@ def test_kill_hook_is_free_unless_asked_for():
     assert kill_hook(load_settings({}).test_kill_at) is step.no_hook
     with pytest.raises(ValueError, match="unknown kill point"):
         kill_hook("somewhere")
-    code = ("from backfill_assets.step.faults import KILL_POINTS, kill_hook\n"
+    code = ("from backfill_assets.testing.kill_hook import KILL_POINTS, kill_hook\n"
             "from resources.settings import load_settings\n"
             "hook = kill_hook(load_settings().test_kill_at)\n"
             "for p in KILL_POINTS: hook(p)\n"

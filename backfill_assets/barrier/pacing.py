@@ -19,7 +19,6 @@ so a chunk size below R / unfinished vnodes bounds the rate instead.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
@@ -27,14 +26,12 @@ from pyspark.sql import SparkSession
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import controls_changed_at
 from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.request import Hook, StepReport, StepRequest
+from backfill_assets.step.modes import run_mode_barrier
+from backfill_assets.step.request import Hook, StepReport, StepRequest, merged
 
 MAX_CREDIT_SECONDS = 60.0  # the most a pace lets accumulate (after a stall, a long gap)
 MIN_CREDIT_SECONDS = 1.0  # a step waits for at least a second's worth
 BARRIER_SECONDS = 60.0  # how long a rate-limited barrier of a Dagster run keeps stepping
-
-Run = Callable[[SparkSession, StepRequest, Hook], StepReport]
-
 
 @dataclass
 class Pace:
@@ -68,11 +65,12 @@ def pace_for(tables: MVTables, vnodes: tuple[int, ...], rate: int) -> Pace:
     return pace
 
 
-def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
+def paced(spark: SparkSession, req: StepRequest, hook: Hook,
           seconds: float = BARRIER_SECONDS) -> StepReport:
-    """A barrier under the rate limit `req.rate_limit`: steps of `run`, each reading what came
-    due (`req.rate_limit` becomes that step's row budget), for `seconds` (0: one step) or
-    until every vnode is finished or a step reads nothing; one report for all of them."""
+    """A barrier under the rate limit `req.rate_limit`: barriers of the request's mode, each
+    reading what came due (`req.rate_limit` becomes that step's row budget), for `seconds`
+    (0: one step) or until every vnode is finished or a step reads nothing; one report for
+    all of them."""
     rate = req.rate_limit
     assert rate, "paced() is for a positive rate limit"
     pace = pace_for(req.tables, req.vnodes, rate)
@@ -82,7 +80,9 @@ def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
         if wait > 0:
             time.sleep(wait)
         budget = max(1, int(rate * pace.credit(time.time())))
-        report = run(spark, replace(req, rate_limit=budget), hook)
+        step_started = time.monotonic()
+        report = run_mode_barrier(spark, replace(req, rate_limit=budget), hook)
+        throttle(budget, report.snapshot_rows, step_started)
         pace.spend(report.snapshot_rows, time.time())
         reports.append(report)
         if report.finished or not report.snapshot_rows or \
@@ -96,21 +96,12 @@ def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
     return out
 
 
-def merged(reports: list[StepReport]) -> StepReport:
-    """Steps of one barrier (over the same vnodes, or over slices of them) as one report: the
-    sums of what they did, each vnode's last state (and the last step's extra figures)."""
-    last = reports[-1]
-    out = replace(last, progress={}, versions={}, extra=dict(last.extra), recovered=[])
-    for r in reports:
-        out.recovered += [v for v in r.recovered if v not in out.recovered]
-        out.progress.update(r.progress)
-        out.versions.update(r.versions)
-    out.vnodes = tuple(sorted(out.progress))
-    out.snapshot_rows = sum(r.snapshot_rows for r in reports)
-    out.forwarded_rows = sum(r.forwarded_rows for r in reports)
-    out.replicated_rows = sum(r.replicated_rows for r in reports)
-    out.seconds = sum(r.seconds for r in reports)
-    return out
+def throttle(rate_limit: int | None, rows: int, started: float) -> None:
+    """Sleep so a step that read `rows` at a budget of `rate_limit` rows per second lasts at
+    least the time those rows are worth (`started`: its monotonic start): a barrier's last
+    step, which no next step waits behind, keeps the rate too."""
+    if rate_limit and rows:
+        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))
 
 
 def _last_commit(tables: MVTables) -> float | None:

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import tables as mv_store
 from backfill_assets.mv.controls import read_controls
 from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import controls_in_force, figures, run_barrier
 from backfill_assets.step.request import Hook, StepReport, no_hook
 from backfill_assets.storage.delta.log_wait import wait_for_commit
 from backfill_assets.storage.store import objects

@@ -1,4 +1,4 @@
-"""Chunked modes read by a seek (issue 14, item 3): an arrangement barrier reads only the
+"""Chunked modes read by a seek: an arrangement barrier reads only the
 replica files that hold its chunk, however much of the vnode is left, and the MV stays exact
 under live DML (the oracle after the barriers; the e2e, exactness and crash tests run the
 same read to completion on one-file vnodes); no_shuffle's chunks through Spark tasks.

@@ -133,8 +133,9 @@ def test_colliding_upstream_columns_are_refused_by_name(spark, warehouse, column
     assert open_table(tables.mv, {}) is None and open_table(tables.replica, {}) is None
 
 
-def test_old_internal_names_and_a_foreign_vnode_column_work(spark, warehouse):
-    """Columns named like the helpers used to be, and the upstream's own `vnode` (a string
+def test_unprefixed_helper_names_and_a_foreign_vnode_column_work(spark, warehouse):
+    """Columns named like helper columns without the `__bf_` prefix, and the upstream's own
+    `vnode` (a string
     here): carried and computed exactly; the MV's vnode is the platform's."""
     uri = f"{warehouse}/olds"
     names = ["_op", "_rn", "_keep", "_pos_every", "_bad_key", "_rank", "vnode"]

@@ -1,7 +1,7 @@
 """The docs name only what exists: every file path, dotted module (`backfill_assets.x.y`, or
 `step.loop.run_step` relative to the package: its module and the name in it), `python -m` entry
 point and `tests/...::test` the README and docs/*.md mention; and docs/ARCHITECTURE.md's map
-lists every module of the package, resources/ and jobs/ (issue 39). docs/BENCHMARKS_HISTORY.md
+lists every module of the package, resources/ and jobs/. docs/BENCHMARKS_HISTORY.md
 is a record of past rounds, in the names of the code each round measured: it is not checked.
 Text only: fast, no imports."""
 

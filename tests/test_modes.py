@@ -1,6 +1,6 @@
 """The modes are chosen in one place (`step.modes.mode_named`), and each declares what differs
 about it in its `Mode`: nothing else in the package, the resources or the jobs asks a mode's
-name (issue 39)."""
+name."""
 
 from __future__ import annotations
 

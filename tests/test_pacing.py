@@ -12,6 +12,7 @@ from backfill_assets.mv.controls import Controls, write_controls
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import StepReport, StepRequest
+from backfill_assets.storage import clear_all
 from tests.support import simple_mv
 
 RATE = 2000
@@ -47,7 +48,7 @@ def paced(monkeypatch, req: StepRequest, step, seconds: float) -> StepReport:
 def test_a_barrier_delivers_the_rate_however_slow_its_steps(warehouse, monkeypatch):
     """Steps of 1.5 s (slower than a second's worth of rows) still deliver the
     rate: each reads what came due while the previous one ran."""
-    monkeypatch.setattr(pacing, "_PACES", {})
+    clear_all()
     req, reads = _request(warehouse), []
     started = time.time()
     report = paced(monkeypatch, req, _step(1.5, reads), seconds=6.0)
@@ -61,14 +62,14 @@ def test_a_barrier_delivers_the_rate_however_slow_its_steps(warehouse, monkeypat
 def test_the_gap_between_runs_is_credited_up_to_a_minute(warehouse, monkeypatch):
     """A new process (a Dagster run) anchors at the progress table's last commit: the time
     the previous run ended and this one started is credited, at most MAX_CREDIT_SECONDS."""
-    monkeypatch.setattr(pacing, "_PACES", {})
+    clear_all()
     req = _request(warehouse)
     monkeypatch.setattr(pacing, "controls_changed_at", lambda tables: time.time() - 3600)
     monkeypatch.setattr(pacing, "_last_commit", lambda tables: time.time() - 20.0)
     reads: list[int] = []
     paced(monkeypatch, req, _step(0.0, reads), seconds=0)
     assert 19 * RATE <= reads[0] <= 21 * RATE
-    monkeypatch.setattr(pacing, "_PACES", {})
+    clear_all()
     monkeypatch.setattr(pacing, "_last_commit", lambda tables: time.time() - 7200)
     paced(monkeypatch, req, _step(0.0, reads), seconds=0)
     assert reads[1] == int(pacing.MAX_CREDIT_SECONDS * RATE)
@@ -76,7 +77,7 @@ def test_the_gap_between_runs_is_credited_up_to_a_minute(warehouse, monkeypatch)
 
 def test_a_controls_change_starts_a_new_pace(warehouse, monkeypatch):
     """A resume (or a new rate) spends no credit from before it: one second's worth first."""
-    monkeypatch.setattr(pacing, "_PACES", {})
+    clear_all()
     req = _request(warehouse)
     monkeypatch.setattr(pacing, "_last_commit", lambda tables: time.time() - 30.0)
     reads: list[int] = []

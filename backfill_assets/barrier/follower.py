@@ -1,9 +1,9 @@
 """Continuous mode: one long-running loop per MV (or vnode range) on a warm Spark session.
 
-Why: a run per barrier pays a Dagster launch and a JVM start (~10 s) before any work, so an
-upstream commit reaches the MV tens of seconds later. The follower stays inside one run and
-loops: wait for the upstream's next log entry (a stat per 10 ms, storage/delta/log_wait.py),
-run the barrier (`barrier.run_barrier`, the very step `backfill_job` runs) over every version
+Why: a run per barrier pays a Dagster launch and a JVM start before any work, so an upstream
+commit reaches the MV only after both. The follower stays inside one run and loops: wait for
+the upstream's next log entry (a cheap stat of the next commit file, storage/delta/log_wait.py),
+run the barrier (`runner.run_barrier`, the very path `backfill_job` runs) over every version
 that arrived since (coalesced), record it, repeat. Exactly once, recovery and fencing are the
 step's: a follower killed anywhere is repaired by the next barrier of the next follower.
 

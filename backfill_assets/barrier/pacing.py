@@ -1,10 +1,11 @@
 """A rate limit of R snapshot rows per second, kept over minutes, not per step (a token bucket).
 
-Why: a step under a rate limit used to read at most one second's worth (R rows) and sleep out
-the second; with a Dagster run per barrier (a launch and a JVM start, ~30 s apart) that
-delivered 234 rows/s against a limit of 20,000. Here the rows a rate-limited barrier may read
-are the rate times the time since the rows already read were due (the pace's *anchor*), at
-most MAX_CREDIT_SECONDS of it and at least one second of it (the step waits for that):
+Why: a step that read at most one second's worth (R rows) and slept out the second would,
+with a Dagster run per barrier (a launch and a JVM start between barriers), deliver a small
+fraction of R: the time between steps would count against the rate. Here the rows a
+rate-limited barrier may read are the rate times the time since the rows already read were
+due (the pace's *anchor*), at most MAX_CREDIT_SECONDS of it and at least one second of it
+(the step waits for that):
 - within a barrier, step after step for `BARRIER_SECONDS` (a Dagster run: launching one costs
   seconds, so one run reads about a minute's worth before the next barrier's run), each step
   reading what came due while the previous one ran;
@@ -28,6 +29,7 @@ from backfill_assets.mv.controls import controls_changed_at
 from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.modes import run_mode_barrier
 from backfill_assets.step.request import Hook, StepReport, StepRequest, merged
+from backfill_assets.storage import LRU
 
 MAX_CREDIT_SECONDS = 60.0  # the most a pace lets accumulate (after a stall, a long gap)
 MIN_CREDIT_SECONDS = 1.0  # a step waits for at least a second's worth
@@ -48,7 +50,8 @@ class Pace:
         self.anchor = max(self.anchor, now - MAX_CREDIT_SECONDS) + rows / self.rate
 
 
-_PACES: dict[tuple[str, tuple[int, ...]], Pace] = {}  # this process's, per (MV, vnode range)
+# this process's, per (MV, vnode range)
+_PACES: LRU[tuple[str, tuple[int, ...]], Pace] = LRU(1024, name="rate-limit paces")
 
 
 def pace_for(tables: MVTables, vnodes: tuple[int, ...], rate: int) -> Pace:
@@ -61,7 +64,8 @@ def pace_for(tables: MVTables, vnodes: tuple[int, ...], rate: int) -> Pace:
         known = [t for t in (_last_commit(tables), since) if t is not None]
         anchor = min(max(known), now - MIN_CREDIT_SECONDS) if known else \
             now - MIN_CREDIT_SECONDS
-        pace = _PACES[key] = Pace(rate, since, anchor)
+        pace = Pace(rate, since, anchor)
+        _PACES.put(key, pace)
     return pace
 
 

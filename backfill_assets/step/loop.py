@@ -308,7 +308,7 @@ class _Step:
             changes, rows = replacing(self.ctx.spark, snap, rows, self.req.reset,
                                       key_order.names), None
         # files sized by the upstream's rows, for what Spark writes (reading the upstream's log
-        # for that costs ~0.03 s at 20M rows: a small barrier's keyed rows make one file anyway)
+        # for that costs a log read: a small barrier's keyed rows make one file anyway)
         spark_writes = changes is not None or rows is not None
         file_rows = mv_file_rows(self.ctx) if spark_writes else None
         clustered = clustered and rows is not None

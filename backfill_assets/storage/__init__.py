@@ -30,7 +30,8 @@ Public surface (everything else in the package is its inside):
 - ``change_rows_by_vnode``: a version range's change rows per vnode, estimated from the log
   alone (how snapshot mode sizes its catch-up steps); ``estimate_change_rows``: the same for
   any table, after the checks a read of the range makes (how a barrier chooses by cost);
-- ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
+- ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py);
+- ``LRU`` / ``memoized`` / ``clear_all``: every process cache of the package, and its reset.
 See docs/ARCHITECTURE.md, "The storage layer".
 """
 
@@ -59,6 +60,7 @@ from backfill_assets.storage.rows.commit import Intent
 from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
 from backfill_assets.storage.rows.scan import parallelism, read_snapshot
 from backfill_assets.storage.rows.spark_types import col, spark_type
+from backfill_assets.storage.store.lru import LRU, clear_all, memoized
 from backfill_assets.storage.writes.bulk import (
     BulkRows,
     BulkWritten,
@@ -79,6 +81,7 @@ from backfill_assets.storage.writes.replica_copy import FirstChunk, write_copy
 
 __all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "FirstChunk",
            "Intent",
+           "LRU", "clear_all", "memoized",  # every process cache (store/lru.py)
            "HeldChunk", "KeyedRows", "Snapshot", "TransformRefused",
            "append", "apply_changes", "change_rows_by_vnode", "apply_keyed", "chunk_files",
            "estimate_change_rows",

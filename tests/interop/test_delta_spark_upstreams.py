@@ -1,4 +1,4 @@
-"""Tables the reference writer makes, backfilled by us (issue 37, item 3): a generated foreign
+"""Tables the reference writer makes, backfilled by us: a generated foreign
 upstream written only by Delta-Spark with what users turn on (deletion vectors through DELETE,
 UPDATE and MERGE; the change feed; column mapping in name and id mode with RENAME and DROP
 COLUMN between barriers; classic checkpoints every 2 commits; row tracking; timestamp_ntz;

@@ -1,4 +1,4 @@
-"""A Delta-Spark MERGE writer as the live upstream (issue 37, item 3), in the default mode.
+"""A Delta-Spark MERGE writer as the live upstream, in the default mode.
 
 The writer is what a Structured Streaming upsert job does with each micro-batch:
 ``MERGE INTO delta.`upstream` t USING batch s ON t.id = s.id WHEN MATCHED AND s.op = 'D' THEN

@@ -1,7 +1,7 @@
 """What the reliability tests compare and check (harness.py re-exports it): a table state
-(MV rows as a multiset, progress rows, Delta versions, duplicate keys) and the invariant of
-DESIGN.md section 4 on the recoverable state (``verify_recovered``), the platform's own oracle
-(``assert_oracle``) and its Dagster job (``run_verify_job``)."""
+(MV rows as a multiset, progress rows, Delta versions, duplicate keys) and the invariant
+(docs/DESIGN.md, "The invariant") on the recoverable state (``verify_recovered``), the
+platform's own oracle (``assert_oracle``) and its Dagster job (``run_verify_job``)."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def recovered_progress(d, tables, vnodes: Sequence[int]) -> dict:
 
 
 def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> Check:
-    """DESIGN.md section 4 after any commit: MV[k] == f(upstream@v_k, key <= pos_k) with the
+    """The invariant after any commit: MV[k] == f(upstream@v_k, key <= pos_k) with the
     recoverable progress, and replica[k] == upstream@r_k for unfinished arrangement vnodes."""
     from backfill_assets.core.progress import Completed
     from backfill_assets.core.vnode import vnode_of

@@ -13,7 +13,7 @@ What it gives the reliability tests:
   rendezvous that holds both runs at a point until both reached it.
 - `snapshot` / `assert_same_tables` (checks.py): MV rows (multiset of all columns), progress
   rows, Delta versions, duplicate keys.
-- `verify_recovered` (checks.py): the invariant of DESIGN.md section 4 on the *recoverable*
+- `verify_recovered` (checks.py): the invariant (docs/DESIGN.md) on the *recoverable*
   state (the progress table completed by the MV commit a crash left without its progress
   commit), plus the replica invariant (replicated_state of an unfinished vnode == upstream at
   its recorded version). Unlike `oracle.verify` it holds after *every* commit, also between

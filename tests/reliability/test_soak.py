@@ -1,5 +1,5 @@
 """Randomized soak: random DML, barriers, chunk sizes, rate limits, rescales and kills, with the
-invariant of DESIGN.md section 4 checked after every commit.
+invariant (docs/DESIGN.md, "The invariant") checked after every commit.
 
 Two MVs (arrangement and no_shuffle) follow one live upstream. Every round:
 - 0-2 DML batches (inserts, updates, deletes, pk changes), sometimes a bulk append; a round

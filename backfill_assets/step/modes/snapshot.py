@@ -1,7 +1,7 @@
 """Snapshot mode (the default for a new MV): one bulk read at a pinned version, committed in
 vnode-range slices, then catch-up from the change feed.
 
-A barrier in snapshot mode is a short sequence of ordinary steps (`step.run_step`, the one step
+A barrier in snapshot mode is a short sequence of ordinary steps (`step.loop.run_step`, the one step
 loop) at ONE upstream version v (the barrier's, pinned for all of them):
 1. the vnodes already Completed forward the change feed (v_k, v] (a first catch-up coalesces
    every version since the snapshot), in steps over vnode ranges of at most

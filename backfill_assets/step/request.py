@@ -41,8 +41,8 @@ class Mode:
     positions: Callable[[], PositionStrategy]  # a fresh position strategy for one step
     source: SnapshotSource  # where a step's snapshot rows come from
     check_upstream: UpstreamCheck | None = None  # what this mode needs of the upstream
-    # a barrier of several steps (snapshot mode: slices, catch-up); None: one `run_step`
-    run_barrier: Callable[[SparkSession, StepRequest, Hook], StepReport] | None = None
+    # the steps of one barrier (snapshot mode: catch-up, slices); None: one `run_step`
+    barrier_steps: Callable[[SparkSession, StepRequest, Hook], StepReport] | None = None
     # the mode whose steps a barrier runs under a rate limit or a pause (snapshot mode's
     # chunked path: arrangement's); None: this mode's own
     throttled_path: Mode | None = None

@@ -29,4 +29,4 @@ def mode_named(name: str) -> Mode:
 def run_mode_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> StepReport:
     """One barrier of `req.mode` at the request's rate limit: the mode's own sequence of steps
     (snapshot mode: catch-up, slices, the chunked path when throttled), else one step."""
-    return (req.mode.run_barrier or run_step)(spark, req, hook)
+    return (req.mode.barrier_steps or run_step)(spark, req, hook)

@@ -97,7 +97,7 @@ def worker_backfill(args) -> dict:
 
     from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.core.read_cost import ReadCost
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes import mode_named
 
     mem = C.Memory()

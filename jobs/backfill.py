@@ -4,16 +4,15 @@
       '{"dagster/asset_partition_range_start": "000", "dagster/asset_partition_range_end": "127"}'
 """
 
-
 import dagster as dg
 
-MV_TAG = "backfill/mv"  # deploy/dagster.postgres.yaml limits concurrent runs per value
+from backfill_assets.wiring.liveness import BACKFILL_JOB, MV_TAG
 
 
 def build_backfill_job(partitions_def: dg.PartitionsDefinition, mv_name: str | None = None):
     """The job; every run of it carries ``backfill/mv=<mv_name>`` (a per-MV concurrency key)."""
     return dg.define_asset_job(
-        "backfill_job",
+        BACKFILL_JOB,
         # every asset of the barrier's multi-asset: downstream_mv, backfill_progress and, in
         # arrangement mode only, replicated_state (wiring/assets.py); an input of the run's
         # assets that is not selected but has events would have Dagster fetch its data

@@ -102,7 +102,7 @@ class _Writer(threading.Thread):
         self.storage_options = storage_options or None
 
     def run(self) -> None:
-        from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+        from backfill_assets.upstream.writer import LoadParams, run_load
 
         while not self.stop.is_set():
             run_load(self.uri, LoadParams(seed=1000 + self.versions, versions=1,

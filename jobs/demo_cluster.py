@@ -37,7 +37,7 @@ CLUSTER_CONF = {"spark.executor.memory": "1g", "spark.driver.memory": "1g"}
 
 
 def _store_summary(warehouse: str, options: dict[str, str]) -> str:
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
 
     found = objects.list_prefix(warehouse, options)
     by_table: dict[str, list[int]] = {}

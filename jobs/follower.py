@@ -25,9 +25,10 @@ from backfill_assets.barrier.follower import (
     request_stop,
     stop_on_interrupt,
 )
-from backfill_assets.barrier.runner import controls_in_force, vnode_states
+from backfill_assets.barrier.runner import controls_in_force
 from backfill_assets.core.errors import FollowerAlreadyRunning
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, no_hook
 from backfill_assets.wiring.checks import progress_result

@@ -13,8 +13,7 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.storage import open_mor_table
-from backfill_assets.storage.writes.maintain import DV_KEEP_VERSIONS, DV_MIN_AGE_SECONDS, maintain
+from backfill_assets.storage import DV_KEEP_VERSIONS, DV_MIN_AGE_SECONDS, maintain, open_mor_table
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource

@@ -19,8 +19,9 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.barrier.resnapshot import resnapshot
-from backfill_assets.barrier.runner import controls_in_force, figures, vnode_states
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import record_barrier, summary_metadata

@@ -10,7 +10,7 @@ writes everything, so the job starts in seconds.
 import dagster as dg
 from pydantic import Field
 
-from backfill_assets.upstream.writer.load_generator import OPS, LoadParams, run_load
+from backfill_assets.upstream.writer import OPS, LoadParams, run_load
 from resources.settings import load_settings
 from resources.warehouse import WarehouseResource
 

@@ -8,7 +8,7 @@ runs its first job markedly sooner.
 
 The JVM checks the archive against its own build and class path and ignores one that does
 not match (another JDK, other jars) without failing, so a stale archive costs only the time it
-no longer saves. ``make env`` builds it (``python -m resources.class_archive``); the setting
+no longer saves. ``make env`` builds it (``python -m resources.class_archive_build``); the setting
 ``BACKFILL_SPARK_CLASS_ARCHIVE`` names another file, or ``off``. Only the local driver JVM
 uses it: executors of a cluster start with their own class path, and a Spark Connect client
 starts no JVM.

@@ -118,7 +118,7 @@ def session_from_conf(conf: dict[str, Any]) -> Any:
     prepare_python_env()
     from pyspark.sql import SparkSession  # imported here: loading definitions stays light
 
-    from backfill_assets.storage.store.memory import settle_driver_memory
+    from backfill_assets.storage import settle_driver_memory
 
     settle_driver_memory()  # the driver hands freed native memory back (storage/store/memory.py)
 
@@ -175,7 +175,7 @@ class LazySession:
         """Where the session's tasks will run, from the conf it starts with, before it has
         started: its master, ``"remote"`` for a Connect session, None when not known. The
         storage layer asks this to run a chunk's tasks in this process on a local master
-        (``storage.read.tasks_run_here``) without starting a JVM to learn it."""
+        (``storage.rows.scan.tasks_run_here``) without starting a JVM to learn it."""
         if REMOTE_KEY in self._conf:
             return "remote"
         return self._conf.get("spark.master")

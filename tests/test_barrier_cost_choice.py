@@ -17,9 +17,9 @@ from deltalake import DeltaTable, QueryBuilder
 from backfill_assets.barrier.runner import figures, run_barrier
 from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT, UnitCost, UnitCosts
 from backfill_assets.mv.controls import Controls, write_controls
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.unit_costs import read_unit_costs, unit_costs_uri
-from backfill_assets.storage.store.documents import write_json
+from backfill_assets.storage import write_json
 from backfill_assets.wiring.metadata import barrier_metadata
 from tests.reliability import harness as H
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec

@@ -12,7 +12,7 @@ from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import InvalidControl, RescaleRefused
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.mv.controls import Controls, read_controls, update_controls
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from jobs.controls import build_controls_job
 from resources.settings import load_settings
 from resources.warehouse import warehouse_resource

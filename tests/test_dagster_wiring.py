@@ -11,7 +11,7 @@ import dagster as dg
 import yaml
 from deltalake import DeltaTable
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.assets import build_assets
 from backfill_assets.wiring.checks import build_oracle_check
 from backfill_assets.wiring.partitions import vnode_partitions

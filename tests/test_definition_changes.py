@@ -18,8 +18,8 @@ from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import INTERNAL_PREFIX
+from backfill_assets.mv.owned_tables import MVTables, open_if_exists
 from backfill_assets.mv.reset import reset_mv
-from backfill_assets.mv.tables import MVTables, open_table
 from tests.reliability import harness as H
 from tests.support import assert_verified
 
@@ -130,7 +130,7 @@ def test_colliding_upstream_columns_are_refused_by_name(spark, warehouse, column
     tables = MVTables.under(warehouse, d.name, uri)
     with pytest.raises(errors.InvalidMVDefinition, match=re.escape(repr(column))):
         run_barrier(spark, d, tables, ALL)
-    assert open_table(tables.mv, {}) is None and open_table(tables.replica, {}) is None
+    assert open_if_exists(tables.mv, {}) is None and open_if_exists(tables.replica, {}) is None
 
 
 def test_unprefixed_helper_names_and_a_foreign_vnode_column_work(spark, warehouse):

@@ -18,7 +18,7 @@ from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
 from backfill_assets.barrier.follower import clear_stop, request_stop
 from backfill_assets.core.errors import InvalidSettings
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.liveness import FOLLOWER_JOB, VNODES_TAG
 from backfill_assets.wiring.run_launcher import PidCheckingRunLauncher
 from backfill_assets.wiring.sensors import build_barrier_sensor

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from backfill_assets.core.errors import InvalidMVDefinition
-from backfill_assets.core.mv_definition import MODES as MODE_NAMES
+from backfill_assets.core.mv_definition import MODE_NAMES
 from backfill_assets.step.modes import MODES, mode_named
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ from dataclasses import replace
 from backfill_assets.barrier import pacing
 from backfill_assets.core.progress import InProgress
 from backfill_assets.mv.controls import Controls, write_controls
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import StepReport, StepRequest
 from backfill_assets.storage import clear_all

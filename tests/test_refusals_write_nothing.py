@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from backfill_assets.core import errors
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from tests.reliability import harness as H
 from tests.test_bad_input import FOREIGN, _duplicate, _foreign, _foreign_mv, _foreign_rows, refused
 

@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from backfill_assets.barrier.resnapshot import resnapshot
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import ResnapshotRefused
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.verify.oracle import verify
 from jobs.resnapshot import build_resnapshot_job
 from resources.settings import load_settings

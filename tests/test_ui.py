@@ -25,16 +25,16 @@ import yaml
 from dagster._core.definitions.reconstruct import ReconstructableJob
 
 from backfill_assets.core import codec
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.mv import owned_tables
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA
 from backfill_assets.wiring.checks import CHECK_NAME, PROGRESS_CHECK
 from backfill_assets.wiring.partitions import range_tags, vnode_key
 from jobs.dagster_dev import ROOT, dagster_dev, graphql
+from jobs.ports import free_port
 from jobs.workspace_runs import ASSET_JOB, MODULE, run_in_workspace
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
-from tests.infra import procs
 
 VNODES = 8
 ASSETS = """
@@ -138,8 +138,8 @@ def _small_platform(env: dict) -> dict:
     assert run_in_workspace(instance, "set_controls_job", run_config={"ops": {"set_controls": {
         "config": {"snapshot": "pause"}}}}).success
     tables = mv_tables(d, settings)
-    rows = mv_store.read_rows(mv_store.open_table(tables.progress, tables.storage_options), None,
-                              [codec.VNODE, codec.FINISHED]).to_pylist()
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
+    rows = owned_tables.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
     return {"finished": {vnode_key(r[codec.VNODE], VNODES) for r in rows if r[codec.FINISHED]},
             "started": {vnode_key(r[codec.VNODE], VNODES) for r in rows}}
 
@@ -152,7 +152,7 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, platform):
     finished, started = vnodes["finished"], vnodes["started"]
     assert finished == {"0", "1", "2", "3"} and started == finished | {"4", "5"}
     with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True,
-                     port=procs.free_port()) as url:
+                     port=free_port()) as url:
         keys = [{"path": [k]} for k in ("upstream_table", "replicated_state", "downstream_mv",
                                         "backfill_progress")]
         nodes = {n["assetKey"]["path"][0]: n

@@ -36,11 +36,10 @@ from backfill_assets.core.cost_choice import (
     vnode_rows_needed,
 )
 from backfill_assets.core.errors import ChangeFeedDisabled, HistoryUnavailable
-from backfill_assets.mv.unit_costs import read_unit_costs, record_barrier
+from backfill_assets.mv.unit_costs import read_unit_costs, record_cost
 from backfill_assets.step.modes import run_mode_barrier
 from backfill_assets.step.modes.snapshot import estimate_rows, recovered_progress
 from backfill_assets.step.request import Hook, StepReport, StepRequest, merged
-from backfill_assets.storage.delta import delta_rs as delta_store
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def _sized(req: StepRequest, control: str) -> _Sized | None:
     to apply (every vnode already at the version), or a change range that is not readable."""
     so = req.tables.storage_options
     version = req.v_new if req.v_new is not None else \
-        delta_store.latest_version(req.tables.upstream, so)
+        storage.latest_version(req.tables.upstream, so)
     progress = recovered_progress(req, version)
     if not progress or any(not p.finished or at is None for p, at in progress.values()):
         return None
@@ -127,6 +126,6 @@ def _record(req: StepRequest, decision: Decision, report: StepReport, seconds: f
     if report.v_new != decision.version or report.recovered:
         return
     if decision.resnapshot:
-        record_barrier(req.tables, RESNAPSHOT, decision.vnode_rows or 0, seconds)
+        record_cost(req.tables, RESNAPSHOT, decision.vnode_rows or 0, seconds)
     else:
-        record_barrier(req.tables, APPLY, decision.change_rows, seconds)
+        record_cost(req.tables, APPLY, decision.change_rows, seconds)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.modes import run_mode_barrier
 from backfill_assets.step.request import Hook, StepReport, StepRequest, merged
 from backfill_assets.storage import LRU
@@ -110,7 +110,7 @@ def throttle(rate_limit: int | None, rows: int, started: float) -> None:
 
 def _last_commit(tables: MVTables) -> float | None:
     """When the progress table last committed (s), None before its first commit."""
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     if progress is None:
         return None
     history = progress.history(1)

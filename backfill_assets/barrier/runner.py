@@ -17,11 +17,10 @@ from backfill_assets.barrier.pacing import paced
 from backfill_assets.core import codec
 from backfill_assets.core.figures import MVFigures, RateSample, recent_rate
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls, read_controls
-from backfill_assets.mv.recovery import vnode_states as vnode_states  # the jobs read it here
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.reset import nothing_left_on_refusal
-from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 
@@ -64,16 +63,16 @@ def figures(d: MVDefinition, tables: MVTables, controls: Controls,
     rows/s over the last progress commits (wall clock), ETA, and lag behind the upstream's
     latest version; None before the first barrier."""
     so = tables.storage_options
-    progress = mv_store.open_table(tables.progress, so)
+    progress = owned_tables.open_if_exists(tables.progress, so)
     if progress is None:
         return None
-    rows = mv_store.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
+    rows = owned_tables.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
     finished = sum(1 for f in rows[codec.FINISHED].to_pylist() if f)
     versions = [v for v in rows[codec.VERSION].to_pylist() if v is not None]
-    counted = mv_store.open_table(tables.upstream, so, version)
+    counted = owned_tables.open_if_exists(tables.upstream, so, version)
     upstream_rows = sum(n or 0 for n in
                         counted.get_add_actions(flatten=True).column("num_records").to_pylist())
-    upstream = mv_store.open_table(tables.upstream, so)
+    upstream = owned_tables.open_if_exists(tables.upstream, so)
     mv_version = min(versions) if versions else None
     return MVFigures(
         snapshot_rows_done=_rows_done(rows), upstream_rows=upstream_rows,
@@ -95,8 +94,9 @@ def _rate_samples(progress, tables: MVTables) -> list[RateSample]:
         return []
     samples = []
     for commit in (history[0], history[-1]):
-        table = mv_store.open_table(tables.progress, tables.storage_options, commit["version"])
-        rows = mv_store.read_rows(table, None, [codec.ROW_COUNT])
+        table = owned_tables.open_if_exists(tables.progress, tables.storage_options,
+                                            commit["version"])
+        rows = owned_tables.read_rows(table, None, [codec.ROW_COUNT])
         samples.append(RateSample(commit["timestamp"] / 1000.0, _rows_done(rows)))
     return samples
 

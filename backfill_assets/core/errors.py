@@ -45,6 +45,18 @@ class InvalidMVExpression(InvalidMVDefinition):
     on the upstream's columns (the message names the expression and carries Spark's detail)."""
 
 
+class MVNameClash(InvalidMVDefinition):
+    """Two MV definitions of one catalog claim the same name (names are case-insensitive)."""
+
+
+class MVLineageCycle(InvalidMVDefinition):
+    """MVs read each other's outputs in a cycle, so none is a function of an upstream."""
+
+
+class UnknownMV(BackfillError):
+    """A job or a caller named an MV the catalog does not hold."""
+
+
 class InvalidControl(BackfillError):
     """A bad runtime control: chunk size or rate limit."""
 

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from backfill_assets.core.codec import RESERVED_COLUMNS
 from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
-from backfill_assets.core.names import name_problems
+from backfill_assets.core.names import VNODE, name_problems
 from backfill_assets.core.progress import is_count
 from backfill_assets.core.snapshot import CATCH_UP_STEP_ROWS, DEFAULT_SLICE_ROWS
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
-MODES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
-VNODE_COLUMN = "vnode"
+MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
            "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows")
@@ -50,7 +49,7 @@ class MVDefinition:
     columns: tuple[str, ...]
     filter: str | None = None
     computed: tuple[ComputedColumn, ...] = ()
-    mode: str = MODES[0]
+    mode: str = MODE_NAMES[0]
     chunk_size: int = 10000
     rate_limit: int | None = None
     vnode_count: int = 256
@@ -88,7 +87,7 @@ class MVDefinition:
     @property
     def output_columns(self) -> tuple[str, ...]:
         """Selected columns, computed columns, then the vnode column (always added)."""
-        return (*self.columns, *(c.name for c in self.computed), VNODE_COLUMN)
+        return (*self.columns, *(c.name for c in self.computed), VNODE)
 
     def recorded(self) -> dict[str, object]:
         """What the MV's rows depend on, as plain data recorded with its state: the upstream,
@@ -137,20 +136,29 @@ class MVDefinition:
         problems += name_problems(upstream_columns, [c.name for c in self.computed
                                                      if isinstance(c.name, str)])
         resolved, type_problems = self._resolve_pk(upstream_columns)
-        problems += type_problems
+        self._refuse(problems + type_problems)
+        return dataclasses.replace(self, primary_key=resolved)
+
+    def check_controls(self) -> MVDefinition:
+        """Refuse what is wrong without the upstream's schema (name, upstream, mode, controls,
+        filter): a catalog of MVs refuses such a definition when it loads, not at its first
+        run. Returns the definition unchanged."""
+        self._refuse(self._control_problems())
+        return self
+
+    def _refuse(self, problems: list[str]) -> None:
         if problems:
             raise InvalidMVDefinition(
                 f"MV definition {self.name!r} is invalid: " + "; ".join(problems)
             )
-        return dataclasses.replace(self, primary_key=resolved)
 
     def _control_problems(self) -> list[str]:
         out = []
         for field in ("name", "upstream"):
             if not isinstance(getattr(self, field), str) or not getattr(self, field):
                 out.append(f"{field} must be a non-empty string")
-        if self.mode not in MODES:
-            out.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.mode not in MODE_NAMES:
+            out.append(f"mode {self.mode!r} is not one of {', '.join(MODE_NAMES)}")
         if not is_count(self.chunk_size) or self.chunk_size < 1:
             out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
         for field in ("slice_rows", "catch_up_rows"):
@@ -176,13 +184,13 @@ class MVDefinition:
             out.append(
                 f"columns must be a non-empty list of column names (got {list(self.columns)})"
             )
-        if VNODE_COLUMN in self.columns:
+        if VNODE in self.columns:
             out.append(
-                f"{VNODE_COLUMN!r} is computed by the platform for every MV row (an upstream "
+                f"{VNODE!r} is computed by the platform for every MV row (an upstream "
                 f"column of that name is not carried): remove it from columns"
             )
         unknown = [c for c in self.columns
-                   if c not in upstream and c not in bad and c != VNODE_COLUMN]
+                   if c not in upstream and c not in bad and c != VNODE]
         if unknown:
             out.append(f"unknown columns {unknown}: pick from the upstream's columns ({available})")
         pk_names = [c.name for c in self.primary_key]
@@ -207,7 +215,7 @@ class MVDefinition:
         if dupes:
             out.append(
                 f"output column names {dupes} appear more than once (names are "
-                f"case-insensitive; {VNODE_COLUMN!r} is always added): rename them"
+                f"case-insensitive; {VNODE!r} is always added): rename them"
             )
         upstream_lower = {u.lower() for u in upstream}
         for c in self.computed:

@@ -30,17 +30,15 @@ from backfill_assets.core.names import (
     EVERY,
     KEEP,
     OP,
+    POSITION,
     POSITION_VNODE,
+    ROW_NUMBER,
     TOP,
     VNODE,
 )
-from backfill_assets.core.names import POSITION as POS
-from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.snapshot import last_key_sort_sql
-from backfill_assets.engine.netting import spark_schema
-from backfill_assets.storage import LRU
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.storage import LRU, col, spark_schema
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
@@ -50,7 +48,7 @@ def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
     filter rejects, and a forwarded upsert that the filter rejects becomes a delete.
     """
     keep = _kept(definition) if definition.filter else F.lit(True)
-    extra = [F.col(c) for c in (OP, RN, BAD_KEY) if c in df.columns]
+    extra = [F.col(c) for c in (OP, ROW_NUMBER, BAD_KEY) if c in df.columns]
     return df.select(*_mv_columns(definition), keep.alias(KEEP), *extra)
 
 
@@ -84,17 +82,17 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     exact = exact_projection(spark, definition, upstream_schema) \
         if upstream_schema is not None else None
     if exact is not None:
-        try:  # the same values as the Spark job below, without one (arrow_expr)
+        try:  # the same values as the Spark job below, without one (arrow/expressions.py)
             return exact.project(before), exact.project(after)
         except NotExact:
             pass
     rows = pa.concat_tables([before, after])
     side = np.arange(rows.num_rows) < before.num_rows
-    indexed = rows.append_column(RN, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    indexed = rows.append_column(ROW_NUMBER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     df = spark.createDataFrame(indexed, schema=spark_schema(indexed.schema))
     out = df.select(*_evaluated(spark, definition)).toArrow()
-    if not pc.all(pc.equal(out.column(RN), indexed.column(RN))).as_py():
-        out = out.take(pc.sort_indices(out, sort_keys=[(RN, "ascending")]))
+    if not pc.all(pc.equal(out.column(ROW_NUMBER), indexed.column(ROW_NUMBER))).as_py():
+        out = out.take(pc.sort_indices(out, sort_keys=[(ROW_NUMBER, "ascending")]))
     mv = rows.select(list(definition.columns))
     for c in definition.computed:
         mv = mv.append_column(out.schema.field(c.name), out.column(c.name))
@@ -113,7 +111,7 @@ def _evaluated(spark: SparkSession, definition: MVDefinition) -> list:
     columns = _EVALUATED.get(key)
     if columns is None:
         keep = _kept(definition) if definition.filter else F.lit(True)
-        columns = [F.col(RN), keep.alias(KEEP),
+        columns = [F.col(ROW_NUMBER), keep.alias(KEEP),
                    *[F.expr(c.expr).alias(c.name) for c in definition.computed]]
         _EVALUATED.put(key, columns)
     return columns
@@ -149,7 +147,7 @@ _EXACT: LRU[tuple, ArrowProjection | None] = LRU(64, name="Arrow projections")
 
 def exact_projection(spark: SparkSession, definition: MVDefinition,
                      upstream_schema: pa.Schema) -> ArrowProjection | None:
-    """The definition compiled to Arrow kernels whose results are Spark's (`arrow_expr`:
+    """The definition compiled to Arrow kernels whose results are Spark's (`arrow.expressions`:
     a proven subset; its result types checked against Spark's own analysis), or None: then
     only Spark evaluates it. Built once per session, definition and upstream schema."""
     key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
@@ -246,10 +244,10 @@ def _with_positions(rows: DataFrame, every: Sequence[int], at: Mapping[int, Key]
     names = [f"c{i}" for i in range(len(key_order.columns) + 2)]
     sql = f"SELECT * FROM VALUES {', '.join(values)} AS t({', '.join(names)})"
     table = rows.sparkSession.sql(sql)
-    table = table.toDF(POSITION_VNODE, EVERY, *key_order.position_columns(POS))
+    table = table.toDF(POSITION_VNODE, EVERY, *key_order.position_columns(POSITION))
     joined = rows.join(F.broadcast(table), F.col(VNODE) == F.col(POSITION_VNODE))
     kept = joined.where(F.col(EVERY) | F.expr(admits))
-    return kept.drop(POSITION_VNODE, EVERY, *key_order.position_columns(POS))
+    return kept.drop(POSITION_VNODE, EVERY, *key_order.position_columns(POSITION))
 
 
 def visible_rows(rows: DataFrame, progress: Mapping[int, object],
@@ -259,7 +257,7 @@ def visible_rows(rows: DataFrame, progress: Mapping[int, object],
     at = {v: p.current_pos for v, p in progress.items() if isinstance(p, InProgress)}
     done += [v for v, pos in at.items() if key_order.is_placeholder(pos)]
     at = {v: pos for v, pos in at.items() if not key_order.is_placeholder(pos)}
-    return _with_positions(rows, done, at, key_order, key_order.sql_at_or_before_columns(POS))
+    return _with_positions(rows, done, at, key_order, key_order.sql_at_or_before_columns(POSITION))
 
 
 def rows_after(rows: DataFrame, positions: Mapping[int, Key | None],
@@ -269,7 +267,7 @@ def rows_after(rows: DataFrame, positions: Mapping[int, Key | None],
     fresh = [v for v, pos in positions.items() if pos is None]
     at = {v: pos for v, pos in positions.items()
           if pos is not None and not key_order.is_placeholder(pos)}
-    return _with_positions(rows, fresh, at, key_order, key_order.sql_after_columns(POS))
+    return _with_positions(rows, fresh, at, key_order, key_order.sql_after_columns(POSITION))
 
 
 def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order: KeyOrder,
@@ -277,9 +275,10 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     """The next snapshot chunk: rows after the positions, in key order, at most `limit` rows
     per vnode (arrangement) or in total (no-shuffle's one shared position).
 
-    Adds `RN`, the row's rank inside its vnode, so the last row of each vnode is found without
-    sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the previous
-    row's: the duplicate check rides on the window's sort instead of a `groupBy` of its own.
+    Adds `ROW_NUMBER`, the row's rank inside its vnode, so the last row of each vnode is found
+    without sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the
+    previous row's: the duplicate check rides on the window's sort instead of a `groupBy` of
+    its own.
     """
     order = order_columns(key_order)
     pending = rows_after(rows, positions, key_order)
@@ -289,9 +288,9 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     keys = [col(name) for name in key_order.names]
     same = reduce(lambda a, b: a & b, [k == F.lag(k).over(window) for k in keys])
     null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
-    ranked = pending.withColumn(RN, F.row_number().over(window))
+    ranked = pending.withColumn(ROW_NUMBER, F.row_number().over(window))
     ranked = ranked.withColumn(BAD_KEY, F.coalesce(same, F.lit(False)) | null)
-    return ranked.where(F.col(RN) <= limit) if per_vnode else ranked
+    return ranked.where(F.col(ROW_NUMBER) <= limit) if per_vnode else ranked
 
 
 def first_rows(rows: DataFrame, key_order: KeyOrder, limit: int) -> DataFrame:
@@ -322,16 +321,16 @@ class ChunkStats:
 
 
 def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> ChunkStats:
-    """One aggregate over the cached chunk: the row of highest `RN` per vnode (only those rows
-    reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
-    top = chunk.groupBy("vnode").agg(F.max(RN).alias(TOP),
+    """One aggregate over the cached chunk: the row of highest `ROW_NUMBER` per vnode (only those
+    rows reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
+    top = chunk.groupBy("vnode").agg(F.max(ROW_NUMBER).alias(TOP),
                                      F.max(F.col(BAD_KEY).cast("int")).alias(BAD))
     keys = [col(k) for k in key_names]
-    last = (chunk.join(top, "vnode").where(F.col(RN) == F.col(TOP))
-            .select("vnode", RN, BAD, *keys).toArrow())
+    last = (chunk.join(top, "vnode").where(F.col(ROW_NUMBER) == F.col(TOP))
+            .select("vnode", ROW_NUMBER, BAD, *keys).toArrow())
     rows = last.to_pylist()
-    return ChunkStats({row["vnode"]: (row[RN], tuple(row[k] for k in key_names)) for row in rows},
-                      any(row[BAD] for row in rows))
+    return ChunkStats({row["vnode"]: (row[ROW_NUMBER], tuple(row[k] for k in key_names))
+                       for row in rows}, any(row[BAD] for row in rows))
 
 
 def order_columns(key_order: KeyOrder) -> list:

@@ -4,7 +4,7 @@ over finished vnodes chooses between applying its changes and re-snapshotting th
 
 RisingWave changes these with Pause / Resume / Throttle mutations carried by barriers; here a
 small JSON document beside the MV's tables (local folder or object store, through
-`storage.documents`) is read at every barrier, so a change takes effect at the next barrier
+`storage.store.documents`) is read at every barrier, so a change takes effect at the next barrier
 without restarting anything. Run config of a single run overrides it.
 """
 
@@ -16,9 +16,8 @@ from enum import Enum
 
 from backfill_assets.core.cost_choice import CHOICES
 from backfill_assets.core.errors import InvalidControl
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.documents import read_json, write_json
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import objects, read_json, write_json
 
 UNSET = "unset"
 

@@ -22,9 +22,8 @@ from backfill_assets.core.errors import ConcurrentBackfillRun, CorruptProgressRo
 from backfill_assets.core.figures import FINISHED, IN_PROGRESS
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.storage import LRU
-from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.mv import owned_tables
+from backfill_assets.storage import LRU, arrow_schema
 
 
 def progress_schema(key_order: KeyOrder) -> pa.Schema:
@@ -37,7 +36,7 @@ def read_progress(table: DeltaTable, key_order: KeyOrder, vnodes: Sequence[int])
     codec.validate_schema(arrow_schema(table).names, key_order)
     rows = _known_rows(table, vnodes)
     if rows is None:
-        rows = mv_store.read_rows(table, vnodes).to_pylist()
+        rows = owned_tables.read_rows(table, vnodes).to_pylist()
         _remember(table, table.version(), vnodes, rows)
     out: dict = {}
     for row in rows:
@@ -106,13 +105,13 @@ def _recover(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
              progress_table: DeltaTable, mv: DeltaTable,
              storage_options: Mapping[str, str] | None) -> tuple[dict, list[int]]:
     recovered = read_progress(progress_table, key_order, vnodes)
-    mv_done = mv_store.txn_versions(mv, mv_name, "mv", vnodes, storage_options)
+    mv_done = owned_tables.txn_versions(mv, mv_name, "mv", vnodes, storage_options)
     known = {v: recovered.get(v, (NotStarted(), None)) for v in vnodes}
     # an MV commit at the progress table's own version may still be ahead of it (a second
     # step at the same upstream version): look at what it carries, not only at its version
     candidates = {v: ver for v, ver in mv_done.items()
                   if ver is not None and (known[v][1] is None or ver >= known[v][1])}
-    steps = mv_store.find_steps(mv, candidates)
+    steps = owned_tables.find_steps(mv, candidates)
     redone: list[int] = []
     for vnode, version in candidates.items():
         progress, at = known[vnode]
@@ -165,7 +164,7 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
     rows = [r for r in rows if r is not None]
     arrow = pa.Table.from_pylist(rows, schema=progress_schema(key_order))
     before = table.version()
-    after = mv_store.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress",
+    after = owned_tables.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress",
                                       vnodes=vnodes, version=version,
                                       storage_options=storage_options)
     _written(table, before, after, vnodes, arrow)
@@ -213,14 +212,14 @@ def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
     _PROGRESS_ROWS.put(key, (before + 1, now))
 
 
-def vnode_states(tables: mv_store.MVTables) -> dict[int, str]:
+def vnode_states(tables: owned_tables.MVTables) -> dict[int, str]:
     """vnode -> finished / in progress, as the progress table records them (a vnode without a
     progress row has not started): what the figures, the jobs and a re-snapshot's checks read
     without recovering anything."""
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     if progress is None:
         return {}
-    rows = mv_store.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
+    rows = owned_tables.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
     return {r[codec.VNODE]: FINISHED if r[codec.FINISHED] else IN_PROGRESS for r in rows}
 
 

@@ -19,9 +19,9 @@ from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import Completed
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.source_context import SnapshotSource
-from backfill_assets.storage.delta.log_head import TableHead
+from backfill_assets.storage import TableHead
 
 Hook = Callable[[str], None]
 # a check of the upstream (as opened at the barrier) that raises a named error before any write

@@ -19,7 +19,7 @@ BACKFILL_JOB = "backfill_job"
 FOLLOWER_JOB = "follower_job"
 RESNAPSHOT_JOB = "resnapshot_job"
 VNODES_TAG = "backfill/vnodes"
-MV_TAG = "backfill/mv"
+MV_TAG = "backfill/mv"  # deploy/dagster.postgres.yaml limits concurrent runs per value
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
              dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
              dg.DagsterRunStatus.CANCELING]

@@ -23,9 +23,9 @@ import dagster as dg
 
 from backfill_assets.barrier.follower import stop_request
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at, read_controls
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
@@ -48,7 +48,7 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
                            "the followers alive (BACKFILL_CONTINUOUS=1).")
     def upstream_barrier_sensor(context: dg.SensorEvaluationContext):
         tables = mv_tables(d, settings)
-        upstream = mv_store.open_table(tables.upstream, tables.storage_options)
+        upstream = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
         if upstream is None:
             return dg.SkipReason(f"upstream {tables.upstream} does not exist yet")
         if settings.continuous:
@@ -60,7 +60,7 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
 
 def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: MVTables,
                   version: int, ranges: int):
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     at, unfinished = _where(progress, d.vnode_count)
     controls = read_controls(tables)
     paused = controls.rate_limit == 0
@@ -133,7 +133,7 @@ def _current_vnodes(progress, version: int, paused: bool) -> set[int]:
     run commits, a range that already took this version would otherwise get a second run."""
     if progress is None:
         return set()
-    rows = mv_store.read_rows(progress, None, ["vnode", "backfill_finished", "version"])
+    rows = owned_tables.read_rows(progress, None, ["vnode", "backfill_finished", "version"])
     return {r["vnode"] for r in rows.to_pylist()
             if r["version"] is not None and r["version"] >= version
             and (r["backfill_finished"] or paused)}
@@ -144,7 +144,7 @@ def _where(progress, vnode_count: int) -> tuple[int | None, bool]:
     whether any vnode is unfinished."""
     if progress is None:
         return None, True
-    rows = mv_store.read_rows(progress, None, ["backfill_finished", "version"])
+    rows = owned_tables.read_rows(progress, None, ["backfill_finished", "version"])
     versions = [v for v in rows["version"].to_pylist() if v is not None]
     at = min(versions) if rows.num_rows == vnode_count and versions else None
     return at, rows.num_rows < vnode_count or not all(rows["backfill_finished"].to_pylist())

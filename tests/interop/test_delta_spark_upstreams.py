@@ -31,7 +31,7 @@ import pytest
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import UnsupportedTableFeature, UpstreamSchemaChanged
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from tests.foreign import spark_quote
 from tests.interop.delta_spark import assert_mv_as_delta_spark_reads, recorded_versions
 from tests.interop.spark_upstream import Features, SparkUpstream

@@ -29,9 +29,9 @@ def _frozen(row: dict) -> tuple:
 
 
 def _open(uri: str, storage_options=None, version: int | None = None):
-    from backfill_assets.mv.tables import open_table
+    from backfill_assets.mv.owned_tables import open_if_exists
 
-    return open_table(uri, storage_options or {}, version)
+    return open_if_exists(uri, storage_options or {}, version)
 
 
 def table_versions(tables) -> dict:
@@ -43,7 +43,7 @@ def table_versions(tables) -> dict:
 
 
 def snapshot(tables, key_names: Sequence[str] = ("id",)) -> TableState:
-    from backfill_assets.mv.tables import read_rows
+    from backfill_assets.mv.owned_tables import read_rows
 
     mv = _open(tables.mv, tables.storage_options)
     rows = read_rows(mv).to_pylist() if mv is not None else []
@@ -110,7 +110,7 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
     recoverable progress, and replica[k] == upstream@r_k for unfinished arrangement vnodes."""
     from backfill_assets.core.progress import Completed
     from backfill_assets.core.vnode import vnode_of
-    from backfill_assets.mv.tables import read_rows, txn_versions
+    from backfill_assets.mv.owned_tables import read_rows, txn_versions
     from backfill_assets.step.preflight import checked_upstream
     from backfill_assets.verify.oracle import verify
 
@@ -151,7 +151,7 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
 def _resolved(rows, key_order):
     """The replica's rows as a reader sees them: newest version per key
     (storage/rows/replica.py)."""
-    from backfill_assets.storage.rows import replica
+    from backfill_assets.storage import replica
 
     return replica.resolve(rows, key_order).drop_columns([replica.VERSION, replica.DELETED])
 

@@ -91,7 +91,7 @@ def definition(raw: dict):
 
 
 def tables_of(warehouse: str, raw: dict, storage_options: dict | None = None):
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
 
     return MVTables.under(warehouse, raw["name"], raw["upstream"], storage_options)
 

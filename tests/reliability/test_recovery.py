@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_assets.step import loop as step
+from backfill_assets.step import loop
 from backfill_assets.testing.kill_hook import kill_hook
 from tests.reliability import harness as H
 
@@ -88,8 +88,8 @@ def test_kill_hook_is_free_unless_asked_for():
 
     from resources.settings import load_settings
 
-    assert kill_hook(None) is step.no_hook
-    assert kill_hook(load_settings({}).test_kill_at) is step.no_hook
+    assert kill_hook(None) is loop.no_hook
+    assert kill_hook(load_settings({}).test_kill_at) is loop.no_hook
     with pytest.raises(ValueError, match="unknown kill point"):
         kill_hook("somewhere")
     code = ("from backfill_assets.testing.kill_hook import KILL_POINTS, kill_hook\n"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 
 from backfill_assets.core.errors import InvalidMVDefinition
-from backfill_assets.core.mv_definition import MODES as MODE_NAMES
+from backfill_assets.core.mv_definition import MODE_NAMES
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes.arrangement import ARRANGEMENT
 from backfill_assets.step.modes.no_shuffle import NO_SHUFFLE

@@ -50,7 +50,7 @@ from backfill_assets.storage.chunks.cut_ranks import (
     one_integer,
 )
 from backfill_assets.storage.chunks.ordered import in_order
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import VNODE, vnode_span
 from backfill_assets.storage.rows.keyed import read_keys
 
@@ -59,7 +59,7 @@ _AHEAD = 32  # files read ahead of the fold
 _AHEAD_ROWS = 8  # the same when whole rows are held (they weigh more)
 
 
-def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
+def shared_cut(snap: TableVersion, files: Sequence[DataFile], key_order: KeyOrder,
                vnodes: Sequence[int], pos: Key | None, limit: int,
                floors: Mapping[str, Floor] | None = None,
                read_rows: Callable[[DataFile], pa.Table] | None = None,
@@ -96,7 +96,7 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
     return SharedCut(cut.key, cut.rows, files=frozenset(held), rows_read=rows_read)
 
 
-def _candidates(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
+def _candidates(snap: TableVersion, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
                 rank: IntRanks | SortedRanks,
                 read_rows: Callable[[DataFile], pa.Table] | None
                 ) -> Callable[[DataFile], tuple[pa.Table, Key | None] | None]:

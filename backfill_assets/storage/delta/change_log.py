@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backfill_assets.core.errors import HistoryUnavailable, StorageMismatch
-from backfill_assets.storage.delta.log import Snapshot, commit_uri, unquote
+from backfill_assets.storage.delta.log import TableVersion, commit_uri, unquote
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.lru import LRU
 
@@ -31,7 +31,7 @@ class ChangeLog:
     rows: int | None
 
 
-def actions_of(snap: Snapshot, v: int) -> list[dict]:
+def actions_of(snap: TableVersion, v: int) -> list[dict]:
     """Commit ``v``'s change actions, partition values keyed by logical column names.
 
     Why translated here: under column mapping the log keys ``partitionValues`` by physical
@@ -52,7 +52,7 @@ def actions_of(snap: Snapshot, v: int) -> list[dict]:
              else body for kind, body in a.items()} for a in actions]
 
 
-def _removes_with_partitions(snap: Snapshot, v: int, actions: list[dict]) -> list[dict]:
+def _removes_with_partitions(snap: TableVersion, v: int, actions: list[dict]) -> list[dict]:
     """``actions`` with each ``remove`` that names no partition values given its file's."""
     bare = {unquote(a["remove"]["path"]) for a in actions
             if "remove" in a and not a["remove"].get("partitionValues")}
@@ -62,7 +62,7 @@ def _removes_with_partitions(snap: Snapshot, v: int, actions: list[dict]) -> lis
              if "add" in a and unquote(a["add"]["path"]) in bare
              and a["add"].get("partitionValues")}
     if bare - set(known):
-        before = Snapshot.load(snap.uri, v - 1, snap.storage_options).add_actions
+        before = TableVersion.load(snap.uri, v - 1, snap.storage_options).add_actions
         for path in bare - set(known):
             if not (before.get(path) or {}).get("partitionValues"):
                 raise StorageMismatch(
@@ -81,7 +81,7 @@ def _logical_partitions(action: dict, logical: Mapping[str, str]) -> dict:
     return {**action, "partitionValues": {logical.get(k, k): v for k, v in values.items()}}
 
 
-def change_log(snap: Snapshot, v: int) -> ChangeLog:
+def change_log(snap: TableVersion, v: int) -> ChangeLog:
     """Commit ``v`` parsed once per process: a catch-up in steps reads the same commits once
     per step, which would otherwise parse each of them again. Keyed by the table's id: a table
     recreated at the same uri is read afresh."""
@@ -99,7 +99,7 @@ _LOGS: LRU[tuple, ChangeLog] = LRU(64, name="parsed change logs")
 _KEPT_FIELDS = ("path", "partitionValues", "size", "deletionVector", "dataChange")
 
 
-def _parsed(snap: Snapshot, v: int) -> ChangeLog:
+def _parsed(snap: TableVersion, v: int) -> ChangeLog:
     actions = []
     rows = None
     timestamp = None
@@ -141,7 +141,7 @@ _METRICS = ((1, ("numtargetrowsinserted", "numaddedrows")),
             (2, ("numtargetrowsupdated", "numupdatedrows")))
 
 
-def _raw_actions(snap: Snapshot, v: int) -> list[dict]:
+def _raw_actions(snap: TableVersion, v: int) -> list[dict]:
     """The commit's actions; without its ``add`` and ``remove`` lines when it has change files
     (see the module docstring). An action line is an object of one key, its kind."""
     try:

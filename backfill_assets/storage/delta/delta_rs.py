@@ -31,13 +31,13 @@ from backfill_assets.core.errors import (
     HistoryUnavailable,
     TableNotFound,
 )
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.store import conditional, objects
 from backfill_assets.storage.store.lru import LRU
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 PK_PROPERTY = "backfill.primaryKey"  # JSON list of the primary-key columns
 VNODE_COUNT_PROPERTY = "backfill.vnodeCount"
-VNODE_COLUMN = "vnode"
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 
 StorageOptions = Mapping[str, str] | None
@@ -211,7 +211,7 @@ def partition_columns(dt: DeltaTable) -> list[str]:
     return list(dt.metadata().partition_columns)
 
 
-def vnode_predicate(vnodes: Iterable[int], column: str = VNODE_COLUMN) -> str:
+def vnode_predicate(vnodes: Iterable[int], column: str = VNODE) -> str:
     """``vnode IN (1, 2, 3)`` with literal values (prunes partitions, keeps merges of disjoint
     vnode sets from conflicting)."""
     values = sorted({int(v) for v in vnodes})

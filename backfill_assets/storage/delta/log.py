@@ -77,7 +77,7 @@ class DataFile:
 
 
 @dataclass
-class Snapshot:
+class TableVersion:
     """One version of one table: what readers and writers of the layer work from."""
 
     uri: str
@@ -86,7 +86,7 @@ class Snapshot:
 
     @classmethod
     def load(cls, uri: str, version: int | None = None,
-             storage_options: Mapping[str, str] | None = None) -> Snapshot:
+             storage_options: Mapping[str, str] | None = None) -> TableVersion:
 
         if version is None:  # the latest version, by a listing of the log: a version is
             version = latest_version(uri, storage_options)  # loaded once per process
@@ -265,15 +265,15 @@ class Replayed:
     txns: dict[str, int]  # app id -> version
 
 
-# (table uri, storage options) -> the Snapshot of the version last loaded (``Snapshot.load``):
-# a barrier loads the replica's latest version two or three times, and each new Snapshot
+# (table uri, storage options) -> the TableVersion last loaded (``TableVersion.load``):
+# a barrier loads the replica's latest version two or three times, and each new TableVersion
 # converted its file list again (a cost per file); tables of more files are not kept
 # (their file lists are what a driver's memory must not hold on to)
-_LOADED: LRU[tuple, Snapshot] = LRU(4, name="loaded snapshots")
+_LOADED: LRU[tuple, TableVersion] = LRU(4, name="loaded table versions")
 _LOADED_FILES = 10_000
 
 # (table uri, table id) -> the newest replay this process made (a table recreated at the same
-# uri has a new id); each Snapshot copies it, so nothing shared is ever changed
+# uri has a new id); each TableVersion copies it, so nothing shared is ever changed
 _REPLAYS: LRU[tuple[str, str], Replayed] = LRU(32, name="replayed logs")
 
 

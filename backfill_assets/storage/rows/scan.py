@@ -1,6 +1,6 @@
 """Reading a Delta version into Spark, the protocol honoured, without Delta jars.
 
-The driver plans from the log (``Snapshot``): which files, their typed partition values and
+The driver plans from the log (``TableVersion``): which files, their typed partition values and
 their deletion-vector descriptors. Spark tasks (``mapInArrow``) then read each file through the
 store's pyarrow filesystem, check its row count against the log, drop the rows its DV deletes,
 rename physical columns (column mapping) and add the partition values. Rows never pass through
@@ -22,15 +22,15 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.core import names
 from backfill_assets.core.errors import StorageMismatch
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import vnode_span
 from backfill_assets.storage.rows.spark_types import col, exchange_schema, spark_schema
 from backfill_assets.storage.store import objects
 
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
 ROW_COLUMN = names.ROW  # its physical row index in that file
-VNODE = "vnode"
 MAX_READ_TASKS = 512
 # rows a read task holds, about: a Python task's start costs more than reading a small file,
 # so one task per small file (the many files of a vnode-partitioned writer) would read far
@@ -38,9 +38,10 @@ MAX_READ_TASKS = 512
 READ_TASK_ROWS = 1 << 20
 
 
-def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | None = None,
-                  files: Sequence[DataFile] | None = None, *, row_ids: bool = False,
-                  cluster_keys: Sequence[str] | None = None) -> DataFrame:
+def read_table_version(spark: SparkSession, snap: TableVersion,
+                       columns: Sequence[str] | None = None,
+                       files: Sequence[DataFile] | None = None, *, row_ids: bool = False,
+                       cluster_keys: Sequence[str] | None = None) -> DataFrame:
     """The live rows of ``files`` (default: every file) of ``snap``, ``columns`` (default all).
     ``cluster_keys``: each Spark partition holds the files of one contiguous vnode range,
     its rows sorted by (vnode, *cluster_keys) (files of one vnode each, as in a

@@ -4,7 +4,7 @@ A snapshot-mode bulk step reads every row of its vnodes, projects them through t
 definition and writes them. Through Spark that is two crossings between the JVM and Python
 per row plus Spark's own row format in between, which made a bulk barrier cost about twice a
 plain clustered refresh of the same rows. When the transform is exact in Arrow
-(``arrow_expr``: the MV definition compiled with Spark's semantics), each task here reads a
+(``arrow.expressions``: the MV definition compiled with Spark's semantics), each task here reads a
 contiguous vnode range (DVs applied, partition values from the log, row counts checked:
 ``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them as
 the MV's files with their statistics (``write.FileWriter``): Spark only schedules the tasks and
@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.chunks.chunk_scan import (
     BAD_KEY,
     RN,
@@ -51,7 +52,7 @@ from backfill_assets.storage.chunks.chunk_scan import (
 )
 from backfill_assets.storage.chunks.chunk_task import ranked
 from backfill_assets.storage.chunks.row_order import in_sort_order, sorted_rows
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.scan import (
     READ_TASK_ROWS,
@@ -63,7 +64,6 @@ from backfill_assets.storage.rows.spark_types import exchange_schema
 from backfill_assets.storage.rows.write import MANIFEST, FileWriter, NewFile, check_written
 from backfill_assets.storage.store import objects
 
-VNODE = "vnode"
 LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
 LOCAL_THREADS = 2
 BULK_ROWS_HERE = 1 << 19  # rows a bulk task reads when it runs in a thread here
@@ -94,7 +94,7 @@ class BulkRows:
     columns), sorted by (vnode, key in ``key_order``). ``refusal``: the exception type by
     which the transform refuses rows."""
 
-    snap: Snapshot
+    snap: TableVersion
     vnodes: tuple[int, ...]
     columns: tuple[str, ...]
     transform: BulkTransform
@@ -179,12 +179,12 @@ def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callab
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None,
                 threads: int | None = None) -> BulkWritten:
-    """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
+    """A chunked barrier's snapshot chunk (``chunks.chunk_scan.chunk_tasks``: the rows after each
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
     the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
     tasks may read, which decide where they run (``local_threads``); ``threads``: run them in
-    this process on that many (a reader holding its rows, ``chunk_read.HeldChunk``)."""
+    this process on that many (a reader holding its rows, ``chunks.chunk_scan.HeldChunk``)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)

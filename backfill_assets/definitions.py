@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from backfill_assets.step.faults import kill_hook
 from backfill_assets.storage import key_cache
+from backfill_assets.testing.kill_hook import kill_hook
 from backfill_assets.wiring import named_errors
 from backfill_assets.wiring.assets import build_assets
 from backfill_assets.wiring.checks import build_oracle_check, build_progress_check

@@ -1,5 +1,5 @@
 """Choose by cost: where applying a barrier's changes stops being cheaper than re-snapshotting
-its vnodes (core/cost_choice.py, step/cost_choice.py), measured with 1%, 10% and 30% of rows
+its vnodes (core/cost_choice.py, barrier/by_cost.py), measured with 1%, 10% and 30% of rows
 changed in one barrier.
 
     make bench-crossover BENCH_CROSSOVER_ROWS=1000000
@@ -35,8 +35,8 @@ FRACTIONS = (0.01, 0.1, 0.3)
 
 
 def worker(args) -> dict:
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.owned_tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
 
     info = C.prepare_upstream(args.rows, "single", args.vnodes)
     run_dir = os.path.join(C.WORK_DIR, f"crossover_{os.getpid()}")
@@ -90,10 +90,10 @@ def _warm_resnapshot(spark, d, base, run_dir: str) -> float:
     from dataclasses import replace
 
     from backfill_assets import storage
+    from backfill_assets.barrier.resnapshot import resnapshot_steps
     from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes.snapshot import SNAPSHOT
     from backfill_assets.step.request import StepRequest
-    from backfill_assets.step.resnapshot import resnapshot_steps
 
     root = os.path.join(run_dir, "warm")
     C.work_copy(base.root, os.path.join(root, d.name))
@@ -111,9 +111,9 @@ def _warm_resnapshot(spark, d, base, run_dir: str) -> float:
 def _trial(spark, d, base, run_dir: str, trial: str, version: int, vnodes: list[int],
            prof) -> dict:
     """One barrier at `version` on a copy of `base`'s state, with `barrier_choice` = `trial`."""
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.controls import Controls
     from backfill_assets.mv.owned_tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
 
     root = os.path.join(run_dir, f"v{version}_{trial}")
     C.work_copy(base.root, os.path.join(root, d.name))

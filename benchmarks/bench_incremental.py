@@ -31,8 +31,8 @@ MODES = ("snapshot", "arrangement", "no_shuffle")
 
 def worker(args) -> dict:
     from backfill_assets import storage
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.owned_tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     run_dir = os.path.join(C.WORK_DIR, f"inc_{os.getpid()}")

@@ -182,7 +182,7 @@ def _run_phases(instance, commits: list[int], up_times: dict) -> dict:
 
 def _stop_followers(env: dict, proc) -> None:
     """A stop request, so the follower ends SUCCESS instead of being killed with the server."""
-    from backfill_assets.step.follower import request_stop
+    from backfill_assets.barrier.follower import request_stop
     from resources.mv import load_mv_definition, mv_tables
     from resources.settings import load_settings
 

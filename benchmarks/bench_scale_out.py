@@ -132,8 +132,8 @@ def worker_baselines(args) -> dict:
 def worker_backfill(args) -> dict:
     import pyarrow as pa
 
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.owned_tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
     from backfill_assets.upstream.writer import apply_dml, insert_rows
 
     mem = C.Memory()
@@ -170,7 +170,7 @@ def worker_backfill(args) -> dict:
           f"forwarded ({args.catch_up_batches} versions, DML {dml_s:.2f}s)", flush=True)
     verified = None
     if args.verify:
-        from backfill_assets.step.oracle import verify
+        from backfill_assets.verify.oracle import verify
 
         bad = verify(spark, d, tables).failures()
         verified = not bad

@@ -194,17 +194,17 @@ class PhaseProfiler:
         from backfill_assets import storage
         from backfill_assets.arrow import netting
         from backfill_assets.mv import owned_tables
-        from backfill_assets.step import barrier
         from backfill_assets.step import bulk_read as snapshot_read
         from backfill_assets.step import chunk as chunk_reads
         from backfill_assets.step import forward as step_changes
         from backfill_assets.step import loop as step
+        from backfill_assets.step import modes
         from backfill_assets.step.modes import arrangement
         from backfill_assets.step.modes import snapshot as snapshot_mode
         from backfill_assets.storage.rows import keyed
         from backfill_assets.storage.writes import maintain, merge
 
-        self.wrap(barrier, "run_step", "step glue (other)")
+        self.wrap(modes, "run_step", "step glue (other)")
         self.wrap(step, "checked_upstream", "check upstream + pin")
         self.wrap(step, "validate_expressions", "validate MV (Spark analyze)")
         self.wrap(owned_tables, "ensure_table", "open tables (delta-rs log)")

@@ -1,6 +1,6 @@
 """The benchmarks' check of a finished MV at sizes the oracle cannot hold.
 
-`backfill_assets.step.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
+`backfill_assets.verify.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
 the machine's 24 GiB killed it in round 9). At 20M and 100M rows the benchmarks compare the
 MV with a recompute by another path instead, per vnode and without any row on the driver:
 

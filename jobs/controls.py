@@ -14,6 +14,7 @@ at once as an observation of `downstream_mv` and in the `backfill_finished` chec
 import dagster as dg
 from pydantic import Field
 
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import (
     BarrierChoice,
@@ -23,7 +24,6 @@ from backfill_assets.mv.controls import (
     write_controls,
 )
 from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.step.barrier import controls_in_force, figures
 from backfill_assets.wiring.assets import MV
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.metadata import controls_metadata

@@ -2,8 +2,9 @@
 
 Used by the UI test (what a user sees, asked through GraphQL) and by the screenshot script.
 `dagster dev` started from a script ignores SIGTERM/SIGINT unless the default handlers are
-restored before exec (DESIGN.md section 6); it also starts a webserver, a daemon and a code
-server, so it runs in its own session and the whole process group is stopped.
+restored before exec (docs/DESIGN.md, "Facts the code relies on"); it also starts a
+webserver, a daemon and a code server, so it runs in its own session and the whole process
+group is stopped.
 
 `quiet=True` serves a state without changing it: the barrier sensor is on by default and its
 first tick would queue a barrier (a Spark run) that marks every vnode "materializing". The

@@ -204,7 +204,7 @@ def _how(mv) -> str:
 def _continuous_phase(instance, tables) -> None:
     """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
     committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
-    from backfill_assets.step.follower import clear_stop
+    from backfill_assets.barrier.follower import clear_stop
     from jobs.workspace_runs import run_in_workspace
 
     if CONTINUOUS_SECONDS <= 0:
@@ -271,7 +271,7 @@ def _catch_up(instance, mv, tables) -> None:
     """One more barrier when the follower stopped short of the writer's last version, so the
     demo ends with the MV at the upstream's latest version: `make ui` then has nothing to do
     (its sensor runs no barrier) and shows the demo's verification as it was recorded."""
-    from backfill_assets.step.barrier import controls_in_force, figures
+    from backfill_assets.barrier.runner import controls_in_force, figures
     from jobs.workspace_runs import run_in_workspace
 
     figs = figures(mv, tables, controls_in_force(mv, tables))

@@ -17,11 +17,7 @@ import threading
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.core.errors import FollowerAlreadyRunning
-from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.step.barrier import controls_in_force
-from backfill_assets.step.follower import (
+from backfill_assets.barrier.follower import (
     DEFAULT_POLL_SECONDS,
     BarrierRecord,
     clear_stop,
@@ -29,6 +25,10 @@ from backfill_assets.step.follower import (
     request_stop,
     stop_on_interrupt,
 )
+from backfill_assets.barrier.runner import controls_in_force
+from backfill_assets.core.errors import FollowerAlreadyRunning
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, no_hook
 from backfill_assets.wiring.checks import progress_result

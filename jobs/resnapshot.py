@@ -2,7 +2,7 @@
 
 The Debezium-signal case: a suspected drift, or an upstream repaired by a writer that left no
 change feed for it. The chosen vnodes' MV rows are replaced by a bulk read at the latest
-version (step/resnapshot.py); the run records it on the asset: materializations of those
+version (barrier/resnapshot.py); the run records it on the asset: materializations of those
 vnodes' partitions and a summary event with `resnapshot` ("vnodes a..b re-read at vN") and the
 reason given, then the `backfill_finished` check; `verify_job` afterwards compares them with
 the oracle as any other vnodes.
@@ -18,12 +18,12 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
+from backfill_assets.barrier.resnapshot import resnapshot
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.step.barrier import controls_in_force, figures
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import no_hook
-from backfill_assets.step.resnapshot import resnapshot
 from backfill_assets.wiring.assets import PhaseLog
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import record_barrier, summary_metadata

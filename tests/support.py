@@ -20,11 +20,11 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 from backfill_assets import storage
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.oracle import verify
 from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
+from backfill_assets.verify.oracle import verify
 
 SIMPLE_COLUMNS = {"id": "bigint", "name": "string", "amount": "decimal(12,2)",
                   "qty": "int", "day": "date"}

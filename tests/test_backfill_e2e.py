@@ -14,13 +14,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import NoShuffleLayoutMismatch
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
 from backfill_assets.core.vnode import vnode_of
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import read_progress
-from backfill_assets.step.barrier import run_barrier
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.upstream.writer import UpstreamSpec
 from tests.support import LiveUpstream, assert_verified, drive, simple_mv, simple_row, simple_spec

@@ -1,4 +1,4 @@
-"""Chunked modes read by a seek (issue 14, item 3): an arrangement barrier reads only the
+"""Chunked modes read by a seek: an arrangement barrier reads only the
 replica files that hold its chunk, however much of the vnode is left, and the MV stays exact
 under live DML (the oracle after the barriers; the e2e, exactness and crash tests run the
 same read to completion on one-file vnodes); no_shuffle's chunks through Spark tasks.
@@ -15,13 +15,13 @@ from collections import Counter
 import pytest
 
 from backfill_assets import storage
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import chunk_tail
 from backfill_assets.core.vnode import vnodes_of
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.step.barrier import run_barrier
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.seek_chunk import replica_schema
 from backfill_assets.storage.chunks import chunk_scan

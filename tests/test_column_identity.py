@@ -1,4 +1,4 @@
-"""The progress pin and column-mapping identities (issue 37), without Spark: generated upstream
+"""The progress pin and column-mapping identities, without Spark: generated upstream
 logs (JSON lines: a protocol and the metaData of each version, no data files) checked by
 `checked_upstream` against a pin written into a real progress table.
 

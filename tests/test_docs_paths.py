@@ -1,7 +1,7 @@
 """The docs name only what exists: every file path, dotted module (`backfill_assets.core.vnode`, or
 `step.loop.run_step` relative to the package: its module and the name in it), `python -m` entry
 point and `tests/...::test` the README and docs/*.md mention; and docs/ARCHITECTURE.md's map
-lists every module of the package, resources/ and jobs/ (issue 39). docs/BENCHMARKS_HISTORY.md
+lists every module of the package, resources/ and jobs/. docs/BENCHMARKS_HISTORY.md
 is a record of past rounds, in the names of the code each round measured: it is not checked.
 The docstrings and comments of the package, resources/, jobs/ and tests/ are held to the same
 rule (issue 46), and none of them, nor a doc, names a module by a name it no longer has
@@ -30,7 +30,7 @@ DOTTED = re.compile(r"(?<![\w./-])((?:backfill_assets|resources|jobs|tests|bench
 TEST_ID = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
 # `step.loop.run_step`, `core.vnode`: a module of the package, then at most one name in it
 LAYER_DOTTED = re.compile(r"`(?:backfill_assets\.)?((?:core|arrow|storage|engine|upstream|mv|step"
-                          r"|wiring)(?:\.\w+)+)`")
+                          r"|testing|barrier|verify|wiring)(?:\.\w+)+)`")
 RUN_MODULE = re.compile(r"python -m ((?:backfill_assets|resources|jobs|tests|benchmarks|docs)"
                         r"(?:\.\w+)+)")
 

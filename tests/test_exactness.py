@@ -18,10 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.arrow.types import arrow_type, type_name
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import CHANGE_FEED_COLUMNS
 from backfill_assets.mv.owned_tables import MVTables, open_if_exists
-from backfill_assets.step.barrier import run_barrier
 from backfill_assets.storage import arrow_schema
 from tests.foreign import KEY_TYPES, VALUE_TYPES, ForeignTable, spark_quote
 from tests.support import assert_verified

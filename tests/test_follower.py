@@ -12,10 +12,10 @@ import threading
 import dagster as dg
 import pytest
 
+from backfill_assets.barrier.follower import follow, stop_request
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import update_controls
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.follower import follow, stop_request
 from backfill_assets.wiring.events import is_summary
 from jobs.follower import build_follower_jobs
 from resources.settings import load_settings

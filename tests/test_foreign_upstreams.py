@@ -11,10 +11,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.owned_tables import STEP_METADATA_KEY, MVTables, read_rows
-from backfill_assets.step.barrier import run_barrier
 from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows.commit import Change, Intent, commit
 from tests.reliability import harness as H

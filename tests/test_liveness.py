@@ -20,8 +20,8 @@ from dagster._core.events import DagsterEventType, EngineEventData
 from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._daemon.monitoring.run_monitoring import monitor_started_run
 
+from backfill_assets.barrier.follower import clear_stop, request_stop
 from backfill_assets.core.errors import InvalidSettings
-from backfill_assets.step.follower import clear_stop, request_stop
 from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.assets import build_assets
 from backfill_assets.wiring.liveness import ABANDONED_TAG, FOLLOWER_JOB, VNODES_TAG, wait_turn

@@ -1,4 +1,4 @@
-"""Re-snapshot on demand (step/resnapshot.py, resnapshot_job): a vnode range of a finished MV
+"""Re-snapshot on demand (barrier/resnapshot.py, resnapshot_job): a vnode range of a finished MV
 re-read from the upstream's latest version repairs a drift there, is recorded as such, and
 leaves the MV equal to the oracle; unfinished or foreign vnodes are refused, nothing written."""
 
@@ -10,11 +10,11 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
+from backfill_assets.barrier.resnapshot import resnapshot
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import ResnapshotRefused
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.oracle import verify
-from backfill_assets.step.resnapshot import resnapshot
+from backfill_assets.verify.oracle import verify
 from jobs.resnapshot import build_resnapshot_job
 from resources.settings import load_settings
 from resources.spark import spark_resource

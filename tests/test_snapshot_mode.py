@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
+from backfill_assets.barrier.runner import figures, run_barrier
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import Controls, write_controls
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.step.barrier import figures, run_barrier
 from backfill_assets.upstream.writer import DmlBatch, insert_rows
 from backfill_assets.wiring.metadata import barrier_metadata
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec

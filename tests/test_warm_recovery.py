@@ -13,14 +13,20 @@ from backfill_assets import storage
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress
 from backfill_assets.mv import owned_tables, recovery
-from backfill_assets.storage import KeyedRows, TableVersion, apply_keyed, ensure_mor_table
+from backfill_assets.storage import (
+    KeyedRows,
+    TableVersion,
+    apply_keyed,
+    clear_all,
+    ensure_mor_table,
+)
 
 KO = KeyOrder((KeyColumn("id", "bigint"),))
 VNODES = [0, 1, 2, 3]
 
 
 def _fresh(table: DeltaTable) -> dict:
-    recovery._PROGRESS_ROWS.clear()
+    clear_all()
     return recovery.read_progress(DeltaTable(table.table_uri), KO, VNODES)
 
 
@@ -76,8 +82,8 @@ def test_a_table_recreated_at_the_same_uri_is_loaded_afresh(tmp_path):
     assert TableVersion.load(uri).version == 0  # the latest, by a listing
 
 
-def test_a_progress_table_of_earlier_rounds_keeps_its_vnode_partitions(tmp_path):
-    """Progress tables made before round 7 are vnode-partitioned delta-rs tables: they are
+def test_a_progress_table_of_the_earlier_layout_keeps_its_vnode_partitions(tmp_path):
+    """Progress tables of the earlier layout are vnode-partitioned delta-rs tables: they are
     still written per partition (not turned into merge-on-read tables) and read back."""
     uri = str(tmp_path / "progress")
     DeltaTable.create(uri, recovery.progress_schema(KO), partition_by=["vnode"])
@@ -114,12 +120,11 @@ def test_a_step_remembered_recovers_as_a_fresh_read_does(tmp_path):
                           owned_tables.intent("m", "mv", VNODES, 5, metadata),
                           KeyedRows(rows.slice(0, 0), rows))
     recovery.write_progress(progress, state, KO, "m", VNODES, 5)
-    recovery._RECOVERED.clear()
+    recovery._RECOVERED.clear()  # the progress rows stay: remember_step builds on them
     recovery.remember_step(progress, mv, applied.version, "m", KO, VNODES)
     assert len(recovery._RECOVERED) == 1
     remembered = recovery.recover_state("m", KO, VNODES, progress, DeltaTable(mv_uri))
-    recovery._RECOVERED.clear()
-    recovery._PROGRESS_ROWS.clear()
+    clear_all()
     fresh = recovery.recover_state("m", KO, VNODES, DeltaTable(progress_uri),
                                    DeltaTable(mv_uri))
     assert remembered[1] == fresh[1] == []
@@ -127,7 +132,7 @@ def test_a_step_remembered_recovers_as_a_fresh_read_does(tmp_path):
         {v: (fresh[0].current(v), fresh[0].version(v)) for v in VNODES}
     assert fresh[0].current(0) == InProgress((7,), 3)
     # another commit to the MV: the remembered entry is not the answer at its new version
-    recovery._RECOVERED.clear()
+    recovery._RECOVERED.clear()  # the progress rows stay: remember_step builds on them
     recovery.remember_step(progress, mv, applied.version, "m", KO, VNODES)
     apply_keyed(TableVersion.load(mv_uri), ["id"], owned_tables.intent("other", "mv", [2], 6),
                 KeyedRows(rows.slice(0, 0), pa.table({"id": [2], "vnode": [2]}, schema=schema)))
@@ -146,9 +151,9 @@ def test_a_step_with_a_vnode_not_started_is_not_remembered(tmp_path):
     for v in VNODES:
         state.advance_version(v, 5)
     recovery.write_progress(progress, state, KO, "m", VNODES, 5)
-    recovery._RECOVERED.clear()
+    recovery._RECOVERED.clear()  # the progress rows stay: remember_step builds on them
     recovery.remember_step(progress, progress, 0, "m", KO, VNODES)
-    assert recovery._RECOVERED == {}
+    assert len(recovery._RECOVERED) == 0
 
 
 def test_the_progress_commit_is_not_fsynced_and_the_mv_commit_is(tmp_path, monkeypatch):

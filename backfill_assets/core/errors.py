@@ -159,7 +159,7 @@ class UnsupportedStorage(BackfillError, ValueError):
 class ConditionalWritesUnsupported(BackfillError):
     """The object store ignored a create-only (If-None-Match: *) write: commits are unsafe."""
 
-# ---- errors of the backfill step (formerly backfill_assets/core/errors.py)
+# ---- errors of the backfill step
 
 
 class ConcurrentBackfillRun(BackfillError):

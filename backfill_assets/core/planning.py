@@ -5,9 +5,9 @@ every mode, and every decision that can be made without data (which range of the
 feed, which vnodes read their snapshot, how many rows, paused or not) is made here, where it
 is tested exhaustively.
 
-Order of a step (design section 4): replicate, forward, snapshot, commit. Forwarding uses the
-positions from *before* this step's snapshot read: the snapshot is read at ``v_new``, so it
-already holds every change up to ``v_new`` for the keys it brings.
+Order of a step (docs/DESIGN.md, "The step"): replicate, forward, snapshot, commit.
+Forwarding uses the positions from *before* this step's snapshot read: the snapshot is read
+at ``v_new``, so it already holds every change up to ``v_new`` for the keys it brings.
 """
 
 from __future__ import annotations

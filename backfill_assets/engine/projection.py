@@ -38,7 +38,7 @@ from backfill_assets.core.names import (
 )
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.snapshot import last_key_sort_sql
-from backfill_assets.storage import col, spark_schema
+from backfill_assets.storage import LRU, col, spark_schema
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
@@ -101,18 +101,20 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     return mv.filter(pa.array(kept & side)), mv.filter(pa.array(kept & ~side))
 
 
-_EVALUATED: dict[tuple, list] = {}
+_EVALUATED: LRU[tuple, list] = LRU(64, name="projection columns")
 
 
 def _evaluated(spark: SparkSession, definition: MVDefinition) -> list:
     """The row index, `KEEP` and the computed columns as Spark columns, built once per session
     and definition (each build is a few dozen JVM calls a warm loop would pay per barrier)."""
     key = (id(spark), repr(definition))
-    if key not in _EVALUATED:
+    columns = _EVALUATED.get(key)
+    if columns is None:
         keep = _kept(definition) if definition.filter else F.lit(True)
-        _EVALUATED[key] = [F.col(ROW_NUMBER), keep.alias(KEEP),
-                           *[F.expr(c.expr).alias(c.name) for c in definition.computed]]
-    return _EVALUATED[key]
+        columns = [F.col(ROW_NUMBER), keep.alias(KEEP),
+                   *[F.expr(c.expr).alias(c.name) for c in definition.computed]]
+        _EVALUATED.put(key, columns)
+    return columns
 
 
 def selected_rows(definition: MVDefinition, rows: pa.Table) -> pa.Table:
@@ -120,25 +122,27 @@ def selected_rows(definition: MVDefinition, rows: pa.Table) -> pa.Table:
     return rows.select([*definition.columns, VNODE])
 
 
-_VALIDATED: dict[tuple, pa.Schema] = {}
+_VALIDATED: LRU[tuple, pa.Schema] = LRU(64, name="validated MV schemas")
 
 
 def validate_expressions(spark: SparkSession, definition: MVDefinition,
                          upstream_schema: pa.Schema,
                          recorded: pa.Schema | None = None) -> pa.Schema:
     """`_validate` once per process, definition and upstream schema: a warm loop of small
-    barriers would otherwise pay a Spark analysis (~0.15 s) per barrier for the same answer.
+    barriers would otherwise pay a Spark analysis per barrier for the same answer.
     ``recorded``: the MV schema an earlier analysis of this definition over this schema gave
     (the progress table's pin): taken as the answer, so a step that needs no other Spark work
     never starts the session."""
     key = (repr(definition), upstream_schema.serialize().to_pybytes())
-    if key not in _VALIDATED:
-        _VALIDATED[key] = recorded if recorded is not None else \
+    schema = _VALIDATED.get(key)
+    if schema is None:
+        schema = recorded if recorded is not None else \
             _validate(spark, definition, upstream_schema)
-    return _VALIDATED[key]
+        _VALIDATED.put(key, schema)
+    return schema
 
 
-_EXACT: dict[tuple, ArrowProjection | None] = {}
+_EXACT: LRU[tuple, ArrowProjection | None] = LRU(64, name="Arrow projections")
 
 
 def exact_projection(spark: SparkSession, definition: MVDefinition,
@@ -147,12 +151,12 @@ def exact_projection(spark: SparkSession, definition: MVDefinition,
     a proven subset; its result types checked against Spark's own analysis), or None: then
     only Spark evaluates it. Built once per session, definition and upstream schema."""
     key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
-    if key not in _EXACT:
+    if key not in _EXACT:  # None is a result too (not exact: Spark projects)
         mv_schema = validate_expressions(spark, definition, upstream_schema)
         rows = upstream_schema if VNODE in upstream_schema.names else \
             upstream_schema.append(pa.field(VNODE, pa.int32()))  # the rows carry the MV's
-        _EXACT[key] = compile_projection(definition, rows, mv_schema)
-    return _EXACT[key]
+        _EXACT.put(key, compile_projection(definition, rows, mv_schema))
+    return _EXACT.get(key)
 
 
 def _validate(spark: SparkSession, definition: MVDefinition,
@@ -181,7 +185,7 @@ def _validate(spark: SparkSession, definition: MVDefinition,
 def _arrow_schema(df: DataFrame) -> pa.Schema:
     """The schema ``df.toArrow()`` gives, by analysis alone: pyspark casts what it collects to
     exactly this (``to_arrow_schema`` of the frame's schema, UTC timestamps, large types when
-    the session asks for them), so no job runs (~0.03-0.06 s of a first barrier)."""
+    the session asks for them), so no job runs, a noticeable share of a first barrier."""
     large = False
     if hasattr(df.sparkSession, "_jconf"):  # a classic session honours the setting; Connect not
         large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes",
@@ -226,8 +230,8 @@ def _with_positions(rows: DataFrame, every: Sequence[int], at: Mapping[int, Key]
 
     The positions are a small table joined (broadcast) onto the rows by vnode, so the filter is
     one short comparison against columns: the literal alternative, one OR term per vnode,
-    grows past Spark's code generation limit and is interpreted row by row (25 s instead of
-    1 s on 5M rows and 256 vnodes). Literals come from the core, so key order is the core's.
+    grows past Spark's code generation limit with many vnodes and is then interpreted row by
+    row, many times slower. Literals come from the core, so key order is the core's.
     """
     nulls = [f"CAST(NULL AS {c.type})" for c in key_order.columns]
     values = [f"({v}, TRUE, {', '.join(nulls)})" for v in sorted(every)]

@@ -120,7 +120,7 @@ def read_controls(tables: MVTables) -> Controls:
 def controls_changed_at(tables: MVTables) -> float | None:
     """When the controls were last written (None: never, or by a version that did not say):
     a rate limit's pace starts there, so no credit from before a change (a pause, another
-    rate) is spent after it (step/pacing.py)."""
+    rate) is spent after it (barrier/pacing.py)."""
     stored = read_json(controls_uri(tables), tables.storage_options)
     return None if stored is None else stored.get(CHANGED_AT)
 
@@ -154,8 +154,3 @@ def _whole(value: int | str, name: str) -> int:
         raise InvalidControl(
             f"{name} {value!r} is not a whole number: give e.g. 5000, or {words}") from None
 
-
-def throttle(rate_limit: int | None, rows: int, started: float) -> None:
-    """Sleep so the snapshot side never exceeds `rate_limit` rows per second."""
-    if rate_limit and rows:
-        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))

@@ -86,9 +86,9 @@ def open_if_exists(uri: str, storage_options: Mapping[str, str], version: int | 
     """The table at `version` (latest when None), or None when it does not exist yet (where
     `storage.open_table` raises TableNotFound: a backfill's own tables may not exist yet). The
     latest is kept per process and brought forward with `update_incremental` (a barrier
-    opens the progress table and the MV about eight times: ~5 ms each as a fresh load, ~1 ms
-    as a listing of the log plus a stat), while the commit file of the version it holds is
-    still the one it was loaded from (a table dropped and recreated is loaded afresh)."""
+    opens the progress table and the MV about eight times: a fresh load replays the log, a
+    warm one only lists the log and stats one file), while the commit file of the version it
+    holds is still the one it was loaded from (a table dropped and recreated is loaded afresh)."""
     if version is None:
         return _latest(uri, storage_options)
     try:
@@ -100,7 +100,7 @@ def open_if_exists(uri: str, storage_options: Mapping[str, str], version: int | 
 # (uri, options) -> (the table, the version it held when kept and that version's commit file
 # identity); the lock is held around a whole lookup, which may bring the table forward in
 # place (update_incremental)
-_LATEST: LRU[tuple, tuple[DeltaTable, int, tuple | None]] = LRU(32)
+_LATEST: LRU[tuple, tuple[DeltaTable, int, tuple | None]] = LRU(32, name="latest tables")
 
 
 def _latest(uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
@@ -137,7 +137,8 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str]
                  cdf: bool, description: str | None = None) -> DeltaTable:
     """Open the progress table, creating it empty when missing: a merge-on-read table of one
     row per vnode (not partitioned: a barrier's progress commit then writes one small file,
-    not one per vnode). Tables made before round 7 are vnode-partitioned and stay so."""
+    not one per vnode). A progress table partitioned by vnode (the platform's earlier layout,
+    still readable) is kept as it is: re-laying it out would be a write no barrier needs."""
     table = open_if_exists(uri, storage_options)
     if table is not None and ("vnode" in table.metadata().partition_columns
                               or "deletionVectors" in (table.protocol().reader_features or [])):
@@ -174,7 +175,7 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
                  ) -> dict[int, int | None]:
     """Per vnode, the upstream version the last commit of `phase` was made at: every app id
     from one replay of the log (`storage.TableVersion.txn_versions`, incremental in a warm
-    process) instead of one delta-rs lookup per vnode (256 lookups cost ~0.1 s). A remote
+    process) instead of one delta-rs lookup per vnode (a cost per vnode, 256 by default). A remote
     table without its storage options is asked through delta-rs."""
     if table is None:
         return {v: None for v in vnodes}
@@ -230,7 +231,7 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
                                                       durable=phase != "progress"), keys, rows)
         table.update_incremental()  # like a delta-rs write: the object sees its own commit
         return done.version if done.version is not None else table.version()
-    # a progress table made before round 7: one vnode partition per vnode, overwritten
+    # a vnode-partitioned progress table (the earlier layout): its vnodes' partitions overwritten
     props = commit_properties(mv_name, phase, vnodes, version)
     try:
         write_deltalake(table, rows.cast(arrow_schema(table)), mode="overwrite",

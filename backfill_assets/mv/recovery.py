@@ -23,7 +23,7 @@ from backfill_assets.core.figures import FINISHED, IN_PROGRESS
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
 from backfill_assets.mv import owned_tables
-from backfill_assets.storage import arrow_schema
+from backfill_assets.storage import LRU, arrow_schema
 
 
 def progress_schema(key_order: KeyOrder) -> pa.Schema:
@@ -58,11 +58,13 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
     A function of the two tables' versions: a barrier that recovers twice at the same versions
     (snapshot mode plans its steps from it, then the step opens) reads the tables once."""
     key = _recovery_key(progress_table, mv, mv.version(), mv_name, key_order, vnodes)
-    if key not in _RECOVERED:
+    known = _RECOVERED.get(key)
+    if known is None:
         recovered, redone = _recover(mv_name, key_order, vnodes, progress_table, mv,
                                      storage_options)
-        _keep_recovery(key, (BackfillState(key_order, vnodes, recovered), redone))
-    state, redone = _RECOVERED[key]
+        known = (BackfillState(key_order, vnodes, recovered), redone)
+        _RECOVERED.put(key, known)
+    state, redone = known
     return state.copy(), list(redone)
 
 
@@ -84,7 +86,7 @@ def remember_step(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, m
     for row in rows:
         vnode, progress, version = codec.decode(row, key_order)
         recovered[vnode] = (progress, version)
-    _keep_recovery(_recovery_key(progress_table, mv, mv_version, mv_name, key_order, vnodes),
+    _RECOVERED.put(_recovery_key(progress_table, mv, mv_version, mv_name, key_order, vnodes),
                    (BackfillState(key_order, vnodes, recovered), []))
 
 
@@ -95,14 +97,8 @@ def _recovery_key(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, m
             tuple(vnodes))
 
 
-def _keep_recovery(key: tuple, value: tuple[BackfillState, list[int]]) -> None:
-    _RECOVERED[key] = value
-    while len(_RECOVERED) > 8:
-        del _RECOVERED[next(iter(_RECOVERED))]
-
-
 # the last few recoveries, by the versions (and ids) of the tables they read
-_RECOVERED: dict[tuple, tuple[BackfillState, list[int]]] = {}
+_RECOVERED: LRU[tuple, tuple[BackfillState, list[int]]] = LRU(8, name="recoveries")
 
 
 def _recover(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
@@ -176,10 +172,11 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
 
 
 # The progress rows this process last saw, per table: (uri, table id) -> (version, vnode ->
-# rows). A barrier reads them (one file per vnode partition: ~0.1 s for 256 vnodes) at the
+# rows). A barrier would otherwise read them back (a read of the progress table) at the
 # version its previous barrier committed; when that commit was the only one since the rows
 # were read (the table's version moved by exactly one), the rows it wrote are that version's.
-_PROGRESS_ROWS: dict[tuple[str, str], tuple[int, dict[int, list[dict]]]] = {}
+_PROGRESS_ROWS: LRU[tuple[str, str], tuple[int, dict[int, list[dict]]]] = LRU(
+    16, name="progress rows")
 
 
 def _key(table: DeltaTable) -> tuple[str, str]:
@@ -187,7 +184,7 @@ def _key(table: DeltaTable) -> tuple[str, str]:
 
 
 def _known_rows(table: DeltaTable, vnodes: Sequence[int]) -> list[dict] | None:
-    version, known = _PROGRESS_ROWS.get(_key(table), (None, {}))
+    version, known = _PROGRESS_ROWS.get(_key(table)) or (None, {})
     if version != table.version() or any(v not in known for v in vnodes):
         return None
     return [dict(row) for v in vnodes for row in known[v]]
@@ -197,9 +194,7 @@ def _remember(table: DeltaTable, version: int, vnodes: Sequence[int], rows: list
     known: dict[int, list[dict]] = {v: [] for v in vnodes}
     for row in rows:
         known.setdefault(row[codec.VNODE], []).append(dict(row))
-    _PROGRESS_ROWS[_key(table)] = (version, known)
-    while len(_PROGRESS_ROWS) > 16:
-        del _PROGRESS_ROWS[next(iter(_PROGRESS_ROWS))]
+    _PROGRESS_ROWS.put(_key(table), (version, known))
 
 
 def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
@@ -207,14 +202,14 @@ def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
     """After our overwrite of `vnodes` (version `before` -> `after`): the rows of the new
     version, when it is known."""
     key = _key(table)
-    version, known = _PROGRESS_ROWS.pop(key, (None, {}))
+    version, known = _PROGRESS_ROWS.pop(key) or (None, {})
     if version != before or after != before + 1:
         return  # not seen before, or another commit landed in between: read it next time
     now = {v: rows for v, rows in known.items() if v not in vnodes}
     now.update({v: [] for v in vnodes})
     for row in arrow.cast(arrow_schema(table)).to_pylist():  # as a read returns them
         now[row[codec.VNODE]].append(row)
-    _PROGRESS_ROWS[key] = (before + 1, now)
+    _PROGRESS_ROWS.put(key, (before + 1, now))
 
 
 def vnode_states(tables: owned_tables.MVTables) -> dict[int, str]:

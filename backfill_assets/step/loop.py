@@ -39,7 +39,6 @@ from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
 from backfill_assets.engine.projection import validate_expressions
 from backfill_assets.mv import owned_tables
-from backfill_assets.mv.controls import throttle
 from backfill_assets.mv.owned_tables import STEP_METADATA_KEY
 from backfill_assets.mv.recovery import (
     progress_rows,
@@ -254,7 +253,6 @@ class _Step:
         """After the MV commit: the progress commit, compaction, the report."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         self.hook("after_mv_commit")
-        throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered),
@@ -311,7 +309,7 @@ class _Step:
             changes, rows = replacing(self.ctx.spark, snap, rows, self.req.reset,
                                       key_order.names), None
         # files sized by the upstream's rows, for what Spark writes (reading the upstream's log
-        # for that costs ~0.03 s at 20M rows: a small barrier's keyed rows make one file anyway)
+        # for that costs a log read: a small barrier's keyed rows make one file anyway)
         spark_writes = changes is not None or rows is not None
         file_rows = mv_file_rows(self.ctx) if spark_writes else None
         clustered = clustered and rows is not None

@@ -179,7 +179,7 @@ def _pinned(tables: MVTables) -> dict | None:
         return None
     # the pin is the table's description: its head (metadata alone, brought forward by the
     # commits since the last one read) costs a commit file, where a load of the version
-    # replays every file (~10 ms a barrier, each barrier a new progress version)
+    # replays every file (each barrier makes a new progress version to load)
     progress = storage.open_head(tables.progress, latest, so)
     if not progress.metadata().description:
         return None

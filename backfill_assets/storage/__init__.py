@@ -32,8 +32,9 @@ surface (``__all__``); the modules it comes from are the layer's inside.
   ``compaction_due`` / ``compact``;
 - bytes that are not Delta: ``objects`` (a local folder or S3: read, write, list,
   ``put_if_absent``), JSON documents (``read_json``, ``write_json``, create-only sequences
-  ``read_sequence`` / ``append_sequence``), ``table_uri``, ``LRU`` (the one in-process cache
-  helper), ``settle_driver_memory``.
+  ``read_sequence`` / ``append_sequence``), ``table_uri``, ``settle_driver_memory``;
+- ``LRU`` / ``memoized`` / ``clear_all``: every process cache of the package, and its reset
+  (store/lru.py).
 See docs/ARCHITECTURE.md, "The storage layer", and docs/STORAGE.md.
 """
 
@@ -93,7 +94,7 @@ from backfill_assets.storage.store.documents import (
     read_sequence,
     write_json,
 )
-from backfill_assets.storage.store.lru import LRU
+from backfill_assets.storage.store.lru import LRU, clear_all, memoized
 from backfill_assets.storage.store.memory import settle_driver_memory
 from backfill_assets.storage.store.objects import StorageOptions
 from backfill_assets.storage.store.uris import table_uri
@@ -146,7 +147,9 @@ __all__ = [
     "DV_KEEP_VERSIONS", "DV_MIN_AGE_SECONDS", "compact", "compaction_due", "maintain",
     # bytes that are not Delta
     "objects", "StorageOptions", "table_uri", "append_sequence", "read_json", "read_sequence",
-    "write_json", "LRU", "settle_driver_memory",
+    "write_json", "settle_driver_memory",
+    # every process cache (store/lru.py)
+    "LRU", "clear_all", "memoized",
 ]
 
 

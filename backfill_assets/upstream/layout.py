@@ -11,6 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 
 from backfill_assets import storage
+from backfill_assets.storage import LRU
 
 
 def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: int,
@@ -49,18 +50,19 @@ def keys_kept_unique(uri: str, version: int, key_names: Sequence[str], vnode_cou
         return False
     table = storage.open_head(uri, version, storage_options)
     key = (uri, table.metadata().id)
-    checked = _UNIQUE_UP_TO.get(key, -1)  # versions already seen to be the platform's own
+    checked = _UNIQUE_UP_TO.get(key)
+    checked = -1 if checked is None else checked  # versions already seen to be the platform's own
     if version <= checked:
         return True
     history = table.history(version - checked) if checked >= 0 else table.history()
     ok = all("backfill.dml" in c or c.get("operation") in _ROWLESS
              for c in history if checked < c.get("version", 0) <= version)
     if ok:
-        _UNIQUE_UP_TO[key] = version
+        _UNIQUE_UP_TO.put(key, version)
     return ok
 
 
 # (uri, table id) -> newest version up to which every commit was seen to come from the
 # platform's writer: a warm loop of barriers reads only the commits made since (the log is
 # append-only; a table recreated at the same uri has a new id and is checked again)
-_UNIQUE_UP_TO: dict[tuple[str, str], int] = {}
+_UNIQUE_UP_TO: LRU[tuple[str, str], int] = LRU(256, name="upstreams checked unique")

@@ -28,12 +28,12 @@ from dagster._core.execution.backfill import BulkActionStatus
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
+from backfill_assets.barrier.pacing import BARRIER_SECONDS
+from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.step.barrier import controls_in_force, figures, run_barrier
 from backfill_assets.step.modes import mode_named
-from backfill_assets.step.pacing import BARRIER_SECONDS
 from backfill_assets.step.request import Hook, Mode, StepReport, no_hook
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import (

@@ -20,12 +20,12 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.step.barrier import controls_in_force, figures
-from backfill_assets.step.oracle import Verdict, verify
+from backfill_assets.verify.oracle import Verdict, verify
 from backfill_assets.wiring.metadata import figures_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings

@@ -24,11 +24,11 @@ import json
 
 import dagster as dg
 
+from backfill_assets.barrier.follower import stop_request
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at, read_controls
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.step.follower import stop_request
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,

@@ -191,7 +191,7 @@ def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeyp
     settings = load_settings(env)
     d = load_mv_definition(settings)
     tables = mv_tables(d, settings)
-    from backfill_assets.step.follower import stop_request
+    from backfill_assets.barrier.follower import stop_request
 
     assert "terminated" in stop_request(tables)["reason"]
     assert_verified(spark, d, tables)

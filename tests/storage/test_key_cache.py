@@ -17,6 +17,7 @@ from backfill_assets.storage import (
     KeyedRows,
     TableVersion,
     apply_keyed,
+    clear_all,
     ensure_mor_table,
     key_counts,
 )
@@ -43,9 +44,9 @@ def _seeded(uri: str, file_rows: int) -> str:
 
 @pytest.fixture
 def table(tmp_path) -> str:
-    key_cache.CACHE.clear()
+    clear_all()
     yield _seeded(str(tmp_path / "mv"), 8)
-    key_cache.CACHE.clear()
+    clear_all()
 
 
 def _counts(uri: str, *ids: int) -> dict[int, int]:
@@ -121,7 +122,7 @@ def test_a_lookup_past_the_cache_reads_a_file_a_row_group_at_a_time(tmp_path, mo
     from backfill_assets.storage.rows import write
 
     monkeypatch.setattr(write, "ROW_GROUP_ROWS", 3)
-    key_cache.CACHE.clear()
+    clear_all()
     uri = _seeded(str(tmp_path / "grouped"), 16)
     snap = TableVersion.load(uri)
     assert all(pq.ParquetFile(snap.file_uri(f.path)).metadata.num_row_groups > 1
@@ -135,7 +136,7 @@ def test_a_lookup_past_the_cache_reads_a_file_a_row_group_at_a_time(tmp_path, mo
         assert not key_cache.CACHE.cached_paths(uri)
     finally:
         key_cache.set_limit(key_cache.DEFAULT_LIMIT_BYTES)
-        key_cache.CACHE.clear()
+        clear_all()
 
 
 def test_sorted_and_joined_lookups_agree_on_duplicates():

@@ -338,5 +338,5 @@ class BulkSource:
         return storage.vnode_key_stats(ctx.spark, snap, key_order, positions)
 
 
-SNAPSHOT = Mode("snapshot", BulkPositions, BulkSource(), run_barrier=run_snapshot_barrier,
+SNAPSHOT = Mode("snapshot", BulkPositions, BulkSource(), barrier_steps=run_snapshot_barrier,
                 throttled_path=CHUNKED_PATH)

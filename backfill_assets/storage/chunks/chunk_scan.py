@@ -80,8 +80,8 @@ def chunk_tasks(snap: TableVersion, columns: Sequence[str], key_order: KeyOrder,
                 tail: int = 0, cut: SharedCut | None = None) -> tuple[list[str], ChunkReader]:
     """A chunk read's tasks (JSON) and the task side that reads one: see ``read_chunk``.
     ``slots``: the cores the tasks run on; tasks then hold at least the rows read / slots
-    (a Python task that also writes costs ~50 ms to start, and more tasks than cores only
-    queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
+    (a Python task that also writes costs a start of its own, and more tasks than cores
+    only queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
     (``core.positions.keep_rows``; per-vnode reads only). ``cut``: a shared read whose cut
     the driver knows (storage/chunks/shared_cut.py): each vnode's rows up to it, nothing ranked
     across the tasks."""
@@ -116,7 +116,7 @@ def vnode_key_stats(spark: SparkSession, snap: TableVersion, key_order: KeyOrder
     schema = snap.arrow_schema
     base = exchange_schema(pa.schema([schema.field(c) for c in columns]))
     out = base.append(pa.field(RN, pa.int64())).append(pa.field(BAD_KEY, pa.bool_()))
-    # key columns only: tasks of ~4M rows (a Python task costs ~50 ms to start)
+    # key columns only: tasks of about 4M rows (each Python task costs a start of its own)
     tasks = whole_vnode_tasks(snap, positions, columns, out, 4 * READ_TASK_ROWS,
                               parallelism(spark))
     if not tasks:
@@ -176,8 +176,8 @@ def _tasks(snap: TableVersion, picked: ChunkFiles, parts: list[str], out: pa.Sch
     target = total / count
     ranges: list[list[int]] = [[]]
     held = 0.0  # estimated rows of the ranges so far: range k closes near (k + 1) targets,
-    # so the ranges come out about equal (closing a range only past 1.5 targets made
-    # three tasks of 1.4, 1.4 and 0.8 s for two cores at 20M rows, round 13)
+    # so the ranges come out about equal (closing a range only past 1.5 targets leaves a
+    # short last range, and two cores then wait on two long ones)
     for v in sorted(per_vnode):
         if ranges[-1] and held + estimate[v] / 2 > target * len(ranges) \
                 and len(ranges) < count:

@@ -3,11 +3,11 @@ barrier's version by the change feed.
 
 Why. Over an upstream whose files are not clustered by its pk (a copy-on-write writer's merges
 leave every file spanning the key range), each no_shuffle barrier decodes about the whole table
-to take one chunk: the rows read grow as the table times the barriers (20x the table at 20M
-rows and 1M-row chunks, round 22), so time per row grows with the table. Caching files does
-not help: the writer rewrites about two thirds of them a version. But the rows themselves are
-known without reading them again: they are the rows of the version read, changed by what the
-change feed says changed since.
+to take one chunk: the rows read grow as the table times the barriers (table rows / chunk
+rows barriers, each reading about the table), so time per row grows with the table. Caching
+files does not help: the writer rewrites about two thirds of them a version. But the rows
+themselves are known without reading them again: they are the rows of the version read, changed
+by what the change feed says changed since.
 
 How. A window holds the run's rows after its position ``lo`` up to a bound ``hi``, as of
 ``version``: ``WINDOW_CHUNKS`` chunks, read once (storage/chunks/window_scan.py when every file
@@ -77,7 +77,7 @@ class _Window:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_WINDOWS: LRU[tuple, _Window] = LRU(_KEPT)
+_WINDOWS: LRU[tuple, _Window] = LRU(_KEPT, name="shared-cut windows")
 
 
 def windowed_cut(snap: TableVersion, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,

@@ -63,7 +63,8 @@ def read_change_range(latest: TableVersion, start_exclusive: int, end: int,
     return table
 
 
-_RANGES: LRU[tuple, pa.Table] = LRU(4)  # change ranges kept (a barrier's worth of rows each)
+# a barrier's worth of rows each
+_RANGES: LRU[tuple, pa.Table] = LRU(4, name="change ranges")
 _RANGE_MAX_BYTES = 16 << 20  # a larger range (a long catch-up) is not kept: 64 MiB at most held
 
 
@@ -194,10 +195,10 @@ def _version_changes(snap: TableVersion, v: int, physical: Mapping[str, str], ou
 def _read_cdc_files(snap: TableVersion, cdc: Sequence[Mapping], out: pa.Schema,
                     consts: Mapping[str, object]) -> pa.Table:
     """The change files of one version, read together (a partitioned upstream writes one per
-    partition a commit touched: 256 files read one by one through the checked per-file path
-    cost ~0.1-0.2 s). A local disk reads them one after the other, each file's bytes whole
-    (256 small files of 9 columns: 0.025 s; 2-4 threads contend for the GIL, a dataset scan
-    takes 0.05 s: `make bench-change-floor`); a remote store in one dataset scan, whose
+    partition a commit touched: hundreds of files, each a fixed cost when read one by one
+    through the checked per-file path). A local disk reads them one after the other, each
+    file's bytes whole (threads contend for the GIL on small files, and a dataset scan costs
+    more than the bytes: `make bench-change-floor`); a remote store in one dataset scan, whose
     pre-buffering coalesces the requests. Partition values come from each file's action. A
     file whose columns or types do not fit the table's falls back to the file-by-file read
     (which checks and casts each file). The rows come back in one chunk: what nets and

@@ -3,9 +3,9 @@
 Why. The replica keeps each vnode's rows in key-sorted one-vnode files with exact bounds, so a
 chunk reads only the files after its position (``seek``). Kept exact by deletion vectors,
 every barrier's changes (spread over all vnodes by a writer) put a DV on more files than
-delta-rs readers tolerate (``maintain.MAX_DV_FILES``), and every barrier rewrote most of the
-replica: 44% of a 20M-row arrangement run (docs/BENCHMARKS_HISTORY.md, round 8). A barrier should
-cost what changed.
+delta-rs readers tolerate (``maintain.MAX_DV_FILES``), and every barrier would rewrite most of
+the replica, a cost that grows with the table, not with the change. A barrier should cost
+what changed.
 
 How. Base files are written once per vnode, each row tagged ``REPLICA_VERSION`` = the upstream
 version it was copied at and ``REPLICA_DELETED`` false. A barrier's replicated changes, netted

@@ -2,20 +2,20 @@
 
 A snapshot-mode bulk step reads every row of its vnodes, projects them through the MV
 definition and writes them. Through Spark that is two crossings between the JVM and Python
-per row plus Spark's own row format in between (round 8: the bulk barrier at 1.8-2.2x a
-clustered refresh). When the transform is exact in Arrow (``arrow.expressions``: the MV definition
-compiled with Spark's semantics), each task here reads a contiguous vnode range (DVs applied,
-partition values from the log, row counts checked: ``read.file_rows``), applies the
-transform, sorts its rows by (vnode, key) and writes them as the MV's files with their
-statistics (``write.FileWriter``): Spark only schedules the tasks and collects the manifest,
-or on a local master threads here run them. A task reads each vnode's files in the order of
-their lower key bound, and skips the sort when its rows are already in order
-(``chunks/row_order.py``).
+per row plus Spark's own row format in between, which made a bulk barrier cost about twice a
+plain clustered refresh of the same rows. When the transform is exact in Arrow
+(``arrow.expressions``: the MV definition compiled with Spark's semantics), each task here reads a
+contiguous vnode range (DVs applied, partition values from the log, row counts checked:
+``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them as
+the MV's files with their statistics (``write.FileWriter``): Spark only schedules the tasks and
+collects the manifest, or on a local master threads here run them. A task reads each vnode's
+files in the order of their lower key bound, and skips the sort when its rows are already in
+order (``chunks/row_order.py``).
 
 The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
 the rows read, the last key in key order, whether a pk is null or repeated and whether the
 vnode's rest was all read: the progress the MV commit carries, from the rows it already holds
-(a separate pass over the keys was 1.21 s of a 4.62 s backfill, round 9). The caller then
+(a separate pass over the keys would read every row a second time). The caller then
 commits ``BulkWritten.files`` with that progress, or ``discard``s them.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
@@ -168,8 +168,8 @@ def run_tasks(spark: SparkSession, tasks: list[str], task, threads: int | None) 
 def bulk_threads(spark: SparkSession) -> int | None:
     """Threads of this process that may run a bulk write's tasks, or None: Spark tasks (a
     cluster, a Connect session). On a local master Spark's Python workers use the cores
-    threads here would, and the job costs its own: the 5M-row bulk barrier 3.72 s as Spark
-    tasks (the JVM spent 1.4 CPU s serving them), 2.22 s in two threads (round 25)."""
+    threads here would, and the job costs its own on top (the JVM spends CPU serving the
+    workers), so a bulk barrier runs faster in threads here than as Spark tasks."""
     if not tasks_run_here(spark):
         return None
     return max(LOCAL_THREADS, min(parallelism(spark), os.cpu_count() or 1))
@@ -212,7 +212,7 @@ def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
 
 def _local_manifest(tasks: list[str], task, threads: int = LOCAL_THREADS) -> list[dict]:
     """The tasks run here, ``threads`` at a time (parquet and Arrow release the GIL): a Spark
-    job costs 0.2-0.3 s to start and run its Python workers, more than reading the last few
+    job's start and its Python workers cost more than reading the last few
     thousand rows of each vnode takes (a run's final barrier, a throttled run's chunks)."""
     def run(text: str) -> list[dict]:
         batch = pa.record_batch([pa.array([text], pa.string())], names=["task"])

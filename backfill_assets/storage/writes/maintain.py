@@ -79,8 +79,9 @@ def compaction_due(before: TableVersion, applied: Applied, vnodes: Iterable[int]
     """Whether ``compact`` would rewrite files of ``vnodes``' span in the version ``applied``
     committed on top of ``before``, judged from ``before``'s files and the change alone: a
     small barrier then loads no version to learn that nothing is due (a fresh load of the
-    new version costs ~10 ms). True (load and look) when the commit was not the next version
-    of ``before`` (it was rebased over another writer's) or removed files whole."""
+    new version would be a large share of its cost). True (load and look) when the commit was
+    not the next version of ``before`` (it was rebased over another writer's) or removed files
+    whole."""
     change = applied.change
     if applied.version is None or change is None or change.removes \
             or applied.version != before.version + 1:

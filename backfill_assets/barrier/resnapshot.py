@@ -11,7 +11,7 @@ mode's MV: the vnodes are read by snapshot mode's bulk read, and finished vnodes
 of their mode afterwards (they only forward the change feed).
 
 `resnapshot_steps` is those steps at a given version: a barrier that chooses by cost to
-re-read its finished vnodes instead of applying its changes (step/cost_choice.py) runs them
+re-read its finished vnodes instead of applying its changes (barrier/by_cost.py) runs them
 at the barrier's version.
 """
 
@@ -31,8 +31,7 @@ from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes.snapshot import SNAPSHOT, estimate_rows
-from backfill_assets.step.pacing import merged
-from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
+from backfill_assets.step.request import Hook, StepReport, StepRequest, merged, no_hook
 
 FINISHED = "finished"
 

@@ -1,9 +1,9 @@
 """Continuous mode: one long-running loop per MV (or vnode range) on a warm Spark session.
 
-Why: a run per barrier pays a Dagster launch and a JVM start (~10 s) before any work, so an
-upstream commit reaches the MV tens of seconds later. The follower stays inside one run and
-loops: wait for the upstream's next log entry (a stat per 10 ms, storage/delta/log_wait.py),
-run the barrier (`barrier.run_barrier`, the very step `backfill_job` runs) over every version
+Why: a run per barrier pays a Dagster launch and a JVM start before any work, so an upstream
+commit reaches the MV only after both. The follower stays inside one run and loops: wait for
+the upstream's next log entry (a cheap stat of the next commit file, storage/delta/log_wait.py),
+run the barrier (`runner.run_barrier`, the very path `backfill_job` runs) over every version
 that arrived since (coalesced), record it, repeat. Exactly once, recovery and fencing are the
 step's: a follower killed anywhere is repaired by the next barrier of the next follower.
 
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import read_controls
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.step.barrier import controls_in_force, figures, run_barrier
 from backfill_assets.step.request import Hook, StepReport, no_hook
 from backfill_assets.storage import objects, read_json, wait_for_commit, write_json
 

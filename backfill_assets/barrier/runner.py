@@ -1,4 +1,4 @@
-"""One barrier as the platform runs it: controls in force, the step, and progress figures.
+"""One barrier as the platform runs it: controls in force, the path it takes, and figures.
 
 Dagster assets, the demo and the benchmarks all call `run_barrier`; only the step does work.
 The figures are read back from the tables (progress rows, Delta commit times), so every run
@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.by_cost import by_cost
+from backfill_assets.barrier.pacing import paced
 from backfill_assets.core import codec
 from backfill_assets.core.figures import MVFigures, RateSample, recent_rate
 from backfill_assets.core.mv_definition import MVDefinition
@@ -19,10 +21,7 @@ from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls, read_controls
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.reset import nothing_left_on_refusal
-from backfill_assets.step.cost_choice import by_cost
-from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes import mode_named
-from backfill_assets.step.pacing import paced
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 
 RATE_WINDOW_COMMITS = 6  # progress commits the rows/s figure (and so the ETA) looks back over
@@ -47,23 +46,15 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     """Run one barrier for `vnodes` with the controls in force right now; a refusal (a named
     error) leaves none of the MV's state that the barrier would have created. Under a rate
     limit the barrier steps at that rate for `pace_seconds` (0: one step; a Dagster run gives
-    `pacing.BARRIER_SECONDS`; step/pacing.py)."""
+    `pacing.BARRIER_SECONDS`; barrier/pacing.py); otherwise a barrier over finished vnodes
+    applies its changes or re-reads them, whichever costs less (barrier/by_cost.py)."""
     with nothing_left_on_refusal(tables):
-        return _run_barrier(spark, d, tables, vnodes, version, overrides, hook, pace_seconds)
-
-
-def _run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
-                 version: int | None, overrides: Controls | None, hook: Hook,
-                 pace_seconds: float) -> StepReport:
-    controls = controls_in_force(d, tables, overrides)
-    mode = mode_named(d.mode)
-    request = StepRequest(d, mode, tables, tuple(vnodes), controls.chunk_size,
-                          controls.rate_limit, version)
-    run = mode.run_barrier or run_step  # snapshot: a bulk read in slices, then catch-up
-    if controls.rate_limit:  # a rate limit, kept over time: steps paced to it
-        return paced(spark, request, run, hook, pace_seconds)
-    # finished vnodes: apply the changes, or re-snapshot them when that costs less
-    return by_cost(spark, request, run, hook, controls.barrier_choice)
+        controls = controls_in_force(d, tables, overrides)
+        request = StepRequest(d, mode_named(d.mode), tables, tuple(vnodes),
+                              controls.chunk_size, controls.rate_limit, version)
+        if controls.rate_limit:
+            return paced(spark, request, hook, pace_seconds)
+        return by_cost(spark, request, hook, controls.barrier_choice)
 
 
 def figures(d: MVDefinition, tables: MVTables, controls: Controls,

@@ -152,9 +152,10 @@ class Host:
         for line in out.splitlines():
             fields = line.split()
             addr, _, port = fields[3].rpartition(":")
-            addr = addr.strip("[]").split("%")[0]
+            # a JVM's IPv4 sockets show as IPv4-mapped IPv6 ([::ffff:127.0.0.1])
+            addr = addr.strip("[]").split("%")[0].removeprefix("::ffff:")
             if not (addr.startswith("127.") or addr == "::1"):
-                found[int(port)] = " ".join(fields[5:])
+                found[int(port)] = f"{addr} {' '.join(fields[5:])}"
         return found
 
 

@@ -60,6 +60,7 @@ def worker_killed(cluster: HostCluster, run) -> Host:
     wait_for("tasks on worker1", lambda: _tasks(cluster, [lost], "Running") >= 1, run)
     cluster.notes["driver1 ports"] = _undocumented_ports(cluster.drivers[0], "driver")
     lost.kill_all()
+    wait_for("the executor's loss", lambda: "Lost executor" in run.log_tail(10**7), run)
     cluster.start_worker(cluster.net.add("worker3"))
     return cluster.drivers[0]
 

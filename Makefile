@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 
-.PHONY: env jars classes test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres chromium
+.PHONY: env jars classes test test-all demo demo-cluster ui screenshots lint clean-demo instance postgres chromium hosts-tools
 
 env: $(STAMP) jars classes
 
@@ -51,12 +51,12 @@ PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dis
 	--maxschedchunk 1) \
 	--durations=25
 
-test: env instance postgres chromium
+test: env instance postgres chromium hosts-tools
 	$(PY) -m pytest $(PYTEST_XDIST)
 
 # everything but the soak: also the core scenarios' variants in the non-default modes (crash
 # matrix and races of arrangement / no_shuffle, no_shuffle e2e, the short soak); ~25 min more
-test-all: env instance postgres chromium
+test-all: env instance postgres chromium hosts-tools
 	$(PY) -m pytest $(PYTEST_XDIST) -m "not soak"
 
 # PostgreSQL server binaries for the Postgres-backed Dagster test (tests/scale): Debian's
@@ -64,6 +64,14 @@ test-all: env instance postgres chromium
 postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null || \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
+# ip, ss (iproute2) and unshare, nsenter (util-linux) for the host tests' network and mount
+# namespaces (tests/infra/hosts.py), installed only where missing like postgres
+hosts-tools:
+	@{ command -v ip && command -v ss; } >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2; }
+	@{ command -v unshare && command -v nsenter; } >/dev/null || \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq util-linux; }
 
 # Debian's Chromium for the browser test (tests/test_browser.py) and `make screenshots`,
 # installed only where missing like postgres; Playwright drives it (never `playwright install`)

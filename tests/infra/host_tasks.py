@@ -40,7 +40,7 @@ def bucket(name: str) -> dict:
 
 
 def load(uri: str, params_json: str) -> dict:
-    from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+    from backfill_assets.upstream.writer import LoadParams, run_load
 
     raw = json.loads(params_json)
     vnodes = raw.pop("vnode_count")
@@ -49,7 +49,7 @@ def load(uri: str, params_json: str) -> dict:
 
 
 def objects_under(prefix: str) -> dict:
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
 
     return {"keys": sorted(o.uri[len(prefix):].lstrip("/")
                            for o in objects.list_prefix(prefix, options()))}

@@ -191,7 +191,7 @@ def worker_backfill(args) -> dict:
 
                 bad = verify(spark, d, tables).failures()
             else:  # the oracle holds every row in Python: per-vnode fingerprints instead
-                from benchmarks.scale_check import scale_check
+                from backfill_assets.step.scale_check import scale_check
 
                 check = scale_check(spark, d, tables)
                 print(f"  scale check: {check}", flush=True)

@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.bench_latency --paths continuous --intervals 5 --commits 10
 
 Per path and write rate: `dagster dev` in the background (own DAGSTER_HOME and warehouse;
-benchmarks/dagster_dev.py); the default-RUNNING sensor backfills a generated upstream (one
+jobs/dagster_dev.py); the default-RUNNING sensor backfills a generated upstream (one
 `backfill_job` run per barrier, or with BACKFILL_CONTINUOUS=1 one `follower_job`); then one DML
 batch every --interval s, and per upstream commit the time until the first MV commit whose
 barrier version includes it (both Delta commit timestamps). Stops after --commits (or
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from benchmarks import common as C
-from benchmarks import dagster_dev
+from jobs import dagster_dev
 
 PATHS = ("barrier", "continuous")
 
@@ -222,6 +222,7 @@ def measure(args, path: str, interval: float) -> dict:
     mv_uri = os.path.join(wh, d.name, "downstream_mv")
     log_path = os.path.join(tmp, "dagster_dev.log")
     started = time.monotonic()
+    dagster_dev.install_instance(home)
     proc = dagster_dev.start(env, log_path)
     result: dict = {"path": path, "interval": interval, "mv": d.name, "log": log_path}
     commits: list[int] = []

@@ -1,15 +1,16 @@
-"""The benchmarks' check of a finished MV at sizes the oracle cannot hold.
+"""The check of a finished MV at sizes the oracle cannot hold.
 
-`backfill_assets.step.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
-the machine's 24 GiB killed it in round 9). At 20M and 100M rows the benchmarks compare the
-MV with a recompute by another path instead, per vnode and without any row on the driver:
+`backfill_assets.step.oracle` keeps every row as a Python object (about 12 GB at 5M rows, more
+than a 24 GiB machine holds at 20M). At such sizes (the benchmarks' `--verify` above 2M rows)
+the MV is compared with a recompute by another path instead, per vnode and without any row on
+the driver:
 
 - expected: the upstream's live files at the version every vnode recorded (the list from the
   log), read by Spark's own parquet reader (not the storage layer's reader; partition values
-  from the file paths), the MV
-  definition's filter and computed columns evaluated by Spark SQL (not the Arrow compiler the
-  bulk tasks use). Refused when that version's files carry deletion vectors: Spark's reader
-  would count deleted rows (use the oracle on such a table);
+  from the file paths), the MV definition's filter and computed columns evaluated by Spark SQL
+  through ``engine.projection.project`` (not the Arrow compiler the bulk tasks use). Refused
+  when that version's files carry deletion vectors: Spark's reader would count deleted rows
+  (use the oracle on such a table);
 - actual: the MV read back by the storage layer's reader (deletion vectors applied);
 - per vnode: the row count and the sum of a 64-bit hash of every column (a multiset
   fingerprint: a missing, extra or changed row changes it), plus the MV's column types
@@ -23,11 +24,12 @@ from pyspark.sql import functions as F
 
 from backfill_assets import storage
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import KEEP
 from backfill_assets.core.progress import Completed
-from backfill_assets.engine import netting as spark_ops
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.engine.netting import read_version, with_vnode
+from backfill_assets.engine.projection import project
 from backfill_assets.mv.recovery import read_progress
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.tables import MVTables, open_table
 from backfill_assets.step.preflight import checked_upstream
 
 
@@ -35,7 +37,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
     """{"ok", "vnodes", "rows", "version", "mismatched" (vnodes), "types"} for a finished MV."""
     so = tables.storage_options
     upstream = checked_upstream(tables, d, None)
-    progress = read_progress(mv_store.open_table(tables.progress, so), upstream.key_order,
+    progress = read_progress(open_table(tables.progress, so), upstream.key_order,
                              list(range(d.vnode_count)))
     versions = {v for _, v in progress.values()}
     if len(progress) != d.vnode_count or len(versions) != 1 or \
@@ -44,7 +46,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
     version = versions.pop()
     expected = _expected(spark, d, tables, version, list(upstream.key_order.names),
                          list(upstream.key_types))
-    actual = spark_ops.read_version(spark, tables.mv, None, storage_options=so)
+    actual = read_version(spark, tables.mv, None, storage_options=so)
     types = [f"{c}: MV {actual.schema[c].dataType.simpleString()}, expected "
              f"{expected.schema[c].dataType.simpleString()}"
              for c in expected.columns if c not in actual.columns
@@ -64,14 +66,8 @@ def _expected(spark: SparkSession, d: MVDefinition, tables: MVTables, version: i
         raise ValueError(f"{tables.upstream} v{version} has deletion vectors: use the oracle")
     files = [snap.file_uri(f.path) for f in snap.files]
     rows = spark.read.option("basePath", tables.upstream).parquet(*files)
-    return _project(spark_ops.with_vnode(rows, key_names, key_types, d.vnode_count), d)
-
-
-def _project(rows: DataFrame, d: MVDefinition) -> DataFrame:
-    keep = F.coalesce(F.expr(d.filter), F.lit(False)) if d.filter else F.lit(True)
-    return rows.where(keep).select(*[F.col(c) for c in d.columns],
-                                   *[F.expr(c.expr).alias(c.name) for c in d.computed],
-                                   F.col("vnode"))
+    mv_rows = project(with_vnode(rows, key_names, key_types, d.vnode_count), d)
+    return mv_rows.where(F.col(KEEP)).drop(KEEP)
 
 
 def _fingerprint(rows: DataFrame, columns: list[str]) -> dict[int, tuple[int, int]]:

@@ -61,7 +61,7 @@ def worker_baselines(args) -> dict:
             res["pyarrow_copy"].append(B.pyarrow_copy(uri, version, out + "_arrow"))
             res["full_refresh"].append(B.full_refresh(spark, d, uri, version, out + "_mv"))
             res["clustered_refresh"].append(
-                B.clustered_refresh(spark, d, uri, version, out + "_mv"))
+                B.full_refresh(spark, d, uri, version, out + "_mv", clustered=True))
             print(f"  baselines {C.human_rows(args.rows)} {args.pk}: spark copy "
                   f"{res['spark_copy'][-1]:.2f}s, pyarrow copy {res['pyarrow_copy'][-1]:.2f}s, "
                   f"full refresh {res['full_refresh'][-1]:.2f}s, clustered refresh "

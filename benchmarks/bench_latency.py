@@ -196,13 +196,8 @@ def measure(args, path: str, interval: float) -> dict:
     """One `dagster dev` session: initial backfill, then commits every `interval` seconds."""
     import dagster as dg
 
-    from backfill_assets.upstream.writer import apply_dml, read_upstream_spec
-    from backfill_assets.upstream.writer.load_generator import (
-        Generator,
-        LoadParams,
-        _live_keys,
-        run_load,
-    )
+    from backfill_assets.upstream.writer import apply_dml
+    from backfill_assets.upstream.writer.load_generator import Generator, LoadParams, run_load
     from resources.mv import load_mv_definition
     from resources.settings import load_settings
 
@@ -234,9 +229,8 @@ def measure(args, path: str, interval: float) -> dict:
             time.sleep(1)
         result["initial_backfill_seconds"] = round(time.monotonic() - started, 1)
         time.sleep(args.settle)
-        spec = read_upstream_spec(uri)
-        live, next_id = _live_keys(uri, None)
-        gen, weights = Generator(spec, 3, live, next_id), LoadParams().weights()
+        gen, weights = Generator.reading(uri, 3), LoadParams().weights()
+        spec = gen.spec
         audit, t0 = C.CpuAudit(), time.monotonic()
         next_at = t0
         while len(commits) < args.commits and time.monotonic() - t0 < args.max_seconds:

@@ -47,7 +47,7 @@ def worker(args) -> dict:
     schema = delta_store.arrow_schema(up)
     carried = pa.schema([f for f in schema if f.name != "vnode"])
     key_names = list(C.PK_SHAPES[args.pk])
-    key_types = [C.BENCH_COLUMNS[k] for k in key_names]
+    key_types = [C.bench_spec(args.pk, args.vnodes).columns[k] for k in key_names]
     key_order = KeyOrder(tuple(KeyColumn(k, t) for k, t in zip(key_names, key_types,
                                                                   strict=True)))
     d = C.bench_mv(args.pk, "arrangement", args.vnodes, args.rows, uri)
@@ -139,9 +139,10 @@ def worker(args) -> dict:
     import random
 
     from backfill_assets.engine.projection import rows_after
+    from backfill_assets.upstream.writer.live_keys import REGIONS
 
     rng = random.Random(5)
-    positions = {v: tuple(rng.choice(C.REGIONS) if k == "region" else rng.randrange(args.rows)
+    positions = {v: tuple(rng.choice(REGIONS) if k == "region" else rng.randrange(args.rows)
                           for k in key_names) for v in vnodes}
     literal = F.expr(" OR ".join(f"(vnode = {v} AND {key_order.sql_after(p)})"
                                  for v, p in sorted(positions.items())))

@@ -62,7 +62,10 @@ def writer_layout(info: dict, changes: int) -> str:
 
     dst = os.path.join(C.WORK_DIR, f"floor_{os.getpid()}", "upstream")
     C.work_copy(info["path"], dst)
-    apply_dml(dst, C.ChangeMaker(info["pk"], next_id=info["rows"]).batch(changes))
+    from backfill_assets.upstream.writer.load_generator import LoadParams
+
+    gen = C.change_generator(info["pk"], info["vnodes"], next_id=info["rows"])
+    apply_dml(dst, gen.batch(1, changes, LoadParams().weights()), spec=gen.spec)
     return dst
 
 

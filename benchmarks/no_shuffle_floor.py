@@ -23,7 +23,7 @@ way of opening a file, two threads, best of ``--repeat``) and prints:
 - both against the run's Spark copy, and per row against ``--flat-from`` (the run at 1M rows
   the flat-time-per-row target compares with: at most 1.2x its time per row).
 
-    python -m benchmarks.no_shuffle_floor benchmarks/results/bulk_round21_20M_no_shuffle.json
+    python -m benchmarks.no_shuffle_floor benchmarks/results/bulk_round24_no_shuffle_20M_r1.json
 """
 
 from __future__ import annotations

@@ -42,15 +42,18 @@ def bench_spec(pk: str, vnode_count: int, name: str = "bench_upstream"):
 
 def bench_mv(pk: str, mode: str, vnode_count: int, chunk_size: int, upstream: str,
              name: str | None = None):
-    """jobs/configs/mv.yaml's MV (filter + computed columns) over the benchmark upstream."""
-    from backfill_assets.core.mv_definition import MVDefinition
+    """The platform's MV, jobs/configs/mv.yaml's columns, filter and computed columns, over
+    the benchmark upstream (its other settings are the benchmark's)."""
+    import yaml
 
+    from backfill_assets.core.mv_definition import MVDefinition
+    from resources.mv import DEFAULT_MV_CONFIG
+
+    with open(DEFAULT_MV_CONFIG, encoding="utf-8") as f:
+        platform = yaml.safe_load(f)
     return MVDefinition.from_dict({
         "name": name or f"bench_{mode}", "upstream": upstream, "primary_key": list(PK_SHAPES[pk]),
-        "columns": ["id", "region", "name", "amount", "qty", "ts"],
-        "filter": "qty > 0 AND NOT flag",
-        "computed": [{"name": "total", "expr": "amount * qty"},
-                     {"name": "name_upper", "expr": "upper(name)"}],
+        **{k: platform[k] for k in ("columns", "filter", "computed")},
         "mode": mode, "chunk_size": chunk_size, "vnode_count": vnode_count,
     })
 

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from backfill_assets.core.errors import InvalidUpstreamSpec
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.upstream.writer import apply_dml, read_upstream_spec, row_count
 from backfill_assets.upstream.writer.live_keys import REGIONS, InitialIds
@@ -75,7 +76,7 @@ def test_the_live_keys_read_back_draw_the_same_set(warehouse):
 def test_a_wrong_column_subset_is_refused_before_anything_is_written(warehouse):
     uri = os.path.join(warehouse, "up")
     for columns in (("id", "name"), ("region", "id", "bogus")):
-        with pytest.raises(ValueError, match="must include region and id"):
+        with pytest.raises(InvalidUpstreamSpec, match="must include region and id"):
             run_load(uri, LoadParams(initial_rows=10, versions=0, columns=columns))
         assert not os.path.exists(uri)
     assert list(demo_columns(SUBSET)) == list(SUBSET)

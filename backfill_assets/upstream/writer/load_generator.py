@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.errors import InvalidUpstreamSpec
 from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.upstream.writer import (
     DmlBatch,
@@ -46,8 +47,9 @@ def demo_columns(names: Sequence[str] | None = None) -> dict[str, str]:
     }
     unknown = sorted(set(names or ()) - set(every))
     if unknown or (names is not None and not {"region", "id"} <= set(names)):
-        raise ValueError(f"generated columns must include region and id and come from "
-                         f"{', '.join(every)}; got {', '.join(names or ())}")
+        raise InvalidUpstreamSpec(
+            f"generated columns must include region and id and come from {', '.join(every)}; "
+            f"got {', '.join(names or ())}: pass such a subset as LoadParams.columns")
     return {c: t for c, t in every.items() if names is None or c in names}
 
 

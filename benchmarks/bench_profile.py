@@ -100,6 +100,7 @@ def worker(args) -> dict:
     from backfill_assets.mv.tables import MVTables
     from backfill_assets.step.modes.arrangement import ReplicaSource
     from backfill_assets.step.source_context import SourceContext
+    from backfill_assets.storage.rows.replica import table_schema
 
     def init_as_is(t) -> int:
         tables = MVTables(upstream=uri, replica=t.table_uri, progress="", mv="")
@@ -108,7 +109,7 @@ def worker(args) -> dict:
         return ReplicaSource()._initialise(ctx, t, vnodes)
 
     time_it("D replica init as is", "sources.ReplicaSource._initialise (the step's code)",
-            init_as_is, setup=lambda: new_table(storage.replica.table_schema(rschema)))
+            init_as_is, setup=lambda: new_table(table_schema(rschema)))
     time_it("E replica init, no vnode recompute", "append_dataframe(read_version())",
             lambda t: append_dataframe(read(), t), setup=lambda: new_table(rschema))
     time_it("F replica init, pk-clustered", "sortWithinPartitions(vnode, pk) + append",

@@ -150,8 +150,7 @@ def worker_cost(args) -> dict:
 
 def _commits(uri: str, interval: float, commits: int, changes: int, base: int) -> list[int]:
     """bench_latency's writer: one load-generator DML batch every `interval` seconds."""
-    from backfill_assets.upstream.writer import apply_dml
-    from backfill_assets.upstream.writer.load_generator import Generator, LoadParams
+    from backfill_assets.upstream.writer import Generator, LoadParams, apply_dml
 
     gen, weights = Generator.reading(uri, 3), LoadParams().weights()
     spec = gen.spec
@@ -239,7 +238,7 @@ def latency_case(spark, d, uri: str, tmp: str, trigger: float, interval: float, 
 
 
 def worker_latency(args) -> dict:
-    from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+    from backfill_assets.upstream.writer import LoadParams, run_load
 
     tmp = os.path.join(C.WORK_DIR, f"stream_latency_{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

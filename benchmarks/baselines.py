@@ -13,12 +13,11 @@ import time
 
 def spark_copy(spark, uri: str, version: int, out: str) -> float:
     """Baseline (a): read the version's parquet files with Spark, write them as parquet."""
-    from backfill_assets.engine import netting as spark_ops
-    from backfill_assets.storage.delta import delta_rs as delta_store
+    from backfill_assets import storage
 
-    schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
+    schema = storage.arrow_schema(storage.open_table(uri, version))
     t0 = time.perf_counter()
-    df = spark_ops.read_version(spark, uri, version, schema)
+    df = storage.read_version(spark, uri, version, schema)
     df.write.mode("overwrite").parquet(out)
     return time.perf_counter() - t0
 
@@ -57,12 +56,11 @@ def full_refresh(spark, d, uri: str, version: int, out: str, clustered: bool = F
     mode's bulk phase, which must write that layout."""
     from pyspark.sql import functions as F
 
-    from backfill_assets.engine.netting import read_version
-    from backfill_assets.storage.delta import delta_rs as delta_store
+    from backfill_assets import storage
 
-    schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
+    schema = storage.arrow_schema(storage.open_table(uri, version))
     t0 = time.perf_counter()
-    mv = mv_rows(read_version(spark, uri, version, schema), d)
+    mv = mv_rows(storage.read_version(spark, uri, version, schema), d)
     if clustered:
         mv = mv.sortWithinPartitions(F.col("vnode"), *[F.col(f"`{k.name}`")
                                                        for k in d.primary_key])

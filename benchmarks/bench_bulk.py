@@ -6,9 +6,9 @@
 For each size and pk shape: an upstream of N rows x 8 columns (cached under BENCH_DATA), then,
 each in a FRESH process under `flock $BENCH_LOCK`:
   * baselines on the same rows: (a) Spark read.parquet -> write.parquet copy, (b) pyarrow
-    dataset copy, (c) naive full refresh (Spark: read, mv_spark.project + filter, overwrite),
-    (d) the same refresh with each task's rows in (vnode, key) order, the MV's layout (the
-    floor of any backfill that writes it; benchmarks/baselines.py);
+    dataset copy, (c) naive full refresh (Spark: read, engine.projection.project + filter,
+    overwrite), (d) the same refresh with each task's rows in (vnode, key) order, the MV's
+    layout (the floor of any backfill that writes it; benchmarks/baselines.py);
   * per mode (arrangement, no_shuffle): an unthrottled backfill to completion with
     `run_barrier` in-process, while a separate writer process commits a DML batch
     (--dml-fraction of the rows: inserts, updates, deletes, pk changes) before every barrier;
@@ -95,9 +95,9 @@ def worker_backfill(args) -> dict:
     """One unthrottled backfill to completion under a steady change stream."""
     import pyarrow as pa
 
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.core.read_cost import ReadCost
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes import mode_named
 
     mem = C.Memory()
@@ -187,11 +187,11 @@ def worker_backfill(args) -> dict:
         verified = None
         if not partial and (args.verify or (args.verify is None and args.rows <= 200_000)):
             if args.rows <= 2_000_000:
-                from backfill_assets.step.oracle import verify
+                from backfill_assets.verify.oracle import verify
 
                 bad = verify(spark, d, tables).failures()
             else:  # the oracle holds every row in Python: per-vnode fingerprints instead
-                from backfill_assets.step.scale_check import scale_check
+                from backfill_assets.verify.scale_check import scale_check
 
                 check = scale_check(spark, d, tables)
                 print(f"  scale check: {check}", flush=True)

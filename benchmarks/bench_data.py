@@ -35,7 +35,7 @@ def human_rows(n: int) -> str:
 
 
 def bench_spec(pk: str, vnode_count: int, name: str = "bench_upstream"):
-    from backfill_assets.upstream.writer.load_generator import demo_spec
+    from backfill_assets.upstream.writer import demo_spec
 
     return demo_spec(name, vnode_count, pk == "composite", BENCH_COLUMNS)
 
@@ -65,7 +65,7 @@ def upstream_path(rows: int, pk: str, vnode_count: int) -> str:
 def prepare_upstream(rows: int, pk: str, vnode_count: int, seed: int = 0,
                      batch: int = LOAD_BATCH, log: Callable[[str], None] = print) -> dict:
     """Create (once; cached under BENCH_DATA) an upstream of `rows` rows, ids 0..rows-1."""
-    from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+    from backfill_assets.upstream.writer import LoadParams, run_load
 
     path = upstream_path(rows, pk, vnode_count)
     marker = os.path.join(path, "_bench_ready.json")
@@ -123,14 +123,13 @@ def work_copy(src: str, dst: str) -> str:
 def change_generator(pk: str, vnode_count: int, next_id: int, seed: int = 1):
     """The load generator's DML over a cached upstream of ``next_id`` rows (ids 0..n-1), with
     the generator's default mix (inserts, updates, deletes, pk changes)."""
-    from backfill_assets.upstream.writer.load_generator import Generator
+    from backfill_assets.upstream.writer import Generator
 
     return Generator.over_initial_ids(bench_spec(pk, vnode_count), seed, next_id)
 
 
 def _feeder_main(conn, uri: str, pk: str, vnode_count: int, next_id: int, seed: int) -> None:
-    from backfill_assets.upstream.writer import apply_dml
-    from backfill_assets.upstream.writer.load_generator import LoadParams
+    from backfill_assets.upstream.writer import LoadParams, apply_dml
 
     gen, weights = change_generator(pk, vnode_count, next_id, seed), LoadParams().weights()
     batches = 0

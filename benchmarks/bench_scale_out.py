@@ -49,7 +49,7 @@ def _opts() -> dict[str, str]:
 
 
 def _fs(uri: str):
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
 
     return objects.filesystem(uri, _opts())
 
@@ -91,7 +91,7 @@ def _warm(spark, uri: str, version: int, out: str) -> None:
 def worker_baselines(args) -> dict:
     import pyarrow.dataset as ds
 
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
     spark, spark_start = C.start_spark()
     out = f"{args.root}/baseline-{uuid.uuid4().hex[:8]}"
@@ -107,7 +107,7 @@ def worker_baselines(args) -> dict:
         _drop(out)
         t0 = time.perf_counter()
         fs, path = _fs(out)
-        files = [f.path for f in Snapshot.load(args.uri, args.version, _opts()).files]
+        files = [f.path for f in TableVersion.load(args.uri, args.version, _opts()).files]
         table_path = _fs(args.uri)[1]
         dataset = ds.dataset([f"{table_path}/{p}" for p in files], format="parquet",
                              filesystem=fs)
@@ -130,10 +130,9 @@ def worker_baselines(args) -> dict:
 def worker_backfill(args) -> dict:
     import pyarrow as pa
 
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
-    from backfill_assets.upstream.writer import apply_dml, insert_rows
-    from backfill_assets.upstream.writer.load_generator import LoadParams
+    from backfill_assets.barrier.runner import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
+    from backfill_assets.upstream.writer import LoadParams, apply_dml, insert_rows
 
     mem = C.Memory()
     run_root = f"{args.root}/run-{uuid.uuid4().hex[:8]}"
@@ -171,7 +170,7 @@ def worker_backfill(args) -> dict:
           f"forwarded ({args.catch_up_batches} versions, DML {dml_s:.2f}s)", flush=True)
     verified = None
     if args.verify:
-        from backfill_assets.step.oracle import verify
+        from backfill_assets.verify.oracle import verify
 
         bad = verify(spark, d, tables).failures()
         verified = not bad
@@ -196,7 +195,7 @@ def worker_backfill(args) -> dict:
 def run(args) -> dict:
     import pyarrow.fs as pafs
 
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
     from tests.infra.s3_server import start_s3_server
     from tests.infra.spark_servers import start_cluster
 

@@ -42,9 +42,9 @@ from benchmarks.read_bound import read_all
 def best_read(uri: str, columns: list[str] | None, repeat: int, threads: int
               ) -> tuple[int, float]:
     """Rows of the latest version of ``uri`` and the best seconds of a plain read of them."""
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     best, rows = float("inf"), 0
     for _ in range(repeat):
         t = time.perf_counter()
@@ -59,7 +59,7 @@ def writer_layout(info: dict, changes: int) -> str:
 
     dst = os.path.join(C.WORK_DIR, f"floor_{os.getpid()}", "upstream")
     C.work_copy(info["path"], dst)
-    from backfill_assets.upstream.writer.load_generator import LoadParams
+    from backfill_assets.upstream.writer import LoadParams
 
     gen = C.change_generator(info["pk"], info["vnodes"], next_id=info["rows"])
     apply_dml(dst, gen.batch(1, changes, LoadParams().weights()), spec=gen.spec)
@@ -73,9 +73,9 @@ def mv_projection(uri: str, pk: str, vnodes: int):
 
     from backfill_assets.arrow.expressions import compile_projection
     from backfill_assets.engine.projection import validate_expressions
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
-    schema = Snapshot.load(uri).arrow_schema
+    schema = TableVersion.load(uri).arrow_schema
     d = C.bench_mv(pk, "no_shuffle", vnodes, 1, uri)
     spark, _ = C.start_spark()
     try:
@@ -95,9 +95,9 @@ def mv_rows_table(uri: str, rows: int, projection):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     inputs = sorted(projection.inputs)
     parts, held = [], 0
     for f in snap.files:
@@ -153,7 +153,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
     with open(args.results) as f:
         results = json.load(f)
@@ -168,7 +168,7 @@ def main() -> None:
         projection = mv_projection(layout, run["pk"], run["vnodes"])
         rows, read = best_read(layout, sorted(projection.inputs), args.repeat, args.threads)
         _, keys = best_read(layout, list(C.PK_SHAPES[run["pk"]]), args.repeat, args.threads)
-        files = len(Snapshot.load(layout).files)
+        files = len(TableVersion.load(layout).files)
         write = best_write(mv_rows_table(layout, run["mv_rows"], projection), args.threads,
                            args.repeat)
     finally:

@@ -8,15 +8,18 @@ import os
 
 import pytest
 
+from backfill_assets import storage
 from backfill_assets.core.errors import InvalidUpstreamSpec
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.upstream.writer import apply_dml, read_upstream_spec, row_count
-from backfill_assets.upstream.writer.live_keys import REGIONS, InitialIds
-from backfill_assets.upstream.writer.load_generator import (
+from backfill_assets.upstream.writer import (
+    REGIONS,
     Generator,
+    InitialIds,
     LoadParams,
+    apply_dml,
     demo_columns,
     initial_rows_table,
+    read_upstream_spec,
+    row_count,
     run_load,
 )
 
@@ -24,7 +27,7 @@ SUBSET = ("region", "id", "name", "amount", "qty", "ts", "day", "flag")
 
 
 def _keys(uri: str) -> set[tuple[str, int]]:
-    rows = delta_store.read_table(uri, columns=["region", "id"])
+    rows = storage.read_table(uri, columns=["region", "id"])
     return set(zip(rows.column("region").to_pylist(), rows.column("id").to_pylist(),
                    strict=True))
 
@@ -42,7 +45,7 @@ def test_a_column_subset_loaded_in_batches_of_the_given_size(warehouse):
     spec = read_upstream_spec(uri)
     assert tuple(spec.columns) == SUBSET and spec.primary_key == ("id",)
     assert done.last_version == 3 and done.row_count == row_count(uri) == 5000  # 2000+2000+1000
-    got = delta_store.read_table(uri, columns=list(SUBSET)).sort_by("id")
+    got = storage.read_table(uri, columns=list(SUBSET)).sort_by("id")
     assert got.to_pylist() == initial_rows_table(4, 0, 5000).select(list(SUBSET)).to_pylist()
 
 

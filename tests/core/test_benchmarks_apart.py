@@ -2,7 +2,7 @@
 nothing imports it. A test that needed a benchmark's helper would make the suite depend on a
 script that is only run by hand (and a change to a benchmark could then break `make test`);
 product code that needed one would ship the lab with the platform. What both need lives in the
-product (the load generator, `jobs/dagster_dev.py`, `step/scale_check.py`) or in tests/."""
+product (the load generator, `jobs/dagster_dev.py`, `verify/scale_check.py`) or in tests/."""
 
 from __future__ import annotations
 

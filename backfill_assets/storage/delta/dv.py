@@ -4,8 +4,9 @@ A DV file ``[<prefix>/]deletion_vector_<uuid>.bin`` is one version byte (1) foll
 ``uint32 BE size | uint32 LE magic | RoaringTreemap (portable) | uint32 BE CRC-32`` where size
 covers magic + bitmap and the CRC too. A descriptor (the ``deletionVector`` of an ``add``)
 points at one DV: ``storageType`` 'u' (UUID-named file relative to the table, path = prefix +
-Z85 of the UUID), 'p' (absolute path) or 'i' (inline, Z85 of magic + bitmap). Measured facts:
-../shared/reference/deletion_vectors.md. ``load`` reads one descriptor's rows from the store.
+Z85 of the UUID), 'p' (absolute path) or 'i' (inline, Z85 of magic + bitmap), as the Delta
+protocol's "Deletion Vectors" section lays them out. ``load`` reads one descriptor's rows from
+the store.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from backfill_assets.storage.delta.delta_rs import (
     is_missing_history,
     latest_version,
 )
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.delta.log_head import open_head
 from backfill_assets.storage.rows.change_feed import metadata_changed, read_change_range
 
@@ -46,7 +46,8 @@ def read_raw_changes(
     ``_commit_version`` (and ``_commit_timestamp`` unless ``columns`` is given); strings as
     ``string`` (not ``string_view``). ``vnodes`` keeps the rows of those vnodes (a platform
     table with a ``vnode`` column). Read by the storage layer from the log
-    (``storage.changes``), not by delta-rs ``load_cdf`` (it mis-encodes some partition paths).
+    (``storage.rows.change_feed``), not by delta-rs ``load_cdf`` (it mis-encodes some
+    partition paths).
     Raises ChangeFeedDisabled when the change data feed is off at either end of the range,
     HistoryUnavailable when a version of the range is out of the table's history or its files
     were vacuumed, InvalidVersionRange when ``end < start_exclusive`` or
@@ -59,7 +60,7 @@ def read_raw_changes(
     if end == start_exclusive:
         return _empty_changes(dt, wanted)
     try:
-        table = read_change_range(Snapshot(uri.rstrip("/"), dict(storage_options or {}), dt),
+        table = read_change_range(TableVersion(uri.rstrip("/"), dict(storage_options or {}), dt),
                                   start_exclusive, end, wanted, vnodes)
     except (DeltaError, OSError, pa.ArrowException) as exc:
         if is_missing_history(exc):

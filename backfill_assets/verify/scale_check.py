@@ -1,6 +1,6 @@
 """The check of a finished MV at sizes the oracle cannot hold.
 
-`backfill_assets.step.oracle` keeps every row as a Python object (about 12 GB at 5M rows, more
+`backfill_assets.verify.oracle` keeps every row as a Python object (about 12 GB at 5M rows, more
 than a 24 GiB machine holds at 20M). At such sizes (the benchmarks' `--verify` above 2M rows)
 the MV is compared with a recompute by another path instead, per vnode and without any row on
 the driver:
@@ -26,10 +26,11 @@ from backfill_assets import storage
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import KEEP
 from backfill_assets.core.progress import Completed
-from backfill_assets.engine.netting import read_version, with_vnode
+from backfill_assets.engine.netting import with_vnode
 from backfill_assets.engine.projection import project
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import read_progress
-from backfill_assets.mv.tables import MVTables, open_table
 from backfill_assets.step.preflight import checked_upstream
 
 
@@ -37,7 +38,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
     """{"ok", "vnodes", "rows", "version", "mismatched" (vnodes), "types"} for a finished MV."""
     so = tables.storage_options
     upstream = checked_upstream(tables, d, None)
-    progress = read_progress(open_table(tables.progress, so), upstream.key_order,
+    progress = read_progress(owned_tables.open_if_exists(tables.progress, so), upstream.key_order,
                              list(range(d.vnode_count)))
     versions = {v for _, v in progress.values()}
     if len(progress) != d.vnode_count or len(versions) != 1 or \
@@ -46,7 +47,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
     version = versions.pop()
     expected = _expected(spark, d, tables, version, list(upstream.key_order.names),
                          list(upstream.key_types))
-    actual = read_version(spark, tables.mv, None, storage_options=so)
+    actual = storage.read_version(spark, tables.mv, None, storage_options=so)
     types = [f"{c}: MV {actual.schema[c].dataType.simpleString()}, expected "
              f"{expected.schema[c].dataType.simpleString()}"
              for c in expected.columns if c not in actual.columns
@@ -61,7 +62,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
 
 def _expected(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int,
               key_names: list[str], key_types: list[str]) -> DataFrame:
-    snap = storage.Snapshot.load(tables.upstream, version, tables.storage_options)
+    snap = storage.TableVersion.load(tables.upstream, version, tables.storage_options)
     if any(f.deletion_vector for f in snap.files):  # delta-rs' add actions do not show DVs
         raise ValueError(f"{tables.upstream} v{version} has deletion vectors: use the oracle")
     files = [snap.file_uri(f.path) for f in snap.files]

@@ -12,7 +12,7 @@ resources.spark.get_spark, which loads Delta's jars, SQL extension and catalog, 
 default broadcast threshold and deletion vectors on: delta_spark.user_session), warmed up
 (the project's parquet read/write and Delta's read, write and MERGE on a few vnodes), then
 --repeat times each:
-  * delta-spark full refresh (benchmarks.delta_spark.full_refresh): `spark.read.format("delta")
+  * delta-spark full refresh (benchmarks.delta_spark.refresh): `spark.read.format("delta")
     .option("versionAsOf", v).load(upstream).where("qty > 0 AND NOT flag").selectExpr(id,
     region, name, amount, qty, ts, amount * qty AS total, upper(name) AS name_upper)
     .write.format("delta").mode("overwrite").save(mv)` (the MV of bench_mv / mv.yaml);
@@ -58,7 +58,7 @@ def worker(args) -> dict:
         audit = C.CpuAudit()
         d = C.bench_mv(args.pk, "snapshot", args.vnodes, 1, uri)
         for _ in range(args.repeat):
-            res["delta_spark_refresh"].append(DS.full_refresh(spark, d, uri, version, out + "_mv"))
+            res["delta_spark_refresh"].append(DS.refresh(spark, d, uri, version, out + "_mv"))
             if not args.no_floors:
                 res["pyarrow_copy"].append(B.pyarrow_copy(uri, version, out + "_arrow"))
                 res["jvm_spark_copy"].append(B.jvm_spark_copy(spark, uri, version, out + "_jvm"))

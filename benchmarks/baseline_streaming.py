@@ -86,7 +86,7 @@ def worker_cost(args) -> dict:
                  "load_before": load_note()}
     try:
         v0 = DeltaTable(uri).version()
-        out["initial_refresh_seconds"] = round(DS.full_refresh(spark, d, uri, v0, mv), 3)
+        out["initial_refresh_seconds"] = round(DS.refresh(spark, d, uri, v0, mv), 3)
         DS.enable_deletion_vectors(spark, mv)
         audit = C.CpuAudit()
         sink = DS.ChangeFeedMerge(d, mv, ckpt)
@@ -128,7 +128,7 @@ def worker_cost(args) -> dict:
         for r, m in zip(flat, metrics, strict=False):
             r["merge_metrics"] = m
         refresh_dir = os.path.join(run_dir, "refresh")
-        refresh = [DS.full_refresh(spark, d, uri, None, refresh_dir) for _ in range(args.repeat)]
+        refresh = [DS.refresh(spark, d, uri, None, refresh_dir) for _ in range(args.repeat)]
         out["delta_spark_refresh_final"] = [round(x, 3) for x in refresh]
         out["delta_spark_refresh_final_median"] = round(statistics.median(refresh), 3)
         print(f"  delta-spark full refresh of the final version: {out['delta_spark_refresh_final']}"
@@ -150,12 +150,10 @@ def worker_cost(args) -> dict:
 
 def _commits(uri: str, interval: float, commits: int, changes: int, base: int) -> list[int]:
     """bench_latency's writer: one load-generator DML batch every `interval` seconds."""
-    from backfill_assets.upstream.writer import apply_dml, read_upstream_spec
-    from backfill_assets.upstream.writer.load_generator import Generator, LoadParams, _live_keys
+    from backfill_assets.upstream.writer import Generator, LoadParams, apply_dml
 
-    spec = read_upstream_spec(uri)
-    live, next_id = _live_keys(uri, None)
-    gen, weights = Generator(spec, 3, live, next_id), LoadParams().weights()
+    gen, weights = Generator.reading(uri, 3), LoadParams().weights()
+    spec = gen.spec
     versions, next_at = [], time.monotonic()
     for i in range(commits):
         time.sleep(max(0.0, next_at - time.monotonic()))
@@ -185,7 +183,7 @@ def latency_case(spark, d, uri: str, tmp: str, trigger: float, interval: float, 
     name = f"t{trigger:g}_i{interval:g}"
     mv, ckpt = os.path.join(tmp, f"mv_{name}"), os.path.join(tmp, f"ckpt_{name}")
     v0 = DeltaTable(uri).version()
-    DS.full_refresh(spark, d, uri, v0, mv)
+    DS.refresh(spark, d, uri, v0, mv)
     DS.enable_deletion_vectors(spark, mv)
     sink = DS.ChangeFeedMerge(d, mv, ckpt)
     # the stream's starting version must exist: one commit first, its batch not measured
@@ -240,7 +238,7 @@ def latency_case(spark, d, uri: str, tmp: str, trigger: float, interval: float, 
 
 
 def worker_latency(args) -> dict:
-    from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+    from backfill_assets.upstream.writer import LoadParams, run_load
 
     tmp = os.path.join(C.WORK_DIR, f"stream_latency_{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -37,39 +37,34 @@ def pyarrow_copy(uri: str, version: int, out: str) -> float:
     return time.perf_counter() - t0
 
 
-def full_refresh(spark, d, uri: str, version: int, out: str) -> float:
-    """Baseline (c): recompute the whole MV from the upstream version (the same projection and
-    filter, backfill_assets.engine.projection.project) and overwrite it as parquet."""
+def mv_rows(df, d):
+    """The MV's rows over upstream rows ``df``: the product's own projection and filter
+    (``engine.projection.project``, the row filter as its KEEP column), nothing else."""
+    from pyspark.sql import functions as F
+
+    from backfill_assets.engine.projection import KEEP, project
+
+    return project(df, d).where(F.col(KEEP)).drop(KEEP)
+
+
+def full_refresh(spark, d, uri: str, version: int, out: str, clustered: bool = False) -> float:
+    """Baseline (c): recompute the whole MV from the upstream version (``mv_rows``) and
+    overwrite it as parquet. ``clustered``, baseline (d): each task's rows sorted by (vnode,
+    key) before they are written, as the MV's layout requires (files clustered by (vnode, key)
+    with narrow exact bounds: what lets a small barrier probe few files). No shuffle: a read
+    task of a vnode-partitioned upstream holds one vnode range already. The floor of snapshot
+    mode's bulk phase, which must write that layout."""
     from pyspark.sql import functions as F
 
     from backfill_assets import storage
-    from backfill_assets.engine.projection import KEEP, project
 
     schema = storage.arrow_schema(storage.open_table(uri, version))
     t0 = time.perf_counter()
-    df = storage.read_version(spark, uri, version, schema)
-    mv = project(df, d).where(F.col(KEEP)).drop(KEEP)
+    mv = mv_rows(storage.read_version(spark, uri, version, schema), d)
+    if clustered:
+        mv = mv.sortWithinPartitions(F.col("vnode"), *[F.col(f"`{k.name}`")
+                                                       for k in d.primary_key])
     mv.write.mode("overwrite").parquet(out)
-    return time.perf_counter() - t0
-
-
-def clustered_refresh(spark, d, uri: str, version: int, out: str) -> float:
-    """Baseline (d): the full refresh (c) with each task's rows sorted by (vnode, key) before
-    they are written, as the MV's layout requires (files clustered by (vnode, key) with
-    narrow exact bounds: what lets a small barrier probe few files). No shuffle: a read task of
-    a vnode-partitioned upstream holds one vnode range already. The floor of snapshot mode's
-    bulk phase, which must write that layout."""
-    from pyspark.sql import functions as F
-
-    from backfill_assets import storage
-    from backfill_assets.engine.projection import KEEP, project
-
-    schema = storage.arrow_schema(storage.open_table(uri, version))
-    t0 = time.perf_counter()
-    df = storage.read_version(spark, uri, version, schema)
-    mv = project(df, d).where(F.col(KEEP)).drop(KEEP)
-    keys = [F.col(f"`{k.name}`") for k in d.primary_key]
-    mv.sortWithinPartitions(F.col("vnode"), *keys).write.mode("overwrite").parquet(out)
     return time.perf_counter() - t0
 
 

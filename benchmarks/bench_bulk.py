@@ -6,9 +6,9 @@
 For each size and pk shape: an upstream of N rows x 8 columns (cached under BENCH_DATA), then,
 each in a FRESH process under `flock $BENCH_LOCK`:
   * baselines on the same rows: (a) Spark read.parquet -> write.parquet copy, (b) pyarrow
-    dataset copy, (c) naive full refresh (Spark: read, mv_spark.project + filter, overwrite),
-    (d) the same refresh with each task's rows in (vnode, key) order, the MV's layout (the
-    floor of any backfill that writes it; benchmarks/baselines.py);
+    dataset copy, (c) naive full refresh (Spark: read, engine.projection.project + filter,
+    overwrite), (d) the same refresh with each task's rows in (vnode, key) order, the MV's
+    layout (the floor of any backfill that writes it; benchmarks/baselines.py);
   * per mode (arrangement, no_shuffle): an unthrottled backfill to completion with
     `run_barrier` in-process, while a separate writer process commits a DML batch
     (--dml-fraction of the rows: inserts, updates, deletes, pk changes) before every barrier;
@@ -61,7 +61,7 @@ def worker_baselines(args) -> dict:
             res["pyarrow_copy"].append(B.pyarrow_copy(uri, version, out + "_arrow"))
             res["full_refresh"].append(B.full_refresh(spark, d, uri, version, out + "_mv"))
             res["clustered_refresh"].append(
-                B.clustered_refresh(spark, d, uri, version, out + "_mv"))
+                B.full_refresh(spark, d, uri, version, out + "_mv", clustered=True))
             print(f"  baselines {C.human_rows(args.rows)} {args.pk}: spark copy "
                   f"{res['spark_copy'][-1]:.2f}s, pyarrow copy {res['pyarrow_copy'][-1]:.2f}s, "
                   f"full refresh {res['full_refresh'][-1]:.2f}s, clustered refresh "
@@ -191,7 +191,7 @@ def worker_backfill(args) -> dict:
 
                 bad = verify(spark, d, tables).failures()
             else:  # the oracle holds every row in Python: per-vnode fingerprints instead
-                from benchmarks.scale_check import scale_check
+                from backfill_assets.verify.scale_check import scale_check
 
                 check = scale_check(spark, d, tables)
                 print(f"  scale check: {check}", flush=True)

@@ -9,8 +9,8 @@ completion (one big barrier), time an idle barrier (no new upstream version: the
 then for each fraction commit one DML batch of fraction x N changes (inserts, updates,
 deletes, pk changes) from a separate writer process and time the barrier that carries it
 (--repeat times; the median is reported). The full refresh (Spark: read the upstream version,
-mv_spark.project + filter, overwrite parquet) runs on the final upstream version in the same
-process.
+engine.projection.project + filter, overwrite parquet) runs on the final upstream version in
+the same process.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.bench_latency --paths continuous --intervals 5 --commits 10
 
 Per path and write rate: `dagster dev` in the background (own DAGSTER_HOME and warehouse;
-benchmarks/dagster_dev.py); the default-RUNNING sensor backfills a generated upstream (one
+jobs/dagster_dev.py); the default-RUNNING sensor backfills a generated upstream (one
 `backfill_job` run per barrier, or with BACKFILL_CONTINUOUS=1 one `follower_job`); then one DML
 batch every --interval s, and per upstream commit the time until the first MV commit whose
 barrier version includes it (both Delta commit timestamps). Stops after --commits (or
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from benchmarks import common as C
-from benchmarks import dagster_dev
+from jobs import dagster_dev
 
 PATHS = ("barrier", "continuous")
 
@@ -196,13 +196,7 @@ def measure(args, path: str, interval: float) -> dict:
     """One `dagster dev` session: initial backfill, then commits every `interval` seconds."""
     import dagster as dg
 
-    from backfill_assets.upstream.writer import apply_dml, read_upstream_spec
-    from backfill_assets.upstream.writer.load_generator import (
-        Generator,
-        LoadParams,
-        _live_keys,
-        run_load,
-    )
+    from backfill_assets.upstream.writer import Generator, LoadParams, apply_dml, run_load
     from resources.mv import load_mv_definition
     from resources.settings import load_settings
 
@@ -222,6 +216,7 @@ def measure(args, path: str, interval: float) -> dict:
     mv_uri = os.path.join(wh, d.name, "downstream_mv")
     log_path = os.path.join(tmp, "dagster_dev.log")
     started = time.monotonic()
+    dagster_dev.install_instance(home)
     proc = dagster_dev.start(env, log_path)
     result: dict = {"path": path, "interval": interval, "mv": d.name, "log": log_path}
     commits: list[int] = []
@@ -233,9 +228,8 @@ def measure(args, path: str, interval: float) -> dict:
             time.sleep(1)
         result["initial_backfill_seconds"] = round(time.monotonic() - started, 1)
         time.sleep(args.settle)
-        spec = read_upstream_spec(uri)
-        live, next_id = _live_keys(uri, None)
-        gen, weights = Generator(spec, 3, live, next_id), LoadParams().weights()
+        gen, weights = Generator.reading(uri, 3), LoadParams().weights()
+        spec = gen.spec
         audit, t0 = C.CpuAudit(), time.monotonic()
         next_at = t0
         while len(commits) < args.commits and time.monotonic() - t0 < args.max_seconds:

@@ -45,7 +45,7 @@ def worker(args) -> dict:
     schema = storage.arrow_schema(up)
     carried = pa.schema([f for f in schema if f.name != "vnode"])
     key_names = list(C.PK_SHAPES[args.pk])
-    key_types = [C.BENCH_COLUMNS[k] for k in key_names]
+    key_types = [C.bench_spec(args.pk, args.vnodes).columns[k] for k in key_names]
     key_order = KeyOrder(tuple(KeyColumn(k, t) for k, t in zip(key_names, key_types,
                                                                   strict=True)))
     d = C.bench_mv(args.pk, "arrangement", args.vnodes, args.rows, uri)
@@ -98,6 +98,7 @@ def worker(args) -> dict:
     from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes.arrangement import ReplicaSource
     from backfill_assets.step.source_context import SourceContext
+    from backfill_assets.storage.rows.replica import table_schema
 
     def init_as_is(t) -> int:
         tables = MVTables(upstream=uri, replica=t.table_uri, progress="", mv="")
@@ -106,7 +107,7 @@ def worker(args) -> dict:
         return ReplicaSource()._initialise(ctx, t, vnodes)
 
     time_it("D replica init as is", "sources.ReplicaSource._initialise (the step's code)",
-            init_as_is, setup=lambda: new_table(storage.replica.table_schema(rschema)))
+            init_as_is, setup=lambda: new_table(table_schema(rschema)))
     time_it("E replica init, no vnode recompute", "append_dataframe(read_version())",
             lambda t: append_dataframe(read(), t), setup=lambda: new_table(rschema))
     time_it("F replica init, pk-clustered", "sortWithinPartitions(vnode, pk) + append",
@@ -137,9 +138,10 @@ def worker(args) -> dict:
     import random
 
     from backfill_assets.engine.projection import rows_after
+    from backfill_assets.upstream.writer import REGIONS
 
     rng = random.Random(5)
-    positions = {v: tuple(rng.choice(C.REGIONS) if k == "region" else rng.randrange(args.rows)
+    positions = {v: tuple(rng.choice(REGIONS) if k == "region" else rng.randrange(args.rows)
                           for k in key_names) for v in vnodes}
     literal = F.expr(" OR ".join(f"(vnode = {v} AND {key_order.sql_after(p)})"
                                  for v, p in sorted(positions.items())))

@@ -26,6 +26,7 @@ import time
 import yaml
 
 from benchmarks.common import ROOT, WORK_DIR, machine_info, save_results
+from jobs.dagster_dev import install_instance
 
 WINDOW = 60.0
 
@@ -34,9 +35,7 @@ def _platform(kind: str, rows: int, vnodes: int, rate: int) -> dict[str, str]:
     """A fresh platform: warehouse, DAGSTER_HOME, MV definition, upstream, rate limit."""
     base = os.path.join(WORK_DIR, "rate_limit", kind)
     shutil.rmtree(base, ignore_errors=True)
-    os.makedirs(os.path.join(base, "home"))
-    shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"),
-                os.path.join(base, "home", "dagster.yaml"))
+    install_instance(os.path.join(base, "home"))  # the project's deploy/dagster.yaml
     with open(os.path.join(ROOT, "jobs", "configs", "mv.yaml"), encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     raw.update(vnode_count=vnodes, chunk_size=10_000_000)
@@ -49,7 +48,7 @@ def _platform(kind: str, rows: int, vnodes: int, rate: int) -> dict[str, str]:
     code = (
         "import os\n"
         "from backfill_assets.mv.controls import Controls, write_controls\n"
-        "from backfill_assets.upstream.writer.load_generator import LoadParams, run_load\n"
+        "from backfill_assets.upstream.writer import LoadParams, run_load\n"
         "from resources.mv import load_mv_definition, mv_tables\n"
         "from resources.settings import load_settings\n"
         "s = load_settings(); d = load_mv_definition(s)\n"

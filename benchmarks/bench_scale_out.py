@@ -38,6 +38,7 @@ import tempfile
 import time
 import uuid
 
+from benchmarks import baselines as B
 from benchmarks import common as C
 
 OPTIONS_ENV = "BENCH_S3_OPTIONS"  # the store's options, JSON, for the workers
@@ -48,7 +49,7 @@ def _opts() -> dict[str, str]:
 
 
 def _fs(uri: str):
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
 
     return objects.filesystem(uri, _opts())
 
@@ -89,9 +90,7 @@ def _warm(spark, uri: str, version: int, out: str) -> None:
 
 def worker_baselines(args) -> dict:
     import pyarrow.dataset as ds
-    from pyspark.sql import functions as F
 
-    from backfill_assets.engine.projection import KEEP, project
     from backfill_assets.storage import TableVersion
 
     spark, spark_start = C.start_spark()
@@ -118,8 +117,7 @@ def worker_baselines(args) -> dict:
         res["pyarrow_copy"].append(time.perf_counter() - t0)
         _drop(out)
         t0 = time.perf_counter()
-        mv = project(_read(spark, args.uri, args.version), d).where(F.col(KEEP)).drop(KEEP)
-        _write(mv, out)
+        _write(B.mv_rows(_read(spark, args.uri, args.version), d), out)
         res["full_refresh"].append(time.perf_counter() - t0)
         _drop(out)
         print(f"  baselines {C.human_rows(args.rows)}: spark copy {res['spark_copy'][-1]:.2f}s, "
@@ -134,7 +132,7 @@ def worker_backfill(args) -> dict:
 
     from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.owned_tables import MVTables
-    from backfill_assets.upstream.writer import apply_dml, insert_rows
+    from backfill_assets.upstream.writer import LoadParams, apply_dml, insert_rows
 
     mem = C.Memory()
     run_root = f"{args.root}/run-{uuid.uuid4().hex[:8]}"
@@ -153,15 +151,17 @@ def worker_backfill(args) -> dict:
     print(f"  bulk barrier: {bulk_s:.2f}s, {bulk.snapshot_rows:,} rows, "
           f"{bulk.extra.get('slices_planned')} slices", flush=True)
     assert bulk.finished, "the bulk barrier left vnodes unfinished"
-    maker, spec = C.ChangeMaker(args.pk, next_id=args.rows), C.bench_spec(args.pk, args.vnodes)
-    changes = max(10, round(args.rows * args.dml_fraction))
+    gen = C.change_generator(args.pk, args.vnodes, next_id=args.rows)
+    spec, changes = gen.spec, max(10, round(args.rows * args.dml_fraction))
+    inserts_only = LoadParams(mix={"insert": 1.0}).weights()
     t0 = time.perf_counter()
-    for _ in range(args.catch_up_batches):
+    for i in range(1, args.catch_up_batches + 1):
         if args.dml_kind == "inserts":
-            rows = pa.Table.from_pylist([maker.row(maker.new_id()) for _ in range(changes)])
+            rows = pa.Table.from_pylist(gen.batch(i, changes, inserts_only).inserts)
             insert_rows(uri, rows, spec=spec, storage_options=_opts(), check_existing=False)
         else:
-            apply_dml(uri, maker.batch(changes), spec=spec, storage_options=_opts())
+            batch = gen.batch(i, changes, LoadParams().weights())
+            apply_dml(uri, batch, spec=spec, storage_options=_opts())
     dml_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     catch_up = run_barrier(spark, d, tables, vnodes)
@@ -195,7 +195,7 @@ def worker_backfill(args) -> dict:
 def run(args) -> dict:
     import pyarrow.fs as pafs
 
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
     from tests.infra.s3_server import start_s3_server
     from tests.infra.spark_servers import start_cluster
 

@@ -14,7 +14,7 @@ import os
 import tempfile
 import time
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 
 
 def main() -> None:

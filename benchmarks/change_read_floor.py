@@ -65,7 +65,7 @@ def main(argv=None) -> None:
     p.add_argument("--changes", type=int, default=5_000)
     p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args(argv)
-    from backfill_assets.storage.rows.change_range import read_raw_changes
+    from backfill_assets.storage import read_raw_changes
 
     info = C.prepare_upstream(args.rows, "single", 256)
     run_dir = os.path.join(C.WORK_DIR, f"change_floor_{os.getpid()}")

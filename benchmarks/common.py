@@ -29,13 +29,11 @@ from collections.abc import Callable, Iterable, Sequence
 from benchmarks.bench_data import (
     BENCH_COLUMNS,
     DATA_DIR,
-    DML_MIX,
     PK_SHAPES,
-    REGIONS,
-    ChangeMaker,
     DmlFeeder,
     bench_mv,
     bench_spec,
+    change_generator,
     dir_bytes,
     human_rows,
     prepare_upstream,
@@ -57,9 +55,10 @@ from benchmarks.measure import (
 
 # the benchmarks reach the data (bench_data.py) and the measurements (measure.py) through this
 # one module too
-__all__ = ["BENCH_COLUMNS", "DATA_DIR", "DML_MIX", "LOCK", "PK_SHAPES", "REGIONS", "RESULTS_DIR",
-           "ROOT", "WORK_DIR", "ChangeMaker", "CpuAudit", "DmlFeeder", "Memory", "PhaseProfiler",
-           "Previous", "add_phases", "bench_mv", "bench_spec", "code_version", "cpu_seconds",
+__all__ = ["BENCH_COLUMNS", "DATA_DIR", "LOCK", "PK_SHAPES", "RESULTS_DIR",
+           "ROOT", "WORK_DIR", "CpuAudit", "DmlFeeder", "Memory", "PhaseProfiler",
+           "Previous", "add_phases", "bench_mv", "bench_spec", "change_generator", "code_version",
+           "cpu_seconds",
            "descendants", "dir_bytes", "dispatch", "emit", "human_rows", "java_pid",
            "machine_info", "mib", "prepare_upstream", "print_table", "proc_status",
            "rounded_phases", "run_clean", "run_worker", "save_results", "start_spark",

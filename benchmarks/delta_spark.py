@@ -7,7 +7,7 @@ columns and computed columns (Spark SQL expressions), rows kept by its filter, k
 primary key. Neither writes the platform's `vnode` column (a user's MV has none); neither uses
 anything of the platform but the definition.
 
-- ``full_refresh``: ``spark.read.format("delta").option("versionAsOf", v).load(upstream)``,
+- ``refresh``: ``spark.read.format("delta").option("versionAsOf", v).load(upstream)``,
   ``.where(filter).selectExpr(columns, computed)``, then
   ``.write.format("delta").mode("overwrite").save(mv)``.
 - ``ChangeFeedMerge``: the ``foreachBatch`` body of the streaming pattern. The micro-batch is
@@ -65,7 +65,7 @@ def pk_names(d) -> list[str]:
     return [k.name for k in d.primary_key]
 
 
-def full_refresh(spark: SparkSession, d, upstream: str, version: int | None, out: str) -> float:
+def refresh(spark: SparkSession, d, upstream: str, version: int | None, out: str) -> float:
     """The delta-spark full refresh of the MV at ``version`` (None: the latest); seconds."""
     t0 = time.perf_counter()
     reader = spark.read.format("delta")

@@ -23,7 +23,7 @@ way of opening a file, two threads, best of ``--repeat``) and prints:
 - both against the run's Spark copy, and per row against ``--flat-from`` (the run at 1M rows
   the flat-time-per-row target compares with: at most 1.2x its time per row).
 
-    python -m benchmarks.no_shuffle_floor benchmarks/results/bulk_round21_20M_no_shuffle.json
+    python -m benchmarks.no_shuffle_floor benchmarks/results/bulk_round24_no_shuffle_20M_r1.json
 """
 
 from __future__ import annotations
@@ -37,9 +37,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from benchmarks import common as C
 from benchmarks.read_bound import read_all
-
-# the upstream columns bench_mv's definition reads: its columns, its filter's, its computed
-MV_INPUT = ["region", "id", "name", "amount", "qty", "ts", "flag"]
 
 
 def best_read(uri: str, columns: list[str] | None, repeat: int, threads: int
@@ -62,35 +59,60 @@ def writer_layout(info: dict, changes: int) -> str:
 
     dst = os.path.join(C.WORK_DIR, f"floor_{os.getpid()}", "upstream")
     C.work_copy(info["path"], dst)
-    apply_dml(dst, C.ChangeMaker(info["pk"], next_id=info["rows"]).batch(changes))
+    from backfill_assets.upstream.writer import LoadParams
+
+    gen = C.change_generator(info["pk"], info["vnodes"], next_id=info["rows"])
+    apply_dml(dst, gen.batch(1, changes, LoadParams().weights()), spec=gen.spec)
     return dst
 
 
-def mv_rows_table(uri: str, rows: int):
-    """``rows`` rows of bench_mv's output over ``uri`` (filter and computed columns applied
-    in Arrow, untimed): what the write floor writes."""
+def mv_projection(uri: str, pk: str, vnodes: int):
+    """bench_mv's definition over ``uri`` compiled by the product (``arrow.expressions``, the
+    bulk tasks' projection; its types from Spark's analysis, the one Spark job here, untimed)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+
+    from backfill_assets.arrow.expressions import compile_projection
+    from backfill_assets.engine.projection import validate_expressions
+    from backfill_assets.storage import TableVersion
+
+    schema = TableVersion.load(uri).arrow_schema
+    d = C.bench_mv(pk, "no_shuffle", vnodes, 1, uri)
+    spark, _ = C.start_spark()
+    try:
+        carried = pa.schema([f for f in schema if f.name != "vnode"])
+        projection = compile_projection(d, schema, validate_expressions(spark, d, carried))
+    finally:
+        spark.stop()
+    if projection is None:
+        raise RuntimeError("bench_mv's definition does not compile to Arrow: no write floor")
+    return projection
+
+
+def mv_rows_table(uri: str, rows: int, projection):
+    """``rows`` rows of bench_mv's output over ``uri`` (``projection``: its filter and
+    computed columns, applied untimed) without the vnode column: what the write floor
+    writes."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     from backfill_assets.storage import TableVersion
 
     snap = TableVersion.load(uri)
+    inputs = sorted(projection.inputs)
     parts, held = [], 0
     for f in snap.files:
-        t = pq.ParquetFile(snap.file_uri(f.path)).read(columns=MV_INPUT)
+        t = pq.ParquetFile(snap.file_uri(f.path)).read(columns=inputs)
         # one schema for every file: string views and nullability vary between writers
         t = t.cast(pa.schema([pa.field(c.name, pa.string() if pa.types.is_string_view(c.type)
                                        else c.type) for c in t.schema]))
-        t = t.filter(pc.and_(pc.greater(t["qty"], 0), pc.invert(t["flag"])))
+        t = t.append_column("vnode", pa.array([f.partition_values["vnode"]] * t.num_rows,
+                                               projection.mv_schema.field("vnode").type))
+        t = projection.project(t).drop(["vnode"])
         parts.append(t)
         held += t.num_rows
         if held >= rows:
             break
-    t = pa.concat_tables(parts).slice(0, rows)
-    total = pc.multiply(t["amount"], pc.cast(t["qty"], pa.decimal128(10, 0)))
-    return t.drop(["flag"]).append_column("total", total).append_column(
-        "name_upper", pc.utf8_upper(t["name"]))
+    return pa.concat_tables(parts).slice(0, rows)
 
 
 def best_write(table, threads: int, repeat: int, file_rows: int = 1_000_000) -> float:
@@ -143,10 +165,12 @@ def main() -> None:
     info = C.prepare_upstream(run["rows"], run["pk"], run["vnodes"])
     layout = writer_layout(info, run["dml_changes_per_barrier"])
     try:
-        rows, read = best_read(layout, MV_INPUT, args.repeat, args.threads)
+        projection = mv_projection(layout, run["pk"], run["vnodes"])
+        rows, read = best_read(layout, sorted(projection.inputs), args.repeat, args.threads)
         _, keys = best_read(layout, list(C.PK_SHAPES[run["pk"]]), args.repeat, args.threads)
         files = len(TableVersion.load(layout).files)
-        write = best_write(mv_rows_table(layout, run["mv_rows"]), args.threads, args.repeat)
+        write = best_write(mv_rows_table(layout, run["mv_rows"], projection), args.threads,
+                           args.repeat)
     finally:
         shutil.rmtree(os.path.dirname(layout), ignore_errors=True)
     copy = min(base["spark_copy"])

@@ -1,6 +1,8 @@
 """Start `dagster dev` on a free loopback port, talk to its GraphQL API, stop it.
 
-Used by the UI test (what a user sees, asked through GraphQL) and by the screenshot script.
+Used by the UI test (what a user sees, asked through GraphQL), the screenshot script, the
+follower-kill tests and the latency benchmark (`start` / `stop` where the caller holds the
+process itself; `install_instance` gives a DAGSTER_HOME the project's `deploy/dagster.yaml`).
 `dagster dev` started from a script ignores SIGTERM/SIGINT unless the default handlers are
 restored before exec (docs/DESIGN.md, "Facts the code relies on"); it also starts a
 webserver, a daemon and a code server, so it runs in its own session and the whole process
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -67,12 +70,7 @@ def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
         with open(os.path.join(env["DAGSTER_HOME"], "dagster.yaml"), "a", encoding="utf-8") as f:
             f.write(NOTHING_LAUNCHES)
     port = port or free_port()
-    cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml",
-           "-h", "127.0.0.1", "-p", str(port)]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_default_signals)
+    proc = start(env, log_path, port)
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_loaded(url, proc, log_path, timeout)
@@ -80,7 +78,31 @@ def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
             _hold_still(url)
         yield url
     finally:
-        _stop(proc)
+        stop(proc)
+
+
+def install_instance(dagster_home: str) -> None:
+    """The project's instance config (run launcher with a pid check, run monitoring) in
+    ``dagster_home``, its storage made before any server process starts: a caller that opened
+    the same instance while `dagster dev` made it would race it to one sqlite schema."""
+    import dagster as dg
+
+    os.makedirs(dagster_home, exist_ok=True)
+    shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"),
+                os.path.join(dagster_home, "dagster.yaml"))
+    with dg.DagsterInstance.from_config(dagster_home):
+        pass
+
+
+def start(env: Mapping[str, str], log_path: str, port: int | None = None) -> subprocess.Popen:
+    """`dagster dev -w workspace.yaml` on loopback (``port``, default one the kernel says is
+    free), in its own session so that `stop` reaches every process it starts."""
+    cmd = [sys.executable, "-m", "dagster", "dev", "-w", "workspace.yaml",
+           "-h", "127.0.0.1", "-p", str(port or free_port())]
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(cmd, cwd=ROOT, env=dict(env), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_default_signals)
 
 
 def _wait_loaded(url: str, proc: subprocess.Popen, log_path: str, timeout: float) -> None:
@@ -128,21 +150,28 @@ def _hold_still(url: str) -> None:
         graphql(url, DELETE, {"id": run_id})
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM to the whole group (webserver, daemon, code server), SIGKILL if it lingers."""
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the whole group (webserver, daemon, code server, run workers and their
+    JVMs), SIGKILL if any of it lingers: returns once no process of the group is left."""
     for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
-        try:
-            proc.wait(wait)
-            time.sleep(0.5)  # let the group's children go too
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not _group_alive(proc.pid):
+                return
+            time.sleep(0.5)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of group ``pgid`` is left (a run worker outlives the webserver)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def graphql(url: str, query: str, variables: Mapping | None = None) -> dict:

@@ -28,7 +28,8 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import KEEP
 from backfill_assets.engine.projection import project, validate_expressions
 from backfill_assets.storage import spark_schema
-from benchmarks.common import BENCH_COLUMNS, bench_mv
+from backfill_assets.upstream.writer import demo_columns
+from resources.mv import DEFAULT_MV_CONFIG, load_mv_definition
 
 # ----------------------------------------------------------------------------- the parser
 
@@ -249,13 +250,19 @@ def test_generated_definitions_are_sparks_or_refused(spark):
     assert seen["compared"] >= seen["compiled"] // 3, seen
 
 
-# ------------------------------------------------------------------ the benchmark's definition
+# ------------------------------------------------------------ the platform's MV definition
 
 
-def test_the_benchmark_definition_compiles(spark):
-    definition = bench_mv("single", "arrangement", 16, 1000, "up")
-    upstream = pa.schema([(n, arrow_type(t)) for n, t in BENCH_COLUMNS.items()]
+def _platform_mv() -> tuple[MVDefinition, pa.Schema]:
+    """jobs/configs/mv.yaml's MV (what the demo and the benchmarks serve) and the schema of the
+    load generator's upstream it reads."""
+    upstream = pa.schema([(n, arrow_type(t)) for n, t in demo_columns().items()]
                          + [("vnode", pa.int32())])
+    return load_mv_definition(path=DEFAULT_MV_CONFIG), upstream
+
+
+def test_the_platform_mv_definition_compiles(spark):
+    definition, upstream = _platform_mv()
     exact = compile_projection(definition, upstream,
                                validate_expressions(spark, definition, upstream))
     assert exact is not None
@@ -277,9 +284,7 @@ def test_the_benchmark_definition_compiles(spark):
 
 def test_types_that_differ_from_sparks_do_not_compile(spark):
     """The cross-check: a wrong mv_schema type (or layout) means no compilation."""
-    definition = bench_mv("single", "arrangement", 16, 1000, "up")
-    upstream = pa.schema([(n, arrow_type(t)) for n, t in BENCH_COLUMNS.items()]
-                         + [("vnode", pa.int32())])
+    definition, upstream = _platform_mv()
     mv_schema = validate_expressions(spark, definition, upstream)
     i = mv_schema.get_field_index("total")
     wrong = mv_schema.set(i, pa.field("total", pa.decimal128(24, 2)))

@@ -1,10 +1,10 @@
 """The docs name only what exists: every file path, dotted module (`backfill_assets.core.vnode`, or
 `step.loop.run_step` relative to the package: its module and the name in it), `python -m` entry
 point and `tests/...::test` the README and docs/*.md mention; and docs/ARCHITECTURE.md's map
-lists every module of the package, resources/ and jobs/. docs/BENCHMARKS_HISTORY.md
-is a record of past rounds, in the names of the code each round measured: it is not checked.
+lists every module of the package, resources/ and jobs/. docs/BENCHMARKS_HISTORY.md is
+checked too: it names commits, and the results files it cites are in tests/test_results_cited.py.
 The docstrings and comments of the package, resources/, jobs/ and tests/ are held to the same
-rule (issue 46), and none of them, nor a doc, names a module by a name it no longer has
+rule, and none of them, nor a doc, names a module by a name it no longer has
 (``FORMER_NAMES``). Text only: fast, no imports."""
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import tokenize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "backfill_assets"
-DOCS = [ROOT / "README.md",
-        *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "BENCHMARKS_HISTORY.md")]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # a relative path in the docs is relative to the repo, the package or its storage layer
 BASES = (ROOT, PACKAGE, PACKAGE / "storage")
 TOP = ("backfill_assets", "resources", "jobs", "tests", "benchmarks", "docs", "deploy")

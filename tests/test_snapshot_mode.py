@@ -206,11 +206,11 @@ def test_a_selection_only_mv_projects_small_barriers_in_arrow_exactly(spark, war
         assert_verified(spark, d, tables)
 
 
-def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
-    """benchmarks.scale_check (per-vnode fingerprints, for sizes the oracle cannot hold) passes
+def test_scale_check_agrees_with_the_oracle(spark, warehouse):
+    """verify.scale_check (per-vnode fingerprints, for sizes the oracle cannot hold) passes
     on an MV the oracle passes, and names the vnode of a row the MV should not hold."""
     from backfill_assets.storage import Intent, TableVersion, apply_changes, spark_schema
-    from benchmarks.scale_check import scale_check
+    from backfill_assets.verify.scale_check import scale_check
 
     live, d, tables = _setup(warehouse, seed=47)
     run_barrier(spark, d, tables, list(range(VNODES)))

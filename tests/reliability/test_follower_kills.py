@@ -25,7 +25,7 @@ from backfill_assets.mv.owned_tables import open_if_exists, read_rows
 from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.liveness import FOLLOWER_JOB
 from backfill_assets.wiring.run_launcher import worker_pid
-from benchmarks import dagster_dev
+from jobs import dagster_dev
 from jobs.ports import free_port
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
@@ -101,6 +101,7 @@ def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures, mo
     upstream = f"{warehouse}/upstream"
     run_load(upstream, LoadParams(seed=11, initial_rows=1500, versions=0), vnode_count=VNODES)
     log = str(tmp_path / "dagster_dev.log")
+    dagster_dev.install_instance(home)
     proc = dagster_dev.start(env, log, port=free_port())
     writer = _Writer(upstream)
     rng = random.Random(15)

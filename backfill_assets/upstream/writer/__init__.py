@@ -9,7 +9,10 @@ import this one name. The parts:
   (``check_value``, ``conform_rows``);
 - ``writer.dml``: ``apply_dml`` (one batch of inserts, updates, deletes, upserts and pk
   changes as exactly one Delta version), ``insert_rows`` (bulk append), ``existing_keys``,
-  ``row_count``; ``writer.load_generator``: the deterministic load behind upstream_load_job.
+  ``row_count``; ``writer.load_generator``: the deterministic load behind upstream_load_job,
+  the demo, the tests and the benchmarks (``run_load``, ``LoadParams``, ``Generator``, the
+  demo table's ``demo_spec`` / ``demo_columns`` / ``initial_rows_table``); ``writer.live_keys``:
+  the keys it draws DML from (``InitialIds`` for a large table never scanned).
 The checks a backfill step makes before it writes are in ``step.preflight``."""
 
 from __future__ import annotations
@@ -33,10 +36,20 @@ from backfill_assets.upstream.writer.dml import (
     prepare_batch,
     row_count,
 )
-from backfill_assets.upstream.writer.load_generator import OPS, LoadParams, run_load
+from backfill_assets.upstream.writer.live_keys import REGIONS, InitialIds
+from backfill_assets.upstream.writer.load_generator import (
+    OPS,
+    Generator,
+    LoadParams,
+    demo_columns,
+    demo_spec,
+    initial_rows_table,
+    run_load,
+)
 
 __all__ = ["COLUMN_TYPES", "OPS", "PK_PROPERTY", "VNODE", "VNODE_COUNT_PROPERTY", "DmlBatch",
-           "LoadParams", "run_load",
+           "Generator", "InitialIds", "LoadParams", "REGIONS", "demo_columns", "demo_spec",
+           "initial_rows_table", "run_load",
            "UpstreamSpec", "apply_dml", "check_value", "conform_rows", "create_upstream",
            "existing_keys", "insert_rows", "keys_of", "prepare_batch", "read_upstream_spec",
            "row_count"]

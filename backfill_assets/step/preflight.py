@@ -228,9 +228,10 @@ def _against_pin(upstream: pa.Schema, pinned: dict, d: MVDefinition, tables: MVT
             )
         if _lenient_type_name(now[name]) != type_:
             raise UpstreamSchemaChanged(
-                f"upstream {tables.upstream} changed column {name!r}, which MV {d.name!r} "
-                f"{role}, from {type_} to {_lenient_type_name(now[name])}; restore the type, "
-                f"or rebuild the MV with reset_mv_job (drops {tables.mv.rsplit('/', 1)[0]})"
+                f"upstream {tables.upstream} changed column {name!r} from {type_} to "
+                f"{_lenient_type_name(now[name])}, which MV {d.name!r} {role}; restore the "
+                f"type, or rebuild the MV with reset_mv_job (drops "
+                f"{tables.mv.rsplit('/', 1)[0]})"
             )
         fields.append(now[name])
     return pa.schema(fields)

@@ -12,8 +12,9 @@ after every barrier against Delta-Spark's own read of the upstream at the versio
 records, the definition applied by Spark SQL (tests/interop/spark_upstream.py), row for row with
 exact column types, and against the platform's oracle (tests.support.assert_verified). What
 the platform cannot read is refused by name before anything is written: reader features it
-does not implement (typeWidening, v2Checkpoint: UnsupportedTableFeature), a renamed or dropped
-column, a column the MV uses swapped by RENAME or dropped and re-added (UpstreamSchemaChanged);
+does not implement (typeWidening, v2Checkpoint: UnsupportedTableFeature), a column the MV reads
+renamed or dropped, swapped by RENAME or dropped and re-added (UpstreamSchemaChanged; columns it
+does not read may be renamed and dropped, and the MV goes on);
 a new MV then leaves no folder, a running one no commit, and once the upstream is back (renamed
 back, restored) the MV goes on exactly.
 """
@@ -119,18 +120,27 @@ def restore(s: Scenario) -> None:
 
 
 def rename_used_and_back(s: Scenario) -> None:
+    """RENAME COLUMN of a column no MV reads: the MV goes on exactly (only what an MV reads
+    is pinned); of one they read: refused by name, and renamed back the MV goes on."""
+    unread = s.unused()
+    s.up.rename(unread, unread + " 2")
+    s.dml(2)
+    s.barrier()
     column = s.used[-1]
     s.up.rename(column, column + " renamed")
     s.dml(2)
-    s.refused(UpstreamSchemaChanged, "dropped column")
+    s.refused(UpstreamSchemaChanged, f"renamed column {re.escape(repr(column))} to")
     s.up.rename(column + " renamed", column)
 
 
 def drop_and_restore(s: Scenario) -> None:
-    """DROP COLUMN of a column no MV selects (still pinned: refused), then RESTORE to before
-    the drop (the column is back, with its data)."""
-    before = s.up.version
+    """DROP COLUMN of a column no MV reads: the MV goes on exactly; of one they read:
+    refused, then RESTORE to before that drop (the column is back, with its data)."""
     s.up.drop(s.unused())
+    s.dml(2)
+    s.barrier()
+    before = s.up.version
+    s.up.drop(s.used[-1])
     s.dml(2)
     s.refused(UpstreamSchemaChanged, "dropped column")
     s.up.restore(before)

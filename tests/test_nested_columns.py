@@ -87,3 +87,23 @@ def test_nested_columns_are_carried_only_when_read_and_then_refused(case: dict) 
             assert "leave it out of the MV's columns, filter and computed columns" in \
                 str(err.value)
         assert not os.path.exists(tables.root)
+
+
+def test_a_short_nested_name_inside_an_unparsed_expression_is_not_read(tmp_path) -> None:
+    """Outside the parsed subset an expression reads the columns named by its words: ``e``
+    in ``upper``/``levenshtein`` is no read, a backquoted or bare ``e`` is (then refused)."""
+    up = Upstream(f"{tmp_path}/upstream", "none", {"label": "string"})
+    up.fields.append({"name": "e", "type": {"type": "array", "elementType": "string",
+                                            "containsNull": True}, "nullable": True,
+                      "metadata": {}})
+    version = up.commit()
+    for filter_, refused in [("levenshtein(upper(label), 'x') > 1", False),
+                             ("levenshtein(upper(label), 'x') > size(`e`)", True),
+                             ("levenshtein(label, 'x') > size(e)", True)]:
+        d = _definition(up.uri, ["label"], filter_)
+        tables = MVTables.under(str(tmp_path), d.name, up.uri)
+        if refused:
+            with pytest.raises(UnsupportedColumnType, match="reads column 'e'"):
+                checked_upstream(tables, d, version)
+        else:
+            assert checked_upstream(tables, d, version).schema.names == ["id", "label"]

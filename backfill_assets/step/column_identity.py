@@ -16,6 +16,7 @@ which the name check already covers).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from backfill_assets.core.errors import UpstreamSchemaChanged
@@ -36,8 +37,9 @@ def pinned_identities(identities: Mapping[str, Identity], names: Iterable[str]
 def used_columns(d: MVDefinition, names: Iterable[str]) -> set[str]:
     """The upstream columns among ``names`` that the MV's rows depend on: selected and key
     columns, and the columns its filter and computed columns read. An expression outside the
-    parsed subset (core/expressions.py) counts every column whose name appears in its text,
-    so a column it might read is never missed. Case-insensitive, as Spark resolves names."""
+    parsed subset (core/expressions.py) counts every column whose name is a word of its text
+    (`_identifiers`), so a column it might read is never missed. Case-insensitive, as Spark
+    resolves names. Only these columns are carried and pinned (step/preflight.py)."""
     used = {c.lower() for c in d.columns} | {c.name.lower() for c in d.primary_key}
     names = list(names)
     for text in [d.filter, *(c.expr for c in d.computed)]:
@@ -47,10 +49,20 @@ def used_columns(d: MVDefinition, names: Iterable[str]) -> set[str]:
         if node is not None:
             used |= {c.lower() for c in columns_of(node)}
             continue
-        lowered = text.lower()
-        used |= {n.lower() for n in names
-                 if n.lower() in lowered or n.replace("`", "``").lower() in lowered}
+        used |= _identifiers(text)
     return {n for n in names if n.lower() in used}
+
+
+_IDENTIFIER = re.compile(r"`((?:[^`]|``)+)`|([^\W\d]\w*)")
+
+
+def _identifiers(text: str) -> set[str]:
+    """Every name an expression outside the parsed subset may refer to: its backquoted names
+    and its bare words (function names and the words of string literals too: a column named
+    like one counts as read, never the other way round). Whole words, so a short column name
+    inside a longer word (``e`` in ``upper``) is not taken for a read."""
+    return {(quoted.replace("``", "`") if quoted else bare).lower()
+            for quoted, bare in _IDENTIFIER.findall(text)}
 
 
 def refuse_changed_identities(pinned: Mapping, now: Mapping[str, Identity], mapped: bool,

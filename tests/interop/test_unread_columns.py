@@ -107,3 +107,29 @@ def test_an_mv_that_selects_a_nested_column_is_refused_and_leaves_nothing(spark,
         run_barrier(spark, d, tables, ALL)
     assert H.table_versions(tables) == {"mv": None, "replica": None, "progress": None}
     assert not os.path.exists(tables.root), glob.glob(f"{tables.root}/**", recursive=True)
+
+
+def test_no_shuffle_goes_on_when_unread_columns_are_renamed_and_dropped(spark, warehouse):
+    """no_shuffle reads an upstream the platform arranged (its own vnode-partitioned table);
+    a user turns column mapping on with Delta-Spark, renames and drops the column the MV does
+    not read, and writes on: the MV goes on, the oracle green after every barrier."""
+    live = H.orders(warehouse, 52)
+    live.create(rows=120)
+    raw = H.mv_raw("ns", "no_shuffle", 6, live.uri)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    vnodes = list(range(H.VNODES))
+    run_barrier(spark, d, tables, vnodes)
+    uri = live.uri
+    spark.sql(f"ALTER TABLE delta.`{uri}` SET TBLPROPERTIES ('delta.columnMapping.mode' = "
+              "'name', 'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')")
+    spark.sql(f"ALTER TABLE delta.`{uri}` RENAME COLUMN day TO day_2")
+    run_barrier(spark, d, tables, vnodes)
+    H.assert_oracle(spark, d, tables, "after a rename of an unread column")
+    spark.sql(f"ALTER TABLE delta.`{uri}` DROP COLUMN day_2")
+    spark.sql(f"UPDATE delta.`{uri}` SET qty = qty + 1 WHERE id % 3 = 0")
+    for _ in range(40):
+        report = run_barrier(spark, d, tables, vnodes)
+        H.assert_oracle(spark, d, tables, "after a drop of an unread column")
+        if report.finished:
+            break
+    assert report.finished

@@ -5,7 +5,8 @@
 - A table whose file carries inline DVs of every size class (sizeInBytes mod 4 = 0, 1, 2, 3),
   in both writers' forms (Delta's zero bytes; the z85 crate's '#' tail, which Databricks wrote
   in kernel-rs' cdf-table-with-dv), read by the storage layer at every version equals
-  delta-rs' read and its ``deletion_vectors()``; Delta-Spark agrees on Delta's form.
+  delta-rs' read and its ``deletion_vectors()``, and each version's change rows equal delta-rs'
+  DV-aware ``load_cdf``; Delta-Spark agrees on Delta's form.
 - kernel-rs' cdf-table-with-dv: barriers over versions 4, 5 (a 34-byte inline DV) and 6 are
   exact against delta-rs, in snapshot and arrangement mode.
 
@@ -33,6 +34,7 @@ from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.barrier import run_barrier
 from backfill_assets.storage import read_version
 from backfill_assets.storage.delta import dv
+from backfill_assets.storage.rows.change_range import read_raw_changes
 from tests.foreign import z85_crate_tail
 from tests.interop.delta_spark import spark_rows
 from tests.support import assert_verified
@@ -89,6 +91,12 @@ def _commit(uri: str, version: int, add: dict, descriptor: dict | None) -> dict:
     return new
 
 
+def _changes(table: pa.Table) -> list[tuple]:
+    """A version's change rows as (change type, id), sorted."""
+    return sorted(zip(table.column("_change_type").to_pylist(), table.column("id").to_pylist(),
+                      strict=True))
+
+
 def _rows(table: pa.Table) -> list[int]:
     return sorted(table.column("id").to_pylist())
 
@@ -118,6 +126,9 @@ def test_inline_dvs_of_every_size_read_like_delta_rs(spark, warehouse):
         kept = mask.column("selection_vector").to_pylist()[0]
         assert {i for i, keep in enumerate(kept) if not keep} == set(bitmap)
         assert _rows(read_version(spark, uri, version).toArrow()) == expected
+        assert _changes(read_raw_changes(uri, version - 1, version, ["id"])) == \
+            _changes(pa.table(DeltaTable(uri).load_cdf(
+                starting_version=version, ending_version=version, columns=["id"])))
         if delta_form:  # Delta-Spark decodes the '#' tail modulo 2^32 (module docstring)
             assert sorted(r["id"] for r in spark_rows(spark, uri, version)) == expected
     assert {size for size, _ in sizes} == {0, 1, 2, 3}, sizes

@@ -33,6 +33,7 @@ from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.column_identity import PIN_KEY
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.storage.delta import delta_rs
+from backfill_assets.storage.rows.change_range import read_raw_changes
 
 PLAIN = ("qty", "label", "price", "flag", "größe", "at")
 MAPPED = ("na me", "dot.ted", "größe (kg)", "semi;colon", "x", "名 前")
@@ -208,3 +209,18 @@ def test_renamed_and_dropped_unread_columns_are_not_pinned(tmp_path) -> None:
     up.fields = [f for f in up.fields if f["name"] != "qty"]
     with pytest.raises(UpstreamSchemaChanged, match="dropped column 'qty', which MV 'mv' reads"):
         checked_upstream(tables, d, up.commit())
+
+
+def test_a_change_range_across_a_dropped_and_restored_read_column_is_refused(tmp_path) -> None:
+    """A column dropped at version 1 and back at version 2 (a RESTORE brings back the same
+    column): version 1's change rows lack it, so a range over it that reads the column is
+    refused by name; one that does not read it is read."""
+    up = Upstream(f"{tmp_path}/upstream", "name", {"qty": "integer", "x": "string"})
+    kept = list(up.fields)
+    up.fields = [f for f in up.fields if f["name"] != "x"]
+    up.commit()
+    up.fields = kept
+    up.commit()
+    with pytest.raises(UpstreamSchemaChanged, match="version 1 has no column 'x'"):
+        read_raw_changes(up.uri, 0, 2, ["id", "x"])
+    assert read_raw_changes(up.uri, 0, 2, ["id", "qty"]).num_rows == 0

@@ -21,19 +21,23 @@ jars: $(STAMP)
 classes: $(STAMP) jars
 	@$(PY) -m resources.class_archive_build
 
-# the project's Dagster instance config (run monitoring, see dagster.yaml) in DAGSTER_HOME
+# the project's Dagster instance config (run monitoring, see deploy/dagster.yaml) in DAGSTER_HOME:
+# not in the repository root, where `dagster dev` would warn at every `make ui` that a
+# dagster.yaml in the current folder is not used
 instance: $(DAGSTER_HOME)/dagster.yaml
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+$(DAGSTER_HOME)/dagster.yaml: deploy/dagster.yaml
 	@mkdir -p $(DAGSTER_HOME)
-	cp dagster.yaml $@
+	cp deploy/dagster.yaml $@
 
 # BACKFILL_SHARED_VENV=1: a venv shared with another checkout is never reinstalled from this
 # one (tests/test_readme.py runs the README's blocks in a copy of the tree with the venv linked)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@if [ -n "$$BACKFILL_SHARED_VENV" ]; then echo "shared venv: not reinstalled"; else \
-		$(PY) -m pip install --quiet -e '.[dev]' && touch $(STAMP); fi
+		echo "installing the project and its dependencies into $(VENV) (a few minutes on a" \
+			"fresh clone; pip shows each package as it goes)"; \
+		$(PY) -m pip install -e '.[dev]' && touch $(STAMP); fi
 
 # 2 worker processes (pytest-xdist), each with its own Spark session and, when its tests need
 # them, its own standalone cluster, Connect server and S3 server, on ports of its own block

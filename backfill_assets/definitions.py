@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from backfill_assets.step.faults import kill_hook
-from backfill_assets.storage.rows import key_cache
+from backfill_assets.storage import key_cache
+from backfill_assets.testing.kill_hook import kill_hook
+from backfill_assets.wiring import named_errors
 from backfill_assets.wiring.assets import build_assets
 from backfill_assets.wiring.checks import build_oracle_check, build_progress_check
 from backfill_assets.wiring.partitions import vnode_partitions
@@ -28,7 +29,9 @@ from resources.settings import load_settings
 from resources.spark import spark_resource
 from resources.warehouse import warehouse_resource
 
+named_errors.install()  # `dagster job execute` and friends: a named error first
 settings = load_settings()
+named_errors.install(settings.traceback)
 key_cache.set_limit(settings.key_cache_mib << 20)  # each run process keeps its own
 mv = load_mv_definition(settings)
 backfill_job = build_backfill_job(vnode_partitions(mv.vnode_count), mv.name)

@@ -13,12 +13,11 @@ import time
 
 def spark_copy(spark, uri: str, version: int, out: str) -> float:
     """Baseline (a): read the version's parquet files with Spark, write them as parquet."""
-    from backfill_assets.engine import netting as spark_ops
-    from backfill_assets.storage.delta import delta_rs as delta_store
+    from backfill_assets import storage
 
-    schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
+    schema = storage.arrow_schema(storage.open_table(uri, version))
     t0 = time.perf_counter()
-    df = spark_ops.read_version(spark, uri, version, schema)
+    df = storage.read_version(spark, uri, version, schema)
     df.write.mode("overwrite").parquet(out)
     return time.perf_counter() - t0
 
@@ -43,13 +42,12 @@ def full_refresh(spark, d, uri: str, version: int, out: str) -> float:
     filter, backfill_assets.engine.projection.project) and overwrite it as parquet."""
     from pyspark.sql import functions as F
 
-    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets import storage
     from backfill_assets.engine.projection import KEEP, project
-    from backfill_assets.storage.delta import delta_rs as delta_store
 
-    schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
+    schema = storage.arrow_schema(storage.open_table(uri, version))
     t0 = time.perf_counter()
-    df = spark_ops.read_version(spark, uri, version, schema)
+    df = storage.read_version(spark, uri, version, schema)
     mv = project(df, d).where(F.col(KEEP)).drop(KEEP)
     mv.write.mode("overwrite").parquet(out)
     return time.perf_counter() - t0
@@ -63,13 +61,12 @@ def clustered_refresh(spark, d, uri: str, version: int, out: str) -> float:
     bulk phase, which must write that layout."""
     from pyspark.sql import functions as F
 
-    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets import storage
     from backfill_assets.engine.projection import KEEP, project
-    from backfill_assets.storage.delta import delta_rs as delta_store
 
-    schema = delta_store.arrow_schema(delta_store.open_table(uri, version))
+    schema = storage.arrow_schema(storage.open_table(uri, version))
     t0 = time.perf_counter()
-    df = spark_ops.read_version(spark, uri, version, schema)
+    df = storage.read_version(spark, uri, version, schema)
     mv = project(df, d).where(F.col(KEEP)).drop(KEEP)
     keys = [F.col(f"`{k.name}`") for k in d.primary_key]
     mv.sortWithinPartitions(F.col("vnode"), *keys).write.mode("overwrite").parquet(out)

@@ -95,9 +95,9 @@ def worker_backfill(args) -> dict:
     """One unthrottled backfill to completion under a steady change stream."""
     import pyarrow as pa
 
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.core.read_cost import ReadCost
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes import mode_named
 
     mem = C.Memory()
@@ -187,7 +187,7 @@ def worker_backfill(args) -> dict:
         verified = None
         if not partial and (args.verify or (args.verify is None and args.rows <= 200_000)):
             if args.rows <= 2_000_000:
-                from backfill_assets.step.oracle import verify
+                from backfill_assets.verify.oracle import verify
 
                 bad = verify(spark, d, tables).failures()
             else:  # the oracle holds every row in Python: per-vnode fingerprints instead

@@ -1,5 +1,5 @@
 """Choose by cost: where applying a barrier's changes stops being cheaper than re-snapshotting
-its vnodes (core/cost_choice.py, step/cost_choice.py), measured with 1%, 10% and 30% of rows
+its vnodes (core/cost_choice.py, barrier/by_cost.py), measured with 1%, 10% and 30% of rows
 changed in one barrier.
 
     make bench-crossover BENCH_CROSSOVER_ROWS=1000000
@@ -35,8 +35,8 @@ FRACTIONS = (0.01, 0.1, 0.3)
 
 
 def worker(args) -> dict:
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.barrier.runner import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
 
     info = C.prepare_upstream(args.rows, "single", args.vnodes)
     run_dir = os.path.join(C.WORK_DIR, f"crossover_{os.getpid()}")
@@ -89,16 +89,16 @@ def _warm_resnapshot(spark, d, base, run_dir: str) -> float:
     would fall on whichever trial ran it first. Returns its time."""
     from dataclasses import replace
 
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets import storage
+    from backfill_assets.barrier.resnapshot import resnapshot_steps
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes.snapshot import SNAPSHOT
     from backfill_assets.step.request import StepRequest
-    from backfill_assets.step.resnapshot import resnapshot_steps
-    from backfill_assets.storage.delta import delta_rs as delta_store
 
     root = os.path.join(run_dir, "warm")
     C.work_copy(base.root, os.path.join(root, d.name))
     tables = MVTables.under(root, d.name, base.upstream)
-    version = delta_store.latest_version(base.upstream)
+    version = storage.latest_version(base.upstream)
     req = StepRequest(d, SNAPSHOT, tables, tuple(range(d.vnode_count)), d.chunk_size)
     t = time.perf_counter()
     resnapshot_steps(spark, replace(req, v_new=version))
@@ -111,9 +111,9 @@ def _warm_resnapshot(spark, d, base, run_dir: str) -> float:
 def _trial(spark, d, base, run_dir: str, trial: str, version: int, vnodes: list[int],
            prof) -> dict:
     """One barrier at `version` on a copy of `base`'s state, with `barrier_choice` = `trial`."""
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.controls import Controls
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
 
     root = os.path.join(run_dir, f"v{version}_{trial}")
     C.work_copy(base.root, os.path.join(root, d.name))
@@ -155,7 +155,7 @@ def _case(fraction: float, changes: int, dml: dict, order, trials: dict) -> dict
 
 def _next_base(trials: dict, old):
     """The auto copy goes on, knowing the forced runs' costs too (not twice the one it ran)."""
-    from backfill_assets.mv.unit_costs import record_barrier
+    from backfill_assets.mv.unit_costs import record_cost
 
     auto = trials["auto"]
     for path in ("apply", "resnapshot"):
@@ -164,7 +164,7 @@ def _next_base(trials: dict, old):
             continue
         rows = ran.get("estimated_change_rows" if path == "apply" else "estimated_vnode_rows")
         if rows:
-            record_barrier(auto["tables"], path, int(rows), ran["seconds"])
+            record_cost(auto["tables"], path, int(rows), ran["seconds"])
     for t in ("apply", "resnapshot"):
         shutil.rmtree(os.path.dirname(trials[t]["tables"].root), ignore_errors=True)
     shutil.rmtree(os.path.dirname(old.root), ignore_errors=True)
@@ -191,9 +191,9 @@ def projected_crossover(case: dict, rows: int) -> dict:
 
 
 def _same_rows(spark, a, b) -> bool:
-    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets import storage
 
-    left, right = (spark_ops.read_version(spark, t.mv, None) for t in (a, b))
+    left, right = (storage.read_version(spark, t.mv, None) for t in (a, b))
     return left.exceptAll(right).isEmpty() and right.exceptAll(left).isEmpty()
 
 

@@ -30,9 +30,9 @@ MODES = ("snapshot", "arrangement", "no_shuffle")
 
 
 def worker(args) -> dict:
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
-    from backfill_assets.storage.delta import delta_rs as delta_store
+    from backfill_assets import storage
+    from backfill_assets.barrier.runner import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     run_dir = os.path.join(C.WORK_DIR, f"inc_{os.getpid()}")
@@ -100,7 +100,7 @@ def worker(args) -> dict:
                                  "median_seconds": round(med, 3), "median_run": mid})
         if args.consecutive:
             out["consecutive"] = consecutive(spark, d, tables, feeder, args, timed_barrier)
-        latest = delta_store.latest_version(uri)
+        latest = storage.latest_version(uri)
         refresh_dir = os.path.join(run_dir, "refresh")
         refresh = [B.full_refresh(spark, d, uri, latest, refresh_dir) for _ in range(args.repeat)]
         out["full_refresh_seconds"] = [round(x, 3) for x in refresh]
@@ -145,7 +145,7 @@ def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:
         if i % 20 == 0:
             print(f"  consecutive barrier {i + 1}/{args.consecutive}: {secs:.2f}s "
                   f"({rep.engine})", flush=True)
-    snap = storage.Snapshot.load(tables.mv)
+    snap = storage.TableVersion.load(tables.mv)
     files = {"files": len(snap.files), "files_with_dv": sum(1 for f in snap.files
                                                            if f.deletion_vector)}
     read_now = _read_seconds(spark, tables.mv)
@@ -162,12 +162,12 @@ def consecutive(spark, d, tables, feeder, args, timed_barrier) -> dict:
 
 def _read_seconds(spark, uri: str, repeat: int = 3) -> float:
     """Median time to read every live row of the table with the layer's Spark reader."""
-    from backfill_assets.engine import netting as spark_ops
+    from backfill_assets import storage
 
     runs = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        spark_ops.read_version(spark, uri, None).write.format("noop").mode("overwrite").save()
+        storage.read_version(spark, uri, None).write.format("noop").mode("overwrite").save()
         runs.append(time.perf_counter() - t0)
     return round(statistics.median(runs), 3)
 

@@ -41,7 +41,7 @@ START = ("commit -> barrier start (MV commit - step_seconds; below 0 when the wa
 
 def _mv_commits(mv_uri: str) -> list[tuple[int, float]]:
     """(barrier version, commit time s) of every MV commit made by a step."""
-    from backfill_assets.mv.tables import STEP_METADATA_KEY
+    from backfill_assets.mv.owned_tables import STEP_METADATA_KEY
 
     if not os.path.exists(os.path.join(mv_uri, "_delta_log")):
         return []
@@ -58,12 +58,12 @@ def _upstream_times(uri: str) -> dict[int, float]:
 
 
 def _finished(progress_uri: str, vnode_count: int) -> bool:
-    from backfill_assets.mv import tables as mv_store
+    from backfill_assets.mv import owned_tables
 
-    table = mv_store.open_table(progress_uri, {})
+    table = owned_tables.open_if_exists(progress_uri, {})
     if table is None:
         return False
-    rows = mv_store.read_rows(table, None, ["backfill_finished"])
+    rows = owned_tables.read_rows(table, None, ["backfill_finished"])
     return rows.num_rows == vnode_count and all(rows["backfill_finished"].to_pylist())
 
 
@@ -182,7 +182,7 @@ def _run_phases(instance, commits: list[int], up_times: dict) -> dict:
 
 def _stop_followers(env: dict, proc) -> None:
     """A stop request, so the follower ends SUCCESS instead of being killed with the server."""
-    from backfill_assets.step.follower import request_stop
+    from backfill_assets.barrier.follower import request_stop
     from resources.mv import load_mv_definition, mv_tables
     from resources.settings import load_settings
 

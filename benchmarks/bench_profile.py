@@ -29,11 +29,9 @@ def worker(args) -> dict:
 
     from backfill_assets import storage
     from backfill_assets.core.keys import KeyColumn, KeyOrder
-    from backfill_assets.engine import netting as spark_ops
     from backfill_assets.engine.projection import KEEP, project, select_chunk, validate_expressions
-    from backfill_assets.mv import tables as mv_store
+    from backfill_assets.mv import owned_tables
     from backfill_assets.step.seek_chunk import replica_schema
-    from backfill_assets.storage.delta import delta_rs as delta_store
 
     info = C.prepare_upstream(args.rows, args.pk, args.vnodes)
     uri, version = info["path"], info["version"]
@@ -43,8 +41,8 @@ def worker(args) -> dict:
     jvm = C.java_pid()
     C.warm_read(spark, uri)
     audit = C.CpuAudit()
-    up = delta_store.open_table(uri, version)
-    schema = delta_store.arrow_schema(up)
+    up = storage.open_table(uri, version)
+    schema = storage.arrow_schema(up)
     carried = pa.schema([f for f in schema if f.name != "vnode"])
     key_names = list(C.PK_SHAPES[args.pk])
     key_types = [C.BENCH_COLUMNS[k] for k in key_names]
@@ -61,17 +59,17 @@ def worker(args) -> dict:
 
     def new_table(schema_: pa.Schema) -> object:
         n_table[0] += 1
-        return mv_store.ensure_data_table(os.path.join(run_dir, f"t{n_table[0]}"), schema_, {},
+        return owned_tables.ensure_data_table(os.path.join(run_dir, f"t{n_table[0]}"), schema_, {},
                                           cdf=False, key_names=key_names,
                                           vnode_count=args.vnodes)
 
     def append_dataframe(df, table) -> int:
-        snap = storage.Snapshot(table.table_uri.removeprefix("file://"), {}, table)
-        intent = mv_store.intent("p", "x", vnodes, version)
+        snap = storage.TableVersion(table.table_uri.removeprefix("file://"), {}, table)
+        intent = owned_tables.intent("p", "x", vnodes, version)
         return storage.append(spark, snap, df, key_names, intent, args.rows).rows_written
 
     def read():
-        return spark_ops.read_version(spark, uri, version, schema)
+        return storage.read_version(spark, uri, version, schema)
 
     def time_it(label: str, what: str, fn, setup=None) -> object:
         best = None
@@ -97,7 +95,7 @@ def worker(args) -> dict:
     time_it("C collect all rows to the driver", "read_version().toArrow()",
             lambda: read().toArrow().num_rows)
     # --- replica initialisation (arrangement)
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.step.modes.arrangement import ReplicaSource
     from backfill_assets.step.source_context import SourceContext
 
@@ -118,7 +116,7 @@ def worker(args) -> dict:
     append_dataframe(read(), replica)
 
     def replica_rows():
-        return spark_ops.read_version(spark, replica.table_uri, None, rschema, vnodes=vnodes)
+        return storage.read_version(spark, replica.table_uri, None, rschema, vnodes=vnodes)
 
     # --- snapshot read as the step does it
     time_it("G snapshot arrangement as is", "select_chunk(per vnode) + project + toArrow",

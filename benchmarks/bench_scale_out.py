@@ -92,7 +92,7 @@ def worker_baselines(args) -> dict:
     from pyspark.sql import functions as F
 
     from backfill_assets.engine.projection import KEEP, project
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
     spark, spark_start = C.start_spark()
     out = f"{args.root}/baseline-{uuid.uuid4().hex[:8]}"
@@ -108,7 +108,7 @@ def worker_baselines(args) -> dict:
         _drop(out)
         t0 = time.perf_counter()
         fs, path = _fs(out)
-        files = [f.path for f in Snapshot.load(args.uri, args.version, _opts()).files]
+        files = [f.path for f in TableVersion.load(args.uri, args.version, _opts()).files]
         table_path = _fs(args.uri)[1]
         dataset = ds.dataset([f"{table_path}/{p}" for p in files], format="parquet",
                              filesystem=fs)
@@ -132,8 +132,8 @@ def worker_baselines(args) -> dict:
 def worker_backfill(args) -> dict:
     import pyarrow as pa
 
-    from backfill_assets.mv.tables import MVTables
-    from backfill_assets.step.barrier import run_barrier
+    from backfill_assets.barrier.runner import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
     from backfill_assets.upstream.writer import apply_dml, insert_rows
 
     mem = C.Memory()
@@ -170,7 +170,7 @@ def worker_backfill(args) -> dict:
           f"forwarded ({args.catch_up_batches} versions, DML {dml_s:.2f}s)", flush=True)
     verified = None
     if args.verify:
-        from backfill_assets.step.oracle import verify
+        from backfill_assets.verify.oracle import verify
 
         bad = verify(spark, d, tables).failures()
         verified = not bad

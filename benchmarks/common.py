@@ -285,18 +285,17 @@ def warm_read(spark, uri: str, warm_rows: int = 500_000) -> None:
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from backfill_assets.engine import netting as spark_ops
-    from backfill_assets.storage.delta import delta_rs as delta_store
+    from backfill_assets import storage
 
-    table = delta_store.open_table(uri)
-    schema = delta_store.arrow_schema(table)
+    table = storage.open_table(uri)
+    schema = storage.arrow_schema(table)
     records = table.get_add_actions(flatten=True).column("num_records").to_pylist()
     rows = sum(n or 0 for n in records)
     count = int(table.metadata().configuration.get("backfill.vnodeCount", "256"))
     warm = list(range(max(1, min(count, count * warm_rows // max(rows, 1)))))
     out = os.path.join(WORK_DIR, f"warm_{os.getpid()}")
     for _ in range(2):
-        df = spark_ops.read_version(spark, uri, table.version(), schema, vnodes=warm)
+        df = storage.read_version(spark, uri, table.version(), schema, vnodes=warm)
         df.write.mode("overwrite").parquet(out)
         w = Window.partitionBy("vnode").orderBy("id")
         df.withColumn("_rn", F.row_number().over(w)).where("_rn <= 1000").toArrow()

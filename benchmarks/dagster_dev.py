@@ -3,7 +3,7 @@
 Why a helper: started from a script, `dagster dev` ignores SIGTERM/SIGINT unless the default
 handlers are restored before exec, and it leaves a daemon, a code server, run workers and their
 JVMs behind unless its whole process group is killed. The instance is the project's
-`dagster.yaml` (run monitoring on), copied into the given DAGSTER_HOME.
+`deploy/dagster.yaml` (run monitoring on), copied into the given DAGSTER_HOME.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def install_instance(dagster_home: str) -> None:
     import dagster as dg
 
     os.makedirs(dagster_home, exist_ok=True)
-    shutil.copy(os.path.join(ROOT, "dagster.yaml"), os.path.join(dagster_home, "dagster.yaml"))
+    shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"),
+                os.path.join(dagster_home, "dagster.yaml"))
     # the instance's storage made here, before dagster dev's processes start: a caller that
     # opened the same instance while they made it raced them to one sqlite schema ("table
     # jobs already exists", seen in tests/reliability/test_follower_kills.py)

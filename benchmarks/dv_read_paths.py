@@ -6,7 +6,7 @@ delta-rs, then one commit that gives every file a DV deleting every 10th row, as
 does) is read, best of ``--repeat``, on the paths the platform has:
 
 - ``version``: every file's deleted rows at a version (the bulk read, a replica's copy,
-  maintenance): ours ``Snapshot.load`` + ``dv.load`` per file; delta-rs ``DeltaTable(uri,
+  maintenance): ours ``TableVersion.load`` + ``dv.load`` per file; delta-rs ``DeltaTable(uri,
   version)`` + ``deletion_vectors()``;
 - ``one_file``: one file's deleted rows (a Python read task, a key lookup, a merge's rewrite):
   ours one ranged read of the DV file; delta-rs has no per-file call: the version's open and
@@ -31,9 +31,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from pyroaring import BitMap64
 
-from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import Snapshot
-from backfill_assets.storage.rows.change_range import read_raw_changes
+from backfill_assets.storage import TableVersion, dv, read_raw_changes
 
 
 def _best(fn: Callable[[], object], repeat: int) -> tuple[float, object]:
@@ -54,7 +52,7 @@ def _table(folder: str, rows: int, files: int) -> str:
         write_deltalake(uri, pa.table({"id": ids, "qty": pa.compute.cast(ids, pa.int32())}),
                         mode="append", configuration={"delta.enableDeletionVectors": "true",
                                                       "delta.enableChangeDataFeed": "true"})
-    adds = list(Snapshot.load(uri).files)
+    adds = list(TableVersion.load(uri).files)
     packed = dv.encode_file([BitMap64(range(0, a.num_records, 10)) for a in adds])
     with open(os.path.join(uri, packed.relative_path), "wb") as out:
         out.write(packed.data)
@@ -71,7 +69,7 @@ def _table(folder: str, rows: int, files: int) -> str:
 
 
 def _ours_version(uri: str) -> dict[str, set[int]]:
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     return {f.path: set(dv.load(uri, f.deletion_vector, None)) for f in snap.files}
 
 
@@ -90,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     uri = _table(tempfile.mkdtemp(prefix="dv-paths-"), args.rows, args.files)
     version = DeltaTable(uri).version()
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     first = snap.files[0]
     result: dict = {"rows": args.rows, "files": args.files, "deleted_per_file": "every 10th"}
     ours, mine = _best(lambda: _ours_version(uri), args.repeat)

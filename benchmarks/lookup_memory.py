@@ -44,10 +44,10 @@ def make_table(uri: str, files: int, file_rows: int) -> None:
 
 def child(uri: str, changes: int) -> dict:
     """One lookup of ``changes`` keys past the cache; peak RSS (MiB) before and after."""
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
     from backfill_assets.storage.rows import key_cache, keyed
 
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     total = sum(f.num_records for f in snap.files)
     key_cache.set_limit(1 << 20)  # far below the table's keys: read past the cache
     step = max(1, total // changes)

@@ -192,29 +192,29 @@ class PhaseProfiler:
     def install(self) -> PhaseProfiler:
 
         from backfill_assets import storage
-        from backfill_assets.arrow import netting as arrow_changes
-        from backfill_assets.mv import tables as mv_store
-        from backfill_assets.step import barrier
+        from backfill_assets.arrow import netting
+        from backfill_assets.mv import owned_tables
         from backfill_assets.step import bulk_read as snapshot_read
         from backfill_assets.step import chunk as chunk_reads
         from backfill_assets.step import forward as step_changes
         from backfill_assets.step import loop as step
+        from backfill_assets.step import modes
         from backfill_assets.step.modes import arrangement
         from backfill_assets.step.modes import snapshot as snapshot_mode
         from backfill_assets.storage.rows import keyed
         from backfill_assets.storage.writes import maintain, merge
 
-        self.wrap(barrier, "run_step", "step glue (other)")
+        self.wrap(modes, "run_step", "step glue (other)")
         self.wrap(step, "checked_upstream", "check upstream + pin")
         self.wrap(step, "validate_expressions", "validate MV (Spark analyze)")
-        self.wrap(mv_store, "ensure_table", "open tables (delta-rs log)")
-        self.wrap(mv_store, "open_table", "open tables (delta-rs log)")
-        self.wrap(mv_store, "txn_versions", "app-txn lookups")
+        self.wrap(owned_tables, "ensure_table", "open tables (delta-rs log)")
+        self.wrap(owned_tables, "open_if_exists", "open tables (delta-rs log)")
+        self.wrap(owned_tables, "txn_versions", "app-txn lookups")
         self.wrap(step, "recover_state", "recover progress")
         self.wrap(step, "change_rows", "change read (storage layer, Arrow)")
         self.wrap(step, "in_spark", "changes into Spark")
-        self.wrap(arrow_changes, "net_with_prior", "keyed: netting (Arrow)")
-        self.wrap(arrow_changes, "visible", "keyed: visible rows (Arrow + core order)")
+        self.wrap(netting, "net_with_prior", "keyed: netting (Arrow)")
+        self.wrap(netting, "visible", "keyed: visible rows (Arrow + core order)")
         self.wrap(step_changes, "project_rows", "keyed: projection (Spark, local)")
         self.wrap(step, "check_inserted_keys_local", "keyed: inserted-key check")
         self.wrap(keyed, "_positions", "keyed: key lookups (key columns)")
@@ -243,7 +243,7 @@ class PhaseProfiler:
         self.wrap(snapshot_mode, "estimate_rows", "bulk: slice plan (log stats)")
         self.wrap(snapshot_mode, "history_safety", "bulk: history safety (upstream log)")
         self.wrap(step_changes, "check_change_keys", "pk check: change chunk (pyarrow)")
-        self.wrap(mv_store, "replace_keyed", "progress commit: storage layer")
+        self.wrap(owned_tables, "replace_keyed", "progress commit: storage layer")
         if hasattr(step, "_Step"):
             self.wrap(step._Step, "open", "step open: plan + misc")
             self.wrap(step._Step, "_commit_mv", "MV write (merge-on-read / append)")

@@ -45,9 +45,9 @@ MV_INPUT = ["region", "id", "name", "amount", "qty", "ts", "flag"]
 def best_read(uri: str, columns: list[str] | None, repeat: int, threads: int
               ) -> tuple[int, float]:
     """Rows of the latest version of ``uri`` and the best seconds of a plain read of them."""
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     best, rows = float("inf"), 0
     for _ in range(repeat):
         t = time.perf_counter()
@@ -73,9 +73,9 @@ def mv_rows_table(uri: str, rows: int):
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     parts, held = [], 0
     for f in snap.files:
         t = pq.ParquetFile(snap.file_uri(f.path)).read(columns=MV_INPUT)
@@ -131,7 +131,7 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
 
     with open(args.results) as f:
         results = json.load(f)
@@ -145,7 +145,7 @@ def main() -> None:
     try:
         rows, read = best_read(layout, MV_INPUT, args.repeat, args.threads)
         _, keys = best_read(layout, list(C.PK_SHAPES[run["pk"]]), args.repeat, args.threads)
-        files = len(Snapshot.load(layout).files)
+        files = len(TableVersion.load(layout).files)
         write = best_write(mv_rows_table(layout, run["mv_rows"]), args.threads, args.repeat)
     finally:
         shutil.rmtree(os.path.dirname(layout), ignore_errors=True)

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.parquet as pq
 
-from backfill_assets.storage import Snapshot
+from backfill_assets.storage import TableVersion
 
 
-def read_all(snap: Snapshot, columns: list[str] | None, threads: int) -> int:
+def read_all(snap: TableVersion, columns: list[str] | None, threads: int) -> int:
     """Rows read: every live file of ``snap``, whole (DVs are not applied: the read is the
     cost, and the platform's upstream has none). A file is opened as the storage layer opens
     it (``pq.ParquetFile``, then one read of the columns): ``pq.read_table`` builds a dataset
@@ -45,7 +45,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
-    snap = Snapshot.load(args.table, args.version)
+    snap = TableVersion.load(args.table, args.version)
     best = None
     for _ in range(args.repeat):
         start = time.perf_counter()

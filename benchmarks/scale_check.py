@@ -1,6 +1,6 @@
 """The benchmarks' check of a finished MV at sizes the oracle cannot hold.
 
-`backfill_assets.step.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
+`backfill_assets.verify.oracle` keeps every row as a Python object (about 12 GB at 5M rows; at 20M
 the machine's 24 GiB killed it in round 9). At 20M and 100M rows the benchmarks compare the
 MV with a recompute by another path instead, per vnode and without any row on the driver:
 
@@ -24,10 +24,10 @@ from pyspark.sql import functions as F
 from backfill_assets import storage
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed
-from backfill_assets.engine import netting as spark_ops
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.engine import netting
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import read_progress
-from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.preflight import checked_upstream
 
 
@@ -35,7 +35,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
     """{"ok", "vnodes", "rows", "version", "mismatched" (vnodes), "types"} for a finished MV."""
     so = tables.storage_options
     upstream = checked_upstream(tables, d, None)
-    progress = read_progress(mv_store.open_table(tables.progress, so), upstream.key_order,
+    progress = read_progress(owned_tables.open_if_exists(tables.progress, so), upstream.key_order,
                              list(range(d.vnode_count)))
     versions = {v for _, v in progress.values()}
     if len(progress) != d.vnode_count or len(versions) != 1 or \
@@ -44,7 +44,7 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
     version = versions.pop()
     expected = _expected(spark, d, tables, version, list(upstream.key_order.names),
                          list(upstream.key_types))
-    actual = spark_ops.read_version(spark, tables.mv, None, storage_options=so)
+    actual = storage.read_version(spark, tables.mv, None, storage_options=so)
     types = [f"{c}: MV {actual.schema[c].dataType.simpleString()}, expected "
              f"{expected.schema[c].dataType.simpleString()}"
              for c in expected.columns if c not in actual.columns
@@ -59,12 +59,12 @@ def scale_check(spark: SparkSession, d: MVDefinition, tables: MVTables) -> dict:
 
 def _expected(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int,
               key_names: list[str], key_types: list[str]) -> DataFrame:
-    snap = storage.Snapshot.load(tables.upstream, version, tables.storage_options)
+    snap = storage.TableVersion.load(tables.upstream, version, tables.storage_options)
     if any(f.deletion_vector for f in snap.files):  # delta-rs' add actions do not show DVs
         raise ValueError(f"{tables.upstream} v{version} has deletion vectors: use the oracle")
     files = [snap.file_uri(f.path) for f in snap.files]
     rows = spark.read.option("basePath", tables.upstream).parquet(*files)
-    return _project(spark_ops.with_vnode(rows, key_names, key_types, d.vnode_count), d)
+    return _project(netting.with_vnode(rows, key_names, key_types, d.vnode_count), d)
 
 
 def _project(rows: DataFrame, d: MVDefinition) -> DataFrame:

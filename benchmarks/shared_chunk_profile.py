@@ -40,7 +40,7 @@ def main() -> None:
     pos = None if not args.after else tuple(
         int(v) if c.type in ("int", "bigint") else v for c, v in zip(columns, args.after,
                                                                       strict=True))
-    snap = storage.Snapshot.load(args.table, args.version)
+    snap = storage.TableVersion.load(args.table, args.version)
     positions = {v: pos for v in range(args.vnodes)}
     seconds: dict[str, float] = {}
 

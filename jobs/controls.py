@@ -14,6 +14,7 @@ at once as an observation of `downstream_mv` and in the `backfill_finished` chec
 import dagster as dg
 from pydantic import Field
 
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import (
     BarrierChoice,
@@ -22,10 +23,11 @@ from backfill_assets.mv.controls import (
     requested,
     write_controls,
 )
-from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.wiring.assets import MV
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.metadata import controls_metadata
+from backfill_assets.wiring.named_errors import named_first
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -55,6 +57,7 @@ class ControlsConfig(dg.Config):
 
 def build_controls_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="set_controls")
+    @named_first
     def set_controls(context: dg.OpExecutionContext, config: ControlsConfig,
                      warehouse: WarehouseResource) -> dg.Output:
         tables = mv_tables(d, settings, warehouse.options())

@@ -2,8 +2,9 @@
 
 Used by the UI test (what a user sees, asked through GraphQL) and by the screenshot script.
 `dagster dev` started from a script ignores SIGTERM/SIGINT unless the default handlers are
-restored before exec (DESIGN.md section 6); it also starts a webserver, a daemon and a code
-server, so it runs in its own session and the whole process group is stopped.
+restored before exec (docs/DESIGN.md, "Facts the code relies on"); it also starts a
+webserver, a daemon and a code server, so it runs in its own session and the whole process
+group is stopped.
 
 `quiet=True` serves a state without changing it: the barrier sensor is on by default and its
 first tick would queue a barrier (a Spark run) that marks every vnode "materializing". The
@@ -18,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +26,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+
+from jobs.ports import free_port
 
 SENSOR_TICK_SECONDS = 6  # the daemon evaluates a sensor at most every 5 s
 TICK_END_TIMEOUT = 120.0  # a tick under way when the sensors were stopped (a loaded machine)
@@ -36,12 +38,6 @@ LOCATION_LOADED = "{ workspaceOrError { ... on Workspace { locationEntries { nam
 
 class DagsterDevFailed(RuntimeError):
     """`dagster dev` did not come up; the message carries the end of its log."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _default_signals() -> None:
@@ -65,7 +61,7 @@ def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
                 launches: bool = False) -> Iterator[str]:
     """Serve `workspace.yaml` with `env` (settings + DAGSTER_HOME); yields the base URL once
     the code location has loaded, and stops every process of the server afterwards. ``port``:
-    the webserver's (default: one the kernel says is free). ``launches`` (with ``quiet``): the
+    the webserver's (default: `jobs.ports.free_port`). ``launches`` (with ``quiet``): the
     sensors are held still but runs launched from the UI do run (the browser test's)."""
     if quiet and not launches:
         with open(os.path.join(env["DAGSTER_HOME"], "dagster.yaml"), "a", encoding="utf-8") as f:

@@ -102,7 +102,7 @@ class _Writer(threading.Thread):
         self.storage_options = storage_options or None
 
     def run(self) -> None:
-        from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+        from backfill_assets.upstream.writer import LoadParams, run_load
 
         while not self.stop.is_set():
             run_load(self.uri, LoadParams(seed=1000 + self.versions, versions=1,
@@ -194,15 +194,17 @@ def _how(mv) -> str:
     from backfill_assets.step.modes import mode_named
 
     if mode_named(mv.mode).bulk:
-        return (f"{mv.mode} mode: the first barrier reads every row at one pinned version, in "
-                f"slices of about {mv.slice_rows} rows, then the change feed keeps it current")
+        sliced = (f"in slices of about {mv.slice_rows:,} rows" if mv.slice_rows < DEMO_ROWS
+                  else f"in one slice (a slice holds up to {mv.slice_rows:,} rows)")
+        return (f"{mv.mode} mode: the first barrier reads every row at one pinned version, "
+                f"{sliced}, then the change feed keeps it current")
     return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
 
 
 def _continuous_phase(instance, tables) -> None:
     """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
     committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
-    from backfill_assets.step.follower import clear_stop
+    from backfill_assets.barrier.follower import clear_stop
     from jobs.workspace_runs import run_in_workspace
 
     if CONTINUOUS_SECONDS <= 0:
@@ -269,7 +271,7 @@ def _catch_up(instance, mv, tables) -> None:
     """One more barrier when the follower stopped short of the writer's last version, so the
     demo ends with the MV at the upstream's latest version: `make ui` then has nothing to do
     (its sensor runs no barrier) and shows the demo's verification as it was recorded."""
-    from backfill_assets.step.barrier import controls_in_force, figures
+    from backfill_assets.barrier.runner import controls_in_force, figures
     from jobs.workspace_runs import run_in_workspace
 
     figs = figures(mv, tables, controls_in_force(mv, tables))

@@ -37,7 +37,7 @@ CLUSTER_CONF = {"spark.executor.memory": "1g", "spark.driver.memory": "1g"}
 
 
 def _store_summary(warehouse: str, options: dict[str, str]) -> str:
-    from backfill_assets.storage.store import objects
+    from backfill_assets.storage import objects
 
     found = objects.list_prefix(warehouse, options)
     by_table: dict[str, list[int]] = {}
@@ -68,7 +68,7 @@ def main() -> int:
         warehouse = f"{s3.bucket_uri}/demo-{uuid.uuid4().hex[:8]}"
         home = os.path.join(work, "dagster_home")
         os.makedirs(home)
-        shutil.copy(os.path.join(ROOT, "dagster.yaml"), home)
+        shutil.copy(os.path.join(ROOT, "deploy", "dagster.yaml"), home)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BACKFILL_")}
         env.update(s3.env())
         env.update({"BACKFILL_WAREHOUSE": warehouse,

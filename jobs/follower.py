@@ -17,10 +17,7 @@ import threading
 import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.core.errors import FollowerAlreadyRunning
-from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.step.barrier import controls_in_force, vnode_states
-from backfill_assets.step.follower import (
+from backfill_assets.barrier.follower import (
     DEFAULT_POLL_SECONDS,
     BarrierRecord,
     clear_stop,
@@ -28,6 +25,10 @@ from backfill_assets.step.follower import (
     request_stop,
     stop_on_interrupt,
 )
+from backfill_assets.barrier.runner import controls_in_force
+from backfill_assets.core.errors import FollowerAlreadyRunning
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, no_hook
 from backfill_assets.wiring.checks import progress_result
@@ -39,6 +40,7 @@ from backfill_assets.wiring.liveness import (
     vnodes_tag,
     writers_over,
 )
+from backfill_assets.wiring.named_errors import named_first
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -64,6 +66,7 @@ def build_follower_jobs(d: MVDefinition, settings: Settings,
 def _follower_job(d: MVDefinition, settings: Settings, hook: Hook) -> dg.JobDefinition:
     @dg.op(name="follow_upstream",
            description="Barrier after barrier on a warm Spark session until stopped.")
+    @named_first
     def follow_upstream(context: dg.OpExecutionContext, config: FollowerConfig,
                         spark: LazyPySparkResource, warehouse: WarehouseResource) -> dg.Output:
         vnodes = _vnodes(context.run, config, d.vnode_count)

@@ -13,8 +13,8 @@ from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.storage import open_mor_table
-from backfill_assets.storage.writes.maintain import DV_KEEP_VERSIONS, DV_MIN_AGE_SECONDS, maintain
+from backfill_assets.storage import DV_KEEP_VERSIONS, DV_MIN_AGE_SECONDS, maintain, open_mor_table
+from backfill_assets.wiring.named_errors import named_first
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -35,6 +35,7 @@ class MaintainConfig(dg.Config):
 
 def build_maintain_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="maintain_tables", description="Compact, collect DV garbage, vacuum, checkpoint.")
+    @named_first
     def maintain_tables(context: dg.OpExecutionContext, config: MaintainConfig,
                         spark: LazyPySparkResource, warehouse: WarehouseResource) -> dg.Output:
         tables = mv_tables(d, settings, warehouse.options())

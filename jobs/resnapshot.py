@@ -2,7 +2,7 @@
 
 The Debezium-signal case: a suspected drift, or an upstream repaired by a writer that left no
 change feed for it. The chosen vnodes' MV rows are replaced by a bulk read at the latest
-version (step/resnapshot.py); the run records it on the asset: materializations of those
+version (barrier/resnapshot.py); the run records it on the asset: materializations of those
 vnodes' partitions and a summary event with `resnapshot` ("vnodes a..b re-read at vN") and the
 reason given, then the `backfill_finished` check; `verify_job` afterwards compares them with
 the oracle as any other vnodes.
@@ -18,13 +18,18 @@ import dagster as dg
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
+from backfill_assets.barrier.resnapshot import resnapshot
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
-from backfill_assets.step.resnapshot import resnapshot
+from backfill_assets.step.request import no_hook
+from backfill_assets.wiring.assets import PhaseLog
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import record_barrier, summary_metadata
 from backfill_assets.wiring.liveness import MV_TAG, RESNAPSHOT_JOB, vnodes_tag, writers_over
+from backfill_assets.wiring.named_errors import named_first
+from backfill_assets.wiring.partitions import split
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -40,6 +45,7 @@ class ResnapshotConfig(dg.Config):
 
 def build_resnapshot_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="resnapshot_vnodes")
+    @named_first
     def resnapshot_vnodes(context: dg.OpExecutionContext, config: ResnapshotConfig,
                           spark: LazyPySparkResource,
                           warehouse: WarehouseResource) -> dg.Output:
@@ -52,10 +58,14 @@ def build_resnapshot_job(d: MVDefinition, settings: Settings) -> dg.JobDefinitio
         if vnodes:  # the sensor and followers see this run as the vnodes' writer
             context.instance.add_run_tags(context.run_id, {
                 **vnodes_tag(vnodes[0], vnodes[-1]), MV_TAG: d.name})
-        report = resnapshot(spark.spark_session, d, tables, vnodes)
+        context.log.info(f"re-snapshot of vnodes {split(vnodes)} starting (each atomic step "
+                         f"replaces at most about {d.slice_rows:,} rows)")
+        controls = controls_in_force(d, tables)
+        report = resnapshot(spark.spark_session, d, tables, vnodes,
+                            hook=PhaseLog(context, split(vnodes), d, tables, controls, no_hook,
+                                          work="re-snapshot"))
         said = report.extra["resnapshot"] + (f" ({config.reason})" if config.reason else "")
         context.log.info(f"MV {d.name!r}: {said}: {report.snapshot_rows} rows read")
-        controls = controls_in_force(d, tables)
         figs = figures(d, tables, controls, report.v_new)
         states = vnode_states(tables)
         summary = {**summary_metadata(d, tables, report, figs, controls, states),

@@ -10,7 +10,8 @@ writes everything, so the job starts in seconds.
 import dagster as dg
 from pydantic import Field
 
-from backfill_assets.upstream.writer.load_generator import OPS, LoadParams, run_load
+from backfill_assets.upstream.writer import OPS, LoadParams, run_load
+from backfill_assets.wiring.named_errors import named_first
 from resources.settings import load_settings
 from resources.warehouse import WarehouseResource
 
@@ -38,6 +39,7 @@ class UpstreamLoadConfig(dg.Config):
 
 
 @dg.op(description="Create the upstream table if missing, then write DML versions to it.")
+@named_first
 def upstream_load(context: dg.OpExecutionContext, config: UpstreamLoadConfig,
                   warehouse: WarehouseResource) -> dict:
     unknown = [k for k in config.mix if k not in OPS]

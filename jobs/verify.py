@@ -10,6 +10,7 @@ from dagster_pyspark import LazyPySparkResource
 
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.wiring.checks import evaluation, on_latest_materialization, run_oracle
+from backfill_assets.wiring.named_errors import named_first
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -17,10 +18,14 @@ from resources.warehouse import WarehouseResource
 
 def build_verify_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="verify_mv", description="Compare every vnode of the MV with the oracle.")
+    @named_first
     def verify_mv(context: dg.OpExecutionContext, spark: LazyPySparkResource,
                   warehouse: WarehouseResource) -> dg.Output:
+        context.log.info(f"verifying MV {d.name!r}: {d.vnode_count} vnodes recomputed from "
+                         "the upstream at each vnode's version, compared row for row")
         verdict, meta = run_oracle(spark.spark_session, d,
-                                   mv_tables(d, settings, warehouse.options()))
+                                   mv_tables(d, settings, warehouse.options()),
+                                   say=lambda said: context.log.info(f"verify: {said}"))
         context.log_event(on_latest_materialization(context.instance, evaluation(verdict, meta)))
         context.log.info(f"verified {verdict.rows_compared} rows over {len(verdict.vnodes)} "
                          f"vnodes: {len(verdict.failures())} vnodes differ")

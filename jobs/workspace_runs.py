@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from functools import cache
 
 import dagster as dg
 from dagster._core.definitions.reconstruct import ReconstructableRepository
@@ -25,6 +24,8 @@ from dagster._core.definitions.repository_definition.valid_definitions import (
 from dagster._core.execution.api import execute_run
 from dagster._core.remote_origin import RemoteJobOrigin, RemoteRepositoryOrigin
 from dagster._core.workspace.load import location_origins_from_yaml_paths
+
+from backfill_assets.storage import memoized
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKSPACE = os.path.join(ROOT, "workspace.yaml")
@@ -36,7 +37,7 @@ class WorkspaceLocationMissing(RuntimeError):
     """workspace.yaml does not declare the code location this module runs jobs of."""
 
 
-@cache
+@memoized("workspace repository origins", 8)
 def repository_origin(workspace: str = WORKSPACE) -> RemoteRepositoryOrigin:
     """The origin `dagster dev -w workspace.yaml` gives the repository of backfill_assets."""
     origins = location_origins_from_yaml_paths([workspace])

@@ -29,8 +29,8 @@ DELTA_SQL_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     # Delta-Spark replays a log in 50 partitions and lists files for VACUUM in 10,000 tasks
-    # by default: measured, a VACUUM of a small table then spent 53 s of 245 s scheduling
-    # tasks on 2 cores. The platform's own reads do not go through either.
+    # by default: a VACUUM of a small table then spends much of its time scheduling tasks
+    # on a few cores. The platform's own reads do not go through either.
     "spark.databricks.delta.snapshotPartitions": "2",
     "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2",
 }

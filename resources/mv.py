@@ -9,10 +9,10 @@ import os
 
 import yaml
 
-from backfill_assets.core.errors import InvalidMVDefinition
+from backfill_assets.core.errors import InvalidMVDefinition, InvalidSettings
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
-from resources.settings import Settings, load_settings
+from backfill_assets.mv.owned_tables import MVTables
+from resources.settings import ENV_MV_CONFIG, ENV_MV_DIR, Settings, load_settings
 
 DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "configs",
                                  "mv.yaml")
@@ -21,6 +21,13 @@ DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jo
 def load_mv_definition(settings: Settings | None = None, path: str | None = None) -> MVDefinition:
     """Read and structurally check the MV definition (the upstream is checked at run time)."""
     settings = settings or load_settings()
+    if path is None and settings.mv_dir is not None:
+        # the code location serves one MV (the catalog is not wired in: docs/CATALOG.md);
+        # a folder silently ignored would serve the demo's MV instead of the user's
+        raise InvalidSettings(
+            f"{ENV_MV_DIR} names a catalog of MVs, which this code location does not serve "
+            f"yet: unset it and set {ENV_MV_CONFIG} to the one definition to serve"
+        )
     path = path or settings.mv_config or DEFAULT_MV_CONFIG
     try:
         with open(path, encoding="utf-8") as f:

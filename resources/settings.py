@@ -28,6 +28,10 @@ BACKFILL_STORAGE_OPTIONS   object-store options, a JSON object of   ``{}``
                            through ``dagster.EnvVar``, so secrets
                            never appear in config or run records)
 BACKFILL_MV_CONFIG         YAML file of the MV definition           ``jobs/configs/mv.yaml``
+BACKFILL_MV_DIR            folder of MV definitions (``*.yaml``,    unset (the one file above)
+                           ``*.yml``): the catalog of many MVs
+                           (resources/catalog.py); not beside
+                           BACKFILL_MV_CONFIG
 BACKFILL_RUN_RANGES        vnode ranges the barrier sensor starts   1
                            one run for each (1..vnode count)
 BACKFILL_CONTINUOUS        1: the barrier sensor keeps one          0
@@ -37,6 +41,9 @@ BACKFILL_CONTINUOUS        1: the barrier sensor keeps one          0
 BACKFILL_KEY_CACHE_MIB     memory a process may keep data files'   512
                            key columns in (small barriers' key
                            lookups, storage/rows/key_cache.py)
+BACKFILL_TRACEBACK         1: a command that fails with a named     0
+                           error prints the traceback after it
+                           (backfill_assets/wiring/named_errors.py)
 BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
                            SIGKILL itself at that commit boundary
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset
@@ -53,6 +60,7 @@ from dataclasses import dataclass, field
 
 from backfill_assets.core.errors import InvalidSettings
 from backfill_assets.core.vnode import DEFAULT_VNODE_COUNT, MAX_VNODE_COUNT
+from backfill_assets.storage import table_uri
 from resources.class_archive import ENV_CLASS_ARCHIVE, chosen_path
 
 DEFAULT_CHUNK_SIZE = 10_000
@@ -70,10 +78,12 @@ ENV_SPARK_CLASS_ARCHIVE = ENV_CLASS_ARCHIVE
 DEFAULT_DRIVER_HOST = "127.0.0.1"
 ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
 ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
+ENV_MV_DIR = "BACKFILL_MV_DIR"
 ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
 ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
 ENV_CONTINUOUS = "BACKFILL_CONTINUOUS"
 ENV_KEY_CACHE_MIB = "BACKFILL_KEY_CACHE_MIB"
+ENV_TRACEBACK = "BACKFILL_TRACEBACK"
 DEFAULT_KEY_CACHE_MIB = 512
 _MASTER_RE = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|yarn|(spark|k8s|mesos)://\S+)$")
 _REMOTE_RE = re.compile(r"^sc://[^\s/:]+(:\d+)?(/;\S*)?$")
@@ -93,8 +103,10 @@ class Settings:
     # storage option name -> name of the environment variable that holds its value
     storage_options_env: Mapping[str, str] = field(default_factory=dict)
     mv_config: str | None = None  # path of the MV definition YAML (None: the default)
+    mv_dir: str | None = None  # folder of MV definitions (None: the one file above)
     run_ranges: int = 1  # vnode ranges the barrier sensor requests one run each for
     continuous: bool = False  # the sensor keeps followers alive instead of per-barrier runs
+    traceback: bool = False  # a named error's traceback printed after it (named_errors.py)
     key_cache_mib: int = DEFAULT_KEY_CACHE_MIB  # bound of the process's key cache
     test_kill_at: str | None = None  # fault injection for the crash tests (never in production)
     dagster_home: str | None = None
@@ -108,13 +120,7 @@ class Settings:
 
     def table_uri(self, name: str) -> str:
         """URI of a table called ``name`` under the warehouse root."""
-        return join_uri(self.warehouse_root, name)
-
-
-def join_uri(root: str, name: str) -> str:
-    if "://" in name or name.startswith("/"):
-        return name
-    return f"{root.rstrip('/')}/{name}"
+        return table_uri(self.warehouse_root, name)
 
 
 def _positive_int(environ: Mapping[str, str], var: str, default: int, maximum: int) -> int:
@@ -215,6 +221,12 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
                 f"{ENV_STORAGE_OPTIONS}: option {option!r} must name an environment variable "
                 f"(letters, digits, _), got {var!r}"
             )
+    mv_config, mv_dir = _optional_path(env, ENV_MV_CONFIG), _optional_path(env, ENV_MV_DIR)
+    if mv_config and mv_dir:
+        raise InvalidSettings(
+            f"{ENV_MV_CONFIG} and {ENV_MV_DIR} are both set: set {ENV_MV_DIR} for a folder of "
+            f"MV definitions or {ENV_MV_CONFIG} for one file, not both"
+        )
     return Settings(
         warehouse_root=_warehouse_root(env),
         vnode_count=_positive_int(env, ENV_VNODE_COUNT, DEFAULT_VNODE_COUNT, MAX_VNODE_COUNT),
@@ -225,9 +237,11 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         spark_driver_host=driver_host,
         spark_class_archive=chosen_path(env.get(ENV_SPARK_CLASS_ARCHIVE)),
         storage_options_env=storage_env,
-        mv_config=_optional_path(env, ENV_MV_CONFIG),
+        mv_config=mv_config,
+        mv_dir=mv_dir,
         run_ranges=_positive_int(env, ENV_RUN_RANGES, 1, MAX_VNODE_COUNT),
         continuous=_flag(env, ENV_CONTINUOUS),
+        traceback=_flag(env, ENV_TRACEBACK),
         key_cache_mib=_positive_int(env, ENV_KEY_CACHE_MIB, DEFAULT_KEY_CACHE_MIB, 1 << 20),
         test_kill_at=env.get(ENV_TEST_KILL_AT) or None,
         dagster_home=env.get("DAGSTER_HOME") or None,

@@ -67,7 +67,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     """The full Spark conf: platform defaults, then the master and driver address (or the
     Connect URL), Delta's jars, SQL extension and catalog (resources/delta_jars.py: classic
     sessions, local or cluster), then BACKFILL_SPARK_CONF, then the driver JVM's class archive
-    when there is one (resources/class_archive.py: a session starts ~4 s sooner)."""
+    when there is one (resources/class_archive.py: a session starts sooner)."""
     conf = dict(BASE_SPARK_CONF)
     if settings.spark_remote:
         conf[REMOTE_KEY] = settings.spark_remote
@@ -118,7 +118,7 @@ def session_from_conf(conf: dict[str, Any]) -> Any:
     prepare_python_env()
     from pyspark.sql import SparkSession  # imported here: loading definitions stays light
 
-    from backfill_assets.storage.store.memory import settle_driver_memory
+    from backfill_assets.storage import settle_driver_memory
 
     settle_driver_memory()  # the driver hands freed native memory back (storage/store/memory.py)
 
@@ -158,8 +158,8 @@ def connect_session(url: str, conf: dict[str, Any]) -> Any:
 class LazySession:
     """A Spark session started on first use, for code that takes a session but may not need
     one: a barrier small enough for the driver engine, under a definition its progress table
-    has pinned, never touches Spark, and then runs without starting a JVM (~8 s less per
-    `dagster job execute` of such a barrier, most of a small catch-up's time)."""
+    has pinned, never touches Spark, and then runs without starting a JVM (a JVM start is
+    most of a small catch-up's time in a `dagster job execute`)."""
 
     def __init__(self, start: Callable[[], Any], conf: Mapping[str, str] | None = None):
         self._start = start
@@ -175,7 +175,7 @@ class LazySession:
         """Where the session's tasks will run, from the conf it starts with, before it has
         started: its master, ``"remote"`` for a Connect session, None when not known. The
         storage layer asks this to run a chunk's tasks in this process on a local master
-        (``storage.read.tasks_run_here``) without starting a JVM to learn it."""
+        (``storage.rows.scan.tasks_run_here``) without starting a JVM to learn it."""
         if REMOTE_KEY in self._conf:
             return "remote"
         return self._conf.get("spark.master")

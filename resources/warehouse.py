@@ -5,7 +5,8 @@ from __future__ import annotations
 import dagster as dg
 from pydantic import Field
 
-from resources.settings import Settings, join_uri, load_settings
+from backfill_assets.storage import table_uri
+from resources.settings import Settings, load_settings
 
 
 class WarehouseResource(dg.ConfigurableResource):
@@ -26,7 +27,7 @@ class WarehouseResource(dg.ConfigurableResource):
 
     def table_uri(self, name: str) -> str:
         """URI of the table ``name`` (a name under root, or an absolute path/URI as is)."""
-        return join_uri(self.root, name)
+        return table_uri(self.root, name)
 
     def options(self) -> dict[str, str] | None:
         """Storage options for deltalake calls (None when empty: local files)."""

@@ -122,7 +122,7 @@ def postgres_server():
 
 # --- figures of the reliability suite: every test adds what it ran, the session prints the sum.
 # Set RELIABILITY_FIGURES=/path/file.json to also get them as JSON (docs/RELIABILITY.md quotes
-# the figures of the last run). Here, not in tests/reliability/conftest.py: under pytest-xdist
+# the figures of the last run). Here, not in a conftest of tests/reliability/: under pytest-xdist
 # the controller never loads that one (it collects nothing), so the workers hand their sums in
 # (workeroutput) and the controller adds them up and reports.
 

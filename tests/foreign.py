@@ -18,7 +18,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from backfill_assets.arrow.types import arrow_type
-from backfill_assets.storage.delta import dv
+from backfill_assets.storage import dv
 
 KEY_TYPES = ("int", "bigint", "string", "date", "timestamp", "decimal(18,3)")
 VALUE_TYPES = ("int", "bigint", "smallint", "string", "date", "timestamp", "timestamp_ntz",

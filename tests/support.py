@@ -20,11 +20,11 @@ import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
 from backfill_assets import storage
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.oracle import verify
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
+from backfill_assets.verify.oracle import verify
 
 SIMPLE_COLUMNS = {"id": "bigint", "name": "string", "amount": "decimal(12,2)",
                   "qty": "int", "day": "date"}
@@ -169,7 +169,7 @@ def assert_mv_readers_and_feed(spark, uri: str, key_names: Sequence[str]) -> Non
     query = pa.table(QueryBuilder().register("mv", table).execute("select * from mv").read_all())
     assert _multiset(query) == expected, "QueryBuilder disagrees with scan"
     assert _multiset(pl.read_delta(uri).to_arrow()) == expected, "polars disagrees with scan"
-    spark_rows = storage.read_snapshot(spark, storage.Snapshot.load(uri)).toArrow()
+    spark_rows = storage.read_table_version(spark, storage.TableVersion.load(uri)).toArrow()
     assert _multiset(spark_rows) == expected, "the storage layer's Spark reader disagrees"
     now = {_key(r, key_names): _canon(r) for r in scan.to_pylist()}
     version, before = _SEEN.get(uri, (None, {}))
@@ -209,9 +209,9 @@ def _key(row: dict, key_names: Sequence[str]) -> tuple:
 
 def progress_rows(tables: MVTables) -> dict[int, dict]:
     """The progress table's rows by vnode ({} before the first barrier)."""
-    from backfill_assets.mv.tables import open_table, read_rows
+    from backfill_assets.mv.owned_tables import open_if_exists, read_rows
 
-    table = open_table(tables.progress, tables.storage_options)
+    table = open_if_exists(tables.progress, tables.storage_options)
     if table is None:
         return {}
     rows = read_rows(table, None, ["vnode", "row_count", "backfill_finished", "version"])

@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, Field, write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables, read_rows
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.mv.owned_tables import MVTables, read_rows
 from backfill_assets.upstream.writer import DmlBatch, insert_rows
 from tests.reliability import harness as H
 

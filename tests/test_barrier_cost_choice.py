@@ -1,4 +1,4 @@
-"""Choose by cost (step/cost_choice.py): a barrier over finished vnodes re-snapshots them when
+"""Choose by cost (barrier/by_cost.py): a barrier over finished vnodes re-snapshots them when
 re-reading costs less than applying its changes (by the unit costs the MV measured, or forced
 by the `barrier_choice` control), lands exactly where applying would have (the oracle, row for
 row, and the same MV rows as a twin MV that applied the changes), records the choice in its
@@ -14,20 +14,20 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
+from backfill_assets.barrier.runner import figures, run_barrier
 from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT, UnitCost, UnitCosts
 from backfill_assets.mv.controls import Controls, write_controls
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.unit_costs import read_unit_costs, unit_costs_uri
-from backfill_assets.step.barrier import figures, run_barrier
-from backfill_assets.storage.store.documents import write_json
+from backfill_assets.storage import write_json
 from backfill_assets.wiring.metadata import barrier_metadata
 from tests.reliability import harness as H
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
 
 VNODES = 8
 ALL = list(range(VNODES))
-# what an MV whose change rows cost a lot to apply measured: 80 of 160 rows changed re-read
-# (~6 s to apply against ~2.5 s), 4 apply (~0.5 s)
+# what an MV whose change rows cost a lot to apply measured: with these costs 80 of 160 rows
+# changed re-read (applying would cost more than re-reading), 4 apply
 DEAR_CHANGES = UnitCosts(UnitCost(0.05, 3), UnitCost(1e-4, 3))
 
 

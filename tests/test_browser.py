@@ -21,11 +21,11 @@ import time
 import dagster as dg
 import pytest
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.partitions import range_tags
 from jobs.dagster_dev import dagster_dev, graphql
+from jobs.ports import free_port
 from jobs.workspace_runs import ASSET_JOB, run_in_workspace, stop_sensor
-from tests.infra import procs
 from tests.test_ui import VNODES, loaded, platform  # noqa: F401 - the fixture, shared
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -145,7 +145,7 @@ def test_the_ui_tells_the_truth_in_every_state(spark, tmp_path, platform):  # no
     assert run_in_workspace(instance, "verify_job").success
 
     with dagster_dev(env, str(tmp_path / "dagster_dev.log"), quiet=True, launches=True,
-                     port=procs.free_port()) as url, \
+                     port=free_port()) as url, \
             playwright.sync_playwright() as pw:
         graphql(url, "mutation { setNuxSeen }")
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])

@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from backfill_assets import storage
 from backfill_assets.core.errors import (
     ChangeFeedDisabled,
     HistoryUnavailable,
@@ -22,7 +23,6 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.names import OP
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.storage.delta import delta_rs as delta_store
 from backfill_assets.storage.rows import change_range
 from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
@@ -96,7 +96,7 @@ def _rows(table: pa.Table, key=("region", "id")) -> dict:
 def snapshot(uri: str, version: int, vnodes) -> dict:
     if version < 0:
         return {}
-    t = delta_store.read_table(uri, version)
+    t = storage.read_table(uri, version)
     return {k: r for k, r in _rows(t).items()
             if vnodes is None or vnode_of(k, SPEC.key_types, VNODES) in vnodes}
 
@@ -134,7 +134,7 @@ def assert_matches_brute_force(spark, uri: str, start: int, end: int, vnodes) ->
 def test_read_changes_matches_brute_force(spark, warehouse):
     uri = os.path.join(warehouse, "orders")
     random_history(uri, seed=7, versions=14)
-    latest = delta_store.latest_version(uri)
+    latest = storage.latest_version(uri)
     assert latest == 14
     rng = random.Random(3)
     checked = 0
@@ -173,7 +173,7 @@ def test_read_changes_on_a_table_without_vnode_column(spark, warehouse):
     from backfill_assets.engine.netting import read_changes
 
     uri = os.path.join(warehouse, "plain")
-    delta_store.create_table(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), cdf=True)
+    storage.create_table(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), cdf=True)
     write_deltalake(uri, pa.table({"id": pa.array(range(20), pa.int64()),
                                    "v": [str(i) for i in range(20)]}), mode="append")
     DeltaTable(uri).update(updates={"v": "'x'"}, predicate="id < 5")
@@ -224,7 +224,7 @@ def test_raw_changes_types_and_range_errors(warehouse):
 
 
 def _plain_table(uri: str, cdf: bool) -> None:
-    delta_store.create_table(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), cdf=cdf)
+    storage.create_table(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), cdf=cdf)
     write_deltalake(uri, pa.table({"id": pa.array([1, 2, 3], pa.int64()), "v": ["a", "b", "c"]}),
                     mode="append")
     DeltaTable(uri).update(updates={"v": "'z'"}, predicate="id = 1")
@@ -244,7 +244,7 @@ def test_cdf_switched_on_later_is_named(warehouse):
     _plain_table(uri, cdf=False)
     DeltaTable(uri).alter.set_table_properties({"delta.enableChangeDataFeed": "true"})
     DeltaTable(uri).delete("id = 3")
-    latest = delta_store.latest_version(uri)
+    latest = storage.latest_version(uri)
     last = change_range.read_raw_changes(uri, latest - 1, latest).to_pylist()
     assert [r["_change_type"] for r in last] == ["delete"]
     with pytest.raises(ChangeFeedDisabled, match="off at version 1"):
@@ -273,7 +273,7 @@ def test_cleaned_log_is_named(warehouse):
     DeltaTable(uri).create_checkpoint()
     for v in (0, 1):
         os.remove(os.path.join(uri, "_delta_log", f"{v:020d}.json"))
-    assert delta_store.latest_version(uri) == 3
+    assert storage.latest_version(uri) == 3
     with pytest.raises(HistoryUnavailable):
         change_range.read_raw_changes(uri, 0, 3)
 
@@ -317,7 +317,7 @@ def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
     """A no_shuffle barrier reads its change range for the changes it forwards, then for its
     window (``reuse``): the second read takes the rows the first read, not the files. Other
     reads always go to the files: a range whose files are gone fails there."""
-    from backfill_assets.storage import Snapshot
+    from backfill_assets.storage import TableVersion
     from backfill_assets.storage.rows.change_feed import read_change_range
 
     uri = os.path.join(warehouse, "reuse")
@@ -325,7 +325,7 @@ def test_a_window_reuses_the_range_the_step_read_and_only_it(warehouse):
     forwarded = change_range.read_raw_changes(uri, 1, 3)  # the step's read
     for f in glob.glob(os.path.join(uri, "_change_data", "**", "*.parquet"), recursive=True):
         os.remove(f)
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     window = read_change_range(snap, 1, 3, ["id", "v"], reuse=True)
     names = ["id", "v", "_change_type", "_commit_version"]
     rows = lambda t: sorted(tuple(r.values()) for r in t.select(names).to_pylist())  # noqa: E731

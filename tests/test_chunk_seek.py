@@ -1,4 +1,4 @@
-"""Chunked modes read by a seek (issue 14, item 3): an arrangement barrier reads only the
+"""Chunked modes read by a seek: an arrangement barrier reads only the
 replica files that hold its chunk, however much of the vnode is left, and the MV stays exact
 under live DML (the oracle after the barriers; the e2e, exactness and crash tests run the
 same read to completion on one-file vnodes); no_shuffle's chunks through Spark tasks.
@@ -15,18 +15,18 @@ from collections import Counter
 import pytest
 
 from backfill_assets import storage
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import chunk_tail
 from backfill_assets.core.vnode import vnodes_of
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.seek_chunk import replica_schema
-from backfill_assets.storage.chunks import chunk_scan as chunk_read
+from backfill_assets.storage.chunks import chunk_scan
 from backfill_assets.storage.rows import replica
-from backfill_assets.storage.writes import bulk as bulk_write
+from backfill_assets.storage.writes import bulk
 from backfill_assets.upstream.writer import UpstreamSpec
 from tests.support import (
     LiveUpstream,
@@ -45,7 +45,7 @@ def _arrangement_with_small_files(warehouse: str, chunk: int) -> tuple[MVDefinit
     d = simple_mv(VNODES, mode="arrangement", chunk_size=chunk)
     tables = MVTables.under(warehouse, d.name, "orders")
     schema = replica.table_schema(replica_schema(checked_upstream(tables, d, None).schema))
-    mv_store.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
+    owned_tables.ensure_data_table(tables.replica, schema, {}, cdf=False, key_names=("id",),
                                vnode_count=VNODES,
                                layout={storage.SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
     return d, tables
@@ -55,15 +55,15 @@ def _arrangement_with_small_files(warehouse: str, chunk: int) -> tuple[MVDefinit
 def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehouse, engine,
                                                                  monkeypatch):
     """``engine``: where the chunk's read tasks run; a read this small runs in the driver
-    (``bulk_write.LOCAL_READ_ROWS``), and so does a larger one on a local master (the
+    (``bulk.LOCAL_READ_ROWS``), and so does a larger one on a local master (the
     tests' session: ``read.tasks_run_here``); elsewhere, in Spark tasks."""
     if engine != "driver":
-        monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
+        monkeypatch.setattr(bulk, "LOCAL_READ_ROWS", 0)
     if engine == "spark":
-        monkeypatch.setattr(bulk_write, "tasks_run_here", lambda spark_: False)
+        monkeypatch.setattr(bulk, "tasks_run_here", lambda spark_: False)
     local_runs = []
-    run_locally = bulk_write._local_manifest
-    monkeypatch.setattr(bulk_write, "_local_manifest",
+    run_locally = bulk._local_manifest
+    monkeypatch.setattr(bulk, "_local_manifest",
                         lambda *a: local_runs.append(1) or run_locally(*a))
     live = LiveUpstream(f"{warehouse}/orders", simple_spec(VNODES), random.Random(5),
                         simple_row, lambda rng: rng.randint(1, 100_000))
@@ -83,7 +83,7 @@ def test_arrangement_barriers_read_their_chunk_not_the_remainder(spark, warehous
         # barriers' change files (each spans every vnode and every key)
         assert scanned[-1] <= VNODES * (CHUNK + 2 * FILE_ROWS) + 2 * CHANGES * (n + 1), scanned
     assert_verified(spark, d, tables)
-    copied = storage.Snapshot.load(tables.replica, None, {})
+    copied = storage.TableVersion.load(tables.replica, None, {})
     one_vnode = [f for f in copied.files
                  if f.stats.get(("min", "vnode")) == f.stats.get(("max", "vnode"))]
     assert len(one_vnode) >= 200 // FILE_ROWS - VNODES  # the bulk copy: one vnode per file
@@ -121,7 +121,7 @@ def test_bulk_key_stats_from_the_log_equal_the_rows(spark, warehouse):
     live.create(rows=120)
     for _ in range(3):
         live.apply(live.random_batch(CHANGES * 3))
-    snap = storage.Snapshot.load(live.uri, None, {})
+    snap = storage.TableVersion.load(live.uri, None, {})
     positions = dict.fromkeys(range(VNODES))
     from_log = storage.vnode_stats_from_log(snap.files, "id", positions)
     assert from_log is not None
@@ -142,12 +142,12 @@ def test_no_shuffle_chunks_written_by_spark_tasks(spark, warehouse, monkeypatch,
     a descending column: the driver's cut, then each task's rows up to it. The MV is exact
     after every barrier under live DML, and the barriers with snapshot rows ran Spark jobs of
     several tasks, one a partition (``read.one_task_per_partition``)."""
-    monkeypatch.setattr(bulk_write, "LOCAL_READ_ROWS", 0)
-    monkeypatch.setattr(bulk_write, "tasks_run_here", lambda spark_: False)
-    monkeypatch.setattr(chunk_read, "TASK_ROWS", 16)
+    monkeypatch.setattr(bulk, "LOCAL_READ_ROWS", 0)
+    monkeypatch.setattr(bulk, "tasks_run_here", lambda spark_: False)
+    monkeypatch.setattr(chunk_scan, "TASK_ROWS", 16)
     jobs = []
-    manifest = bulk_write._manifest
-    monkeypatch.setattr(bulk_write, "_manifest",
+    manifest = bulk._manifest
+    monkeypatch.setattr(bulk, "_manifest",
                         lambda spark_, tasks, task: jobs.append(len(tasks))
                         or manifest(spark_, tasks, task))
     if pk == "id":

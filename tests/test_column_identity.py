@@ -1,4 +1,4 @@
-"""The progress pin and column-mapping identities (issue 37), without Spark: generated upstream
+"""The progress pin and column-mapping identities, without Spark: generated upstream
 logs (JSON lines: a protocol and the metaData of each version, no data files) checked by
 `checked_upstream` against a pin written into a real progress table.
 
@@ -25,15 +25,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from backfill_assets import storage
 from backfill_assets.core.errors import UpstreamSchemaChanged
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import progress_schema
-from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.column_identity import PIN_KEY
 from backfill_assets.step.preflight import checked_upstream
-from backfill_assets.storage.delta import delta_rs
-from backfill_assets.storage.rows.change_range import read_raw_changes
 
 PLAIN = ("qty", "label", "price", "flag", "größe", "at")
 MAPPED = ("na me", "dot.ted", "größe (kg)", "semi;colon", "x", "名 前")
@@ -108,7 +107,7 @@ def pinned(root: str, up: Upstream, d: MVDefinition, old_pin: bool = False) -> M
     assert set(pin[PIN_KEY]) == set(checked.schema.names)
     if old_pin:
         del pin[PIN_KEY]
-    mv_store.ensure_table(tables.progress, progress_schema(checked.key_order), {}, cdf=False,
+    owned_tables.ensure_table(tables.progress, progress_schema(checked.key_order), {}, cdf=False,
                           description=json.dumps(pin))
     return tables
 
@@ -161,7 +160,7 @@ def test_identity_changes_of_used_columns_are_refused(case: dict) -> None:
         uses = {*case["used"], *([case["filtered"]] if case["filtered"] else [])}
         hit_used = sorted(set(case["hit"]) & uses)
         refused = case["mode"] != "none" and not case["old_pin"] and bool(hit_used)
-        before = delta_rs.latest_version(tables.progress)
+        before = storage.latest_version(tables.progress)
         if not refused:
             names = checked_upstream(tables, d, version).schema.names
             everything = ["id", *case["columns"]]
@@ -174,7 +173,7 @@ def test_identity_changes_of_used_columns_are_refused(case: dict) -> None:
         what = "a RENAME COLUMN moved the name" if case["op"] == "swap" else "dropped and re-added"
         assert what in str(err.value) and "reset_mv_job" in str(err.value)
         assert any(repr(c) in str(err.value) for c in hit_used)
-        assert delta_rs.latest_version(tables.progress) == before
+        assert storage.latest_version(tables.progress) == before
 
 
 def test_a_swap_after_column_mapping_was_switched_on_is_refused(tmp_path) -> None:
@@ -222,5 +221,5 @@ def test_a_change_range_across_a_dropped_and_restored_read_column_is_refused(tmp
     up.fields = kept
     up.commit()
     with pytest.raises(UpstreamSchemaChanged, match="version 1 has no column 'x'"):
-        read_raw_changes(up.uri, 0, 2, ["id", "x"])
-    assert read_raw_changes(up.uri, 0, 2, ["id", "qty"]).num_rows == 0
+        storage.read_raw_changes(up.uri, 0, 2, ["id", "x"])
+    assert storage.read_raw_changes(up.uri, 0, 2, ["id", "qty"]).num_rows == 0

@@ -8,11 +8,11 @@ import time
 import dagster as dg
 import pytest
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import InvalidControl, RescaleRefused
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.mv.controls import Controls, read_controls, update_controls
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.mv.owned_tables import MVTables
 from jobs.controls import build_controls_job
 from resources.settings import load_settings
 from resources.warehouse import warehouse_resource
@@ -31,7 +31,7 @@ def backfill(spark, warehouse):
 
 
 def test_rate_limit_bounds_rows_per_second(spark, backfill):
-    """A rate limit bounds the rows read per second over time (step/pacing.py): the first
+    """A rate limit bounds the rows read per second over time (barrier/pacing.py): the first
     step after the change reads one second's worth, later ones what came due meanwhile."""
     live, d, tables = backfill
     update_controls(tables, rate_limit=16)
@@ -105,7 +105,10 @@ def test_set_controls_job_typed_config_and_bad_values(tmp_path, warehouse, monke
                        ({"rate_limit": -5}, "rows per second >= 0")):
         failed = run(**bad)
         assert not failed.success
-        error = failed.failure_data_for_node("set_controls").error.cause
+        failure = failed.failure_data_for_node("set_controls").error
+        # the named error and what to do lead the step's failure (named_errors.named_first)
+        assert failure.message.split(": ", 1)[1].startswith("InvalidControl: "), failure.message
+        error = failure.cause
         assert error.cls_name == "InvalidControl" and words in error.message, error.message
     assert read_controls(tables) == Controls(chunk_size=None, rate_limit=500)  # nothing written
     with pytest.raises(dg.DagsterInvalidConfigError, match="snapshot"):

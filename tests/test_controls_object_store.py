@@ -23,10 +23,10 @@ from collections.abc import Iterator
 import dagster as dg
 import pytest
 
+from backfill_assets.barrier.follower import stop_request, stop_uri
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.mv.controls import Controls, controls_uri, read_controls
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.follower import stop_request, stop_uri
-from backfill_assets.storage.store import objects
+from backfill_assets.storage import objects
 from backfill_assets.wiring.sensors import build_barrier_sensor
 from jobs.controls import build_controls_job
 from jobs.follower import build_follower_jobs

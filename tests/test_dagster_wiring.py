@@ -11,7 +11,7 @@ import dagster as dg
 import yaml
 from deltalake import DeltaTable
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.assets import build_assets
 from backfill_assets.wiring.checks import build_oracle_check
 from backfill_assets.wiring.partitions import vnode_partitions
@@ -67,6 +67,10 @@ def test_job_execute_backfill_ranges_then_verify(tmp_path, warehouse, dagster_ho
     assert "vnodes 0..7" in out and f"{VNODES}/{VNODES} finished" in out
     out = _execute(env, "verify_job")
     assert f"over {VNODES} vnodes: 0 vnodes differ" in out
+    # it says each stage as it goes (the log's order), not one line at the end
+    stages = [out.index(s) for s in ("verifying MV", "verify: read the MV",
+                                     "verify: recomputed", "0 vnodes differ")]
+    assert stages == sorted(stages), out[-3000:]
     # the documented maintenance (compaction, DV garbage, lite vacuum, checkpoint) keeps it exact
     config = tmp_path / "maintain.yaml"
     config.write_text(yaml.safe_dump({"ops": {"maintain_tables": {"config": {
@@ -234,3 +238,42 @@ def test_sensor_skips_a_current_mv_and_runs_at_once_on_a_resume(tmp_path, wareho
     (again,) = sensor(dg.build_sensor_context(instance=instance))
     assert resumed.run_key != again.run_key
 
+
+
+def test_a_backfill_stopped_by_a_pause_reads_canceled_not_failed(spark, tmp_path, warehouse,
+                                                                  monkeypatch):
+    """A Dagster backfill's run (the asset pages' launch) over a paused MV: the run is green
+    and says paused, its backfill reads Canceled with the reason (not a red Failure), and the
+    barrier's figures say rate 0 beside `paused` (not the rate before the pause)."""
+    from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
+
+    from backfill_assets.mv.controls import Controls, write_controls
+    from backfill_assets.wiring.assets import STOPPED_TAG
+    from resources.mv import mv_tables
+
+    run_load(f"{warehouse}/upstream", LoadParams(seed=9, initial_rows=800, versions=1,
+                                                 changes_per_version=20), vnode_count=VNODES)
+    monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
+    settings = load_settings()
+    d = load_mv_definition(settings, _mv_yaml(tmp_path, chunk_size=40))
+    assets = build_assets(d, settings)
+    resources = {"spark": spark_resource(settings), "warehouse": warehouse_resource(settings)}
+    instance = dg.DagsterInstance.ephemeral()
+    defs = dg.Definitions(assets=assets, resources=resources)
+    assert dg.materialize(assets, instance=instance, partition_key="2",
+                          resources=resources).success  # vnode 2 started and finished
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id="paused", asset_graph=defs.get_repository_def().asset_graph,
+        partition_names=["4"], asset_selection=[dg.AssetKey("downstream_mv")],
+        backfill_timestamp=0.0, tags={}, dynamic_partitions_store=instance,
+        all_partitions=False, title=None, description=None, run_config=None)
+    instance.add_backfill(backfill)
+    write_controls(mv_tables(d, settings), Controls(rate_limit=0))
+    run = dg.materialize(assets, instance=instance, partition_key="4", resources=resources,
+                         tags={"dagster/backfill": "paused"})
+    assert run.success
+    stopped = instance.get_backfill("paused")
+    assert stopped.status == BulkActionStatus.CANCELED
+    assert stopped.tags[STOPPED_TAG].startswith("stopped: the MV is paused")
+    summary = [m for a, _, m in _events(run, "ASSET_OBSERVATION") if a == "downstream_mv"][-1]
+    assert summary["state"].value == "paused" and summary["rows_per_second"].value == 0.0

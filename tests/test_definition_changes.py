@@ -14,12 +14,12 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import INTERNAL_PREFIX
+from backfill_assets.mv.owned_tables import MVTables, open_if_exists
 from backfill_assets.mv.reset import reset_mv
-from backfill_assets.mv.tables import MVTables, open_table
-from backfill_assets.step.barrier import run_barrier
 from tests.reliability import harness as H
 from tests.support import assert_verified
 
@@ -130,11 +130,12 @@ def test_colliding_upstream_columns_are_refused_by_name(spark, warehouse, column
     tables = MVTables.under(warehouse, d.name, uri)
     with pytest.raises(errors.InvalidMVDefinition, match=re.escape(repr(column))):
         run_barrier(spark, d, tables, ALL)
-    assert open_table(tables.mv, {}) is None and open_table(tables.replica, {}) is None
+    assert open_if_exists(tables.mv, {}) is None and open_if_exists(tables.replica, {}) is None
 
 
-def test_old_internal_names_and_a_foreign_vnode_column_work(spark, warehouse):
-    """Columns named like the helpers used to be, and the upstream's own `vnode` (a string
+def test_unprefixed_helper_names_and_a_foreign_vnode_column_work(spark, warehouse):
+    """Columns named like helper columns without the `__bf_` prefix, and the upstream's own
+    `vnode` (a string
     here): carried and computed exactly; the MV's vnode is the platform's."""
     uri = f"{warehouse}/olds"
     names = ["_op", "_rn", "_keep", "_pos_every", "_bad_key", "_rank", "vnode"]

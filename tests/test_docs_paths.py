@@ -1,15 +1,19 @@
-"""The docs name only what exists: every file path, dotted module (`backfill_assets.x.y`, or
+"""The docs name only what exists: every file path, dotted module (`backfill_assets.core.vnode`, or
 `step.loop.run_step` relative to the package: its module and the name in it), `python -m` entry
 point and `tests/...::test` the README and docs/*.md mention; and docs/ARCHITECTURE.md's map
-lists every module of the package, resources/ and jobs/ (issue 39). docs/BENCHMARKS_HISTORY.md
+lists every module of the package, resources/ and jobs/. docs/BENCHMARKS_HISTORY.md
 is a record of past rounds, in the names of the code each round measured: it is not checked.
-Text only: fast, no imports."""
+The docstrings and comments of the package, resources/, jobs/ and tests/ are held to the same
+rule (issue 46), and none of them, nor a doc, names a module by a name it no longer has
+(``FORMER_NAMES``). Text only: fast, no imports."""
 
 from __future__ import annotations
 
 import ast
+import io
 import pathlib
 import re
+import tokenize
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "backfill_assets"
@@ -26,14 +30,40 @@ DOTTED = re.compile(r"(?<![\w./-])((?:backfill_assets|resources|jobs|tests|bench
 TEST_ID = re.compile(r"(tests/[\w/]+\.py)::(\w+)")
 # `step.loop.run_step`, `core.vnode`: a module of the package, then at most one name in it
 LAYER_DOTTED = re.compile(r"`(?:backfill_assets\.)?((?:core|arrow|storage|engine|upstream|mv|step"
-                          r"|wiring)(?:\.\w+)+)`")
+                          r"|testing|barrier|verify|wiring)(?:\.\w+)+)`")
 RUN_MODULE = re.compile(r"python -m ((?:backfill_assets|resources|jobs|tests|benchmarks|docs)"
                         r"(?:\.\w+)+)")
 
 
+# names modules had before they were renamed or folded (issues 39 and 46); a docstring, comment
+# or doc that uses one points a reader at a module that does not exist
+FORMER_NAMES = ("arrow_changes", "arrow_expr", "arrow_types", "bulk_write", "chunk_read",
+                "chunk_reads", "delta_store", "errors_io", "mv_spark", "mv_store",
+                "progress_view", "seek_reads", "shared_agree", "snapshot_read",
+                "spark_delta_writer", "spark_ops", "step_changes", "step_chunks",
+                "upstream_check", "upstream_dml", "upstream_layout", "upstream_spec",
+                "upstream_values", "window_read", "window_spill")
+FORMER = re.compile(r"(?<![\w/.-])(" + "|".join(FORMER_NAMES) + r")\b")
+SOURCES = ("backfill_assets", "resources", "jobs", "tests")
+
+
 def _text(doc: pathlib.Path) -> str:
     """The doc with paths a line break cut (`backfill_assets/` at a line's end) joined."""
-    return re.sub(r"(\w/)[ \t]*\n[ \t>]*(?=\w)", r"\1", doc.read_text())
+    return _joined(doc.read_text())
+
+
+def _joined(text: str) -> str:
+    return re.sub(r"(\w/)[ \t]*\n[ \t>#]*(?=\w)", r"\1", text)
+
+
+def _prose(path: pathlib.Path) -> str:
+    """A module's docstrings and comments: the text in it written for a reader."""
+    source = path.read_text()
+    out = [ast.get_docstring(node, clean=False) or "" for node in ast.walk(ast.parse(source))
+           if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    out += [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT]
+    return _joined("\n".join(out))
 
 
 def _basenames() -> set[str]:
@@ -66,7 +96,7 @@ def _defined(path: pathlib.Path) -> set[str]:
 
 def _layer_name_dead(dotted: str) -> bool:
     """``dotted`` (relative to the package) is not a module, or a module and a name it lacks
-    (an attribute of that name, ``Snapshot.load``, is not checked)."""
+    (an attribute of that name, ``TableVersion.load``, is not checked)."""
     parts = dotted.split(".")
     for n in range(len(parts), 0, -1):
         base = PACKAGE.joinpath(*parts[:n])
@@ -76,8 +106,8 @@ def _layer_name_dead(dotted: str) -> bool:
     return True
 
 
-def _dead_in(doc: pathlib.Path, names: set[str]) -> list[str]:
-    text = _text(doc)
+def _dead_in(doc: pathlib.Path, names: set[str], text: str | None = None) -> list[str]:
+    text = _text(doc) if text is None else text
     dead = [p for p in PY_PATH.findall(text)
             if not (any((b / p).exists() for b in BASES) if "/" in p else p in names)]
     dead += [p for p in FOLDER_PATH.findall(text) if not (ROOT / p.rstrip(".")).exists()]
@@ -96,6 +126,21 @@ def test_the_docs_name_only_paths_and_modules_that_exist():
     names = _basenames()
     dead = [d for doc in DOCS for d in _dead_in(doc, names)]
     assert not dead, "\n".join(dead)
+
+
+def test_docstrings_and_comments_name_only_paths_and_modules_that_exist():
+    names = _basenames()
+    dead = [d for top in SOURCES for path in sorted((ROOT / top).rglob("*.py"))
+            for d in _dead_in(path, names, _prose(path))]
+    assert not dead, "\n".join(dead)
+
+
+def test_no_module_is_named_by_a_name_it_no_longer_has():
+    texts = {doc: _text(doc) for doc in DOCS}
+    texts.update({path: _prose(path) for top in SOURCES for path in (ROOT / top).rglob("*.py")})
+    found = sorted(f"{path.relative_to(ROOT)}: {m.group(1)}" for path, text in texts.items()
+                   for m in FORMER.finditer(text))
+    assert not found, "former module names (say the module's name now):\n" + "\n".join(found)
 
 
 def map_entries(doc: pathlib.Path = ROOT / "docs" / "ARCHITECTURE.md") -> list[str]:

@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.arrow.types import arrow_type, type_name
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import CHANGE_FEED_COLUMNS
-from backfill_assets.mv.tables import MVTables, open_table
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.mv.owned_tables import MVTables, open_if_exists
+from backfill_assets.storage import arrow_schema
 from tests.foreign import KEY_TYPES, VALUE_TYPES, ForeignTable, spark_quote
 from tests.support import assert_verified
 
@@ -89,11 +89,11 @@ def _assert_exact_types(tables: MVTables, upstream: pa.Schema, key: tuple[str, .
     type; the progress table holds the pk with its exact type (the MV's types are checked by
     the oracle)."""
     if with_replica:
-        replica = arrow_schema(open_table(tables.replica, {}))
+        replica = arrow_schema(open_if_exists(tables.replica, {}))
         for f in upstream:
             assert replica.field(f.name).type == f.type, \
                 (f.name, replica.field(f.name).type, f.type)
-    progress = arrow_schema(open_table(tables.progress, {}))
+    progress = arrow_schema(open_if_exists(tables.progress, {}))
     for k in key:
         assert progress.field(k).type == upstream.field(k).type, k
 
@@ -121,4 +121,4 @@ def test_unsupported_upstream_type_is_refused_by_name(spark, warehouse):
     tables = MVTables.under(warehouse, d.name, uri)
     with pytest.raises(UnsupportedColumnType, match=r"'tags'.*list"):
         run_barrier(spark, d, tables, list(range(VNODES)))
-    assert open_table(tables.mv, {}) is None and open_table(tables.progress, {}) is None
+    assert open_if_exists(tables.mv, {}) is None and open_if_exists(tables.progress, {}) is None

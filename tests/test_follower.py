@@ -12,10 +12,10 @@ import threading
 import dagster as dg
 import pytest
 
+from backfill_assets.barrier.follower import follow, stop_request
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import update_controls
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.follower import follow, stop_request
 from backfill_assets.wiring.events import is_summary
 from jobs.follower import build_follower_jobs
 from resources.settings import load_settings
@@ -108,7 +108,7 @@ def test_follower_survives_a_run_that_wrote_its_vnodes_first(spark, upstream, wa
     """A per-barrier run commits the follower's vnodes while the follower's barrier is planned:
     the follower's commit is fenced (ConcurrentBackfillRun, nothing written), it retries at the
     next barrier and the MV matches the oracle."""
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
 
     d = simple_mv(VNODES, chunk_size=400)
     tables = MVTables.under(warehouse, d.name, "orders")

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.mv.owned_tables import MVTables
 from tests.support import LiveUpstream, assert_verified, drive, simple_mv, simple_row, simple_spec
 
 KERNEL = os.path.join(os.path.dirname(__file__), "data", "kernel")

@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import STEP_METADATA_KEY, MVTables, read_rows
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.mv.owned_tables import STEP_METADATA_KEY, MVTables, read_rows
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows.commit import Change, Intent, commit
 from tests.reliability import harness as H
 from tests.support import assert_verified
@@ -111,7 +111,7 @@ def test_recovery_finds_progress_after_many_later_commits(spark, warehouse):
     version = DeltaTable(uri).version()
     fake = json.dumps({"version": version + 1000, "progress": {str(v): "{}" for v in others}})
     for _ in range(210):
-        commit(Snapshot.load(tables.mv, None, {}), Change(),
+        commit(TableVersion.load(tables.mv, None, {}), Change(),
                Intent({}, {STEP_METADATA_KEY: fake}))
     report = run_barrier(spark, d, tables, mine)
     assert sorted(report.recovered) == mine

@@ -11,10 +11,8 @@ import dagster as dg
 import pytest
 import yaml
 
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.storage.rows import change_range
-from backfill_assets.upstream.writer import read_upstream_spec, row_count
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets import storage
+from backfill_assets.upstream.writer import LoadParams, read_upstream_spec, row_count, run_load
 from jobs.upstream_load import upstream_load_job
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,7 +20,7 @@ MIX = {"insert": 1, "update": 1, "delete": 1, "pk_change": 1, "upsert": 1}
 
 
 def _content(uri: str) -> list[dict]:
-    return sorted(delta_store.read_table(uri).to_pylist(), key=lambda r: (r["id"], r["region"]))
+    return sorted(storage.read_table(uri).to_pylist(), key=lambda r: (r["id"], r["region"]))
 
 
 def test_deterministic_per_seed(warehouse):
@@ -37,8 +35,8 @@ def test_deterministic_per_seed(warehouse):
     assert all(sa.changes[op] > 0 for op in MIX)
     assert _content(a) == _content(b) != _content(c)
     for v in range(2, 6):
-        ca = change_range.read_raw_changes(a, v - 1, v).drop_columns(["_commit_timestamp"])
-        cb = change_range.read_raw_changes(b, v - 1, v).drop_columns(["_commit_timestamp"])
+        ca = storage.read_raw_changes(a, v - 1, v).drop_columns(["_commit_timestamp"])
+        cb = storage.read_raw_changes(b, v - 1, v).drop_columns(["_commit_timestamp"])
         assert ca.sort_by([("id", "ascending"), ("_change_type", "ascending")]).equals(
             cb.sort_by([("id", "ascending"), ("_change_type", "ascending")]))
     assert sa.row_count == row_count(a) == len(_content(a))
@@ -92,7 +90,7 @@ def test_dagster_job_execute(tmp_path, warehouse, dagster_home):
     assert proc.returncode == 0, out[-4000:]
     assert "RUN_SUCCESS" in out
     uri = os.path.join(warehouse, "live")
-    assert delta_store.latest_version(uri) == 4
+    assert storage.latest_version(uri) == 4
     assert read_upstream_spec(uri).vnode_count == 16
     assert row_count(uri) == len(_content(uri))
     assert os.listdir(dagster_home)  # the run was recorded in this instance

@@ -1,6 +1,6 @@
 """The modes are chosen in one place (`step.modes.mode_named`), and each declares what differs
 about it in its `Mode`: nothing else in the package, the resources or the jobs asks a mode's
-name (issue 39)."""
+name."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 import pytest
 
 from backfill_assets.core.errors import InvalidMVDefinition
-from backfill_assets.core.mv_definition import MODES as MODE_NAMES
+from backfill_assets.core.mv_definition import MODE_NAMES
 from backfill_assets.step.modes import MODES, mode_named
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -28,7 +28,7 @@ def test_every_mode_a_definition_may_name_has_one_module():
 
 def test_what_each_mode_declares():
     facts = {name: (m.owns_replica, m.shares_position, m.check_upstream is not None,
-                    m.run_barrier is not None) for name, m in MODES.items()}
+                    m.barrier_steps is not None) for name, m in MODES.items()}
     assert facts == {"arrangement": (True, False, False, False),
                      "no_shuffle": (False, True, True, False),
                      "snapshot": (False, False, False, True)}

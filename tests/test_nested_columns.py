@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from backfill_assets.core.errors import UnsupportedColumnType
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.preflight import checked_upstream
 from tests.test_column_identity import Upstream
 

@@ -25,7 +25,7 @@ import urllib.request
 import pytest
 
 from jobs.dagster_dev import ROOT
-from tests.infra import procs
+from jobs.ports import free_port
 
 FENCE = re.compile(r"^```(bash|python)\n(.*?)^```", re.M | re.S)
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
@@ -133,7 +133,7 @@ def _demo_shown_as_left(url: str) -> None:
 def _serve_ui(block: str, cwd: str, env: dict) -> None:
     """Run the block (it execs `dagster dev`) until the UI answers and shows the demo as the
     demo left it, then stop its group."""
-    port = procs.free_port()
+    port = free_port()
     env = {**env, "UI_PORT": str(port)}
     with open(os.path.join(cwd, "make_ui.log"), "wb") as log:
         proc = subprocess.Popen(["bash", "-ec", block], cwd=cwd, env=env, stdout=log,

@@ -12,7 +12,7 @@ import pytest
 from deltalake import write_deltalake
 
 from backfill_assets.core import errors
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from tests.reliability import harness as H
 from tests.test_bad_input import FOREIGN, _duplicate, _foreign, _foreign_mv, _foreign_rows, refused
 
@@ -51,4 +51,16 @@ def test_an_unknown_reader_feature_refuses_a_new_mv_before_any_write(spark, ware
                 '"readerFeatures": ["typeWidening"], "writerFeatures": ["typeWidening"]}}\n')
     d, tables = _foreign_mv(warehouse, uri, "widened_mv")
     refused(spark, d, tables, errors.UnsupportedTableFeature, r"typeWidening.*Rewrite the table")
+    _no_state_left(tables)
+
+
+def test_an_aggregate_mv_is_refused_by_name_until_barriers_serve_it(spark, warehouse):
+    live = H.orders(warehouse, 34)
+    live.create(rows=40)
+    raw = H.mv_raw("agg_new", "snapshot", 5, live.uri)
+    for key in ("columns", "computed"):
+        raw.pop(key)
+    raw.update(group_by=["name"], aggregates={"total": "sum(amount)", "n": "count(*)"})
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    refused(spark, d, tables, errors.AggregateMVNotServed, r"no barrier runs them yet")
     _no_state_left(tables)

@@ -1,4 +1,4 @@
-"""Re-snapshot on demand (step/resnapshot.py, resnapshot_job): a vnode range of a finished MV
+"""Re-snapshot on demand (barrier/resnapshot.py, resnapshot_job): a vnode range of a finished MV
 re-read from the upstream's latest version repairs a drift there, is recorded as such, and
 leaves the MV equal to the oracle; unfinished or foreign vnodes are refused, nothing written."""
 
@@ -10,11 +10,11 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
+from backfill_assets.barrier.resnapshot import resnapshot
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import ResnapshotRefused
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.oracle import verify
-from backfill_assets.step.resnapshot import resnapshot
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.verify.oracle import verify
 from jobs.resnapshot import build_resnapshot_job
 from resources.settings import load_settings
 from resources.spark import spark_resource
@@ -82,10 +82,11 @@ def test_resnapshot_job_records_it_on_the_asset(spark, warehouse, monkeypatch):
     settings = load_settings()
     monkeypatch.setattr("jobs.resnapshot.mv_tables", lambda *a, **k: tables)
     job = build_resnapshot_job(d, settings)
+    instance = dg.DagsterInstance.ephemeral()
     result = job.execute_in_process(
         run_config={"ops": {"resnapshot_vnodes": {"config": {
             "first_vnode": 4, "last_vnode": 5, "reason": "suspected drift"}}}},
-        instance=dg.DagsterInstance.ephemeral(),
+        instance=instance,
         resources={"spark": spark_resource(settings), "warehouse": warehouse_resource(settings)})
     assert result.success
     done = [e.event_specific_data.materialization for e in result.all_events
@@ -95,4 +96,9 @@ def test_resnapshot_job_records_it_on_the_asset(spark, warehouse, monkeypatch):
     summary = mv[-1].metadata
     assert summary["resnapshot"].value.startswith("vnodes 4..5 re-read at v")
     assert summary["resnapshot_reason"].value == "suspected drift"
+    said = [e.user_message for e in instance.all_logs(result.run_id)]
+    # it says each step as it goes, not one line at the end
+    assert any(m.startswith("re-snapshot of vnodes 4..5 starting") for m in said)
+    assert any(m.startswith("re-snapshot for vnodes 4..5: backfill_progress committed") and
+               "% done" in m for m in said), said
     assert_verified(spark, d, tables)

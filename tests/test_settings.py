@@ -149,7 +149,7 @@ def test_lazy_session_starts_on_first_use():
 
 
 def test_a_lazy_session_says_where_its_tasks_run_without_starting():
-    """``storage.read.tasks_run_here`` asks a session not started yet where it will run (its
+    """``storage.rows.scan.tasks_run_here`` asks a session not started yet where it will run (its
     conf's master): a local master runs a chunk's tasks in the driver's threads, a cluster
     or a Connect session in Spark, and asking starts nothing. Without a conf the answer
     needs the session (started here: any object with a local SparkContext stands for it)."""

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, QueryBuilder
 
+from backfill_assets.barrier.runner import figures, run_barrier
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import Controls, write_controls
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import figures, run_barrier
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.upstream.writer import DmlBatch, insert_rows
 from backfill_assets.wiring.metadata import barrier_metadata
 from tests.support import LiveUpstream, assert_verified, simple_mv, simple_row, simple_spec
@@ -209,8 +209,7 @@ def test_a_selection_only_mv_projects_small_barriers_in_arrow_exactly(spark, war
 def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
     """benchmarks.scale_check (per-vnode fingerprints, for sizes the oracle cannot hold) passes
     on an MV the oracle passes, and names the vnode of a row the MV should not hold."""
-    from backfill_assets.engine.netting import spark_schema
-    from backfill_assets.storage import Intent, Snapshot, apply_changes
+    from backfill_assets.storage import Intent, TableVersion, apply_changes, spark_schema
     from benchmarks.scale_check import scale_check
 
     live, d, tables = _setup(warehouse, seed=47)
@@ -220,7 +219,7 @@ def test_the_benchmarks_scale_check_agrees_with_the_oracle(spark, warehouse):
     assert_verified(spark, d, tables)
     good = scale_check(spark, d, tables)
     assert good["ok"] and good["vnodes"] == VNODES and good["rows"] > 0, good
-    mv = Snapshot.load(tables.mv)
+    mv = TableVersion.load(tables.mv)
     first = pa.table(QueryBuilder().register("t", DeltaTable(tables.mv))
                      .execute("select * from t limit 1").read_all())
     first = first.select(mv.arrow_schema.names).cast(mv.arrow_schema)

@@ -25,16 +25,16 @@ import yaml
 from dagster._core.definitions.reconstruct import ReconstructableJob
 
 from backfill_assets.core import codec
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.mv import owned_tables
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA
 from backfill_assets.wiring.checks import CHECK_NAME, PROGRESS_CHECK
 from backfill_assets.wiring.partitions import range_tags, vnode_key
 from jobs.dagster_dev import ROOT, dagster_dev, graphql
+from jobs.ports import free_port
 from jobs.workspace_runs import ASSET_JOB, MODULE, run_in_workspace
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
-from tests.infra import procs
 
 VNODES = 8
 ASSETS = """
@@ -138,8 +138,8 @@ def _small_platform(env: dict) -> dict:
     assert run_in_workspace(instance, "set_controls_job", run_config={"ops": {"set_controls": {
         "config": {"snapshot": "pause"}}}}).success
     tables = mv_tables(d, settings)
-    rows = mv_store.read_rows(mv_store.open_table(tables.progress, tables.storage_options), None,
-                              [codec.VNODE, codec.FINISHED]).to_pylist()
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
+    rows = owned_tables.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
     return {"finished": {vnode_key(r[codec.VNODE], VNODES) for r in rows if r[codec.FINISHED]},
             "started": {vnode_key(r[codec.VNODE], VNODES) for r in rows}}
 
@@ -152,7 +152,7 @@ def test_dagster_dev_shows_the_tables_truthfully(spark, tmp_path, platform):
     finished, started = vnodes["finished"], vnodes["started"]
     assert finished == {"0", "1", "2", "3"} and started == finished | {"4", "5"}
     with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True,
-                     port=procs.free_port()) as url:
+                     port=free_port()) as url:
         keys = [{"path": [k]} for k in ("upstream_table", "replicated_state", "downstream_mv",
                                         "backfill_progress")]
         nodes = {n["assetKey"]["path"][0]: n
@@ -224,3 +224,73 @@ def _assert_timeline(timeline: dict, workspace: list) -> None:
     assert drawn == {("backfill_assets", "__repository__", job)
                      for job in (ASSET_JOB, "backfill_job", "verify_job", "set_controls_job")}
     assert drawn <= served
+
+
+def test_after_a_reset_the_checks_read_not_finished_not_passed(platform, tmp_path):
+    """After reset_mv_job the lineage summarises the MV's checks; with no result at all it drew
+    a green "0 / 2 Passed". Read back through GraphQL as the lineage does: `backfill_finished`
+    is a warning (0 vnodes finished), `matches_oracle` has no result, nothing passed."""
+    settings, d, instance = loaded(platform)
+    assert run_in_workspace(instance, "reset_mv_job", run_config={"ops": {"reset_mv": {
+        "config": {"confirm": d.name}}}}).success
+    with dagster_dev(platform, str(tmp_path / "dagster_dev.log"), quiet=True) as url:
+        node = graphql(url, CHECK_STATUS, {"keys": [{"path": ["downstream_mv"]}]})
+    checks = {c["name"]: c["executionForLatestMaterialization"]
+              for c in node["assetNodes"][0]["assetChecksOrError"]["checks"]}
+    assert checks[CHECK_NAME] is None
+    progress = checks[PROGRESS_CHECK]
+    assert progress["status"] == "FAILED" and progress["evaluation"]["severity"] == "WARN"
+    assert progress["evaluation"]["description"].startswith(f"0/{VNODES} vnodes finished")
+
+
+LAUNCH_BACKFILL = """mutation Launch($params: LaunchBackfillParams!) {
+  launchPartitionBackfill(backfillParams: $params) {
+    __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }"""
+BACKFILL = """query Backfill($id: String!) { partitionBackfillOrError(backfillId: $id) {
+  ... on PartitionBackfill { status } } }"""
+ALL_RUNS = """{ runsOrError(limit: 50) { ... on Runs { results { runId pipelineName status
+  tags { key value } } } } }"""
+RUN_LOG = """query Log($id: ID!) { logsForRun(runId: $id) { ... on EventConnection {
+  events { ... on MessageEvent { message } } } } }"""
+
+
+def _until(what: str, check, timeout: float = 480.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(3.0)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_ui_backfill_beside_the_running_sensor_never_collides(tmp_path, warehouse,
+                                                                 dagster_home, monkeypatch):
+    """What the new user did: `dagster dev` with the barrier sensor on over an unfinished MV,
+    and a partition backfill of a vnode range launched through GraphQL (as "Materialize…" of
+    a set does) at once. Whoever comes first, the other waits: the backfill ends Success, no
+    run fails, and no run's log holds ConcurrentBackfillRun."""
+    env = {**os.environ, "BACKFILL_WAREHOUSE": warehouse, "DAGSTER_HOME": dagster_home,
+           "BACKFILL_VNODE_COUNT": str(VNODES),
+           "BACKFILL_MV_CONFIG": _mv_yaml(tmp_path, chunk_size=1000)}
+    for key in ("BACKFILL_WAREHOUSE", "BACKFILL_VNODE_COUNT", "BACKFILL_MV_CONFIG"):
+        monkeypatch.setenv(key, env[key])
+    loaded(env)
+    with dagster_dev(env, str(tmp_path / "dagster_dev.log")) as url:
+        launched = graphql(url, LAUNCH_BACKFILL, {"params": {
+            "assetSelection": [{"path": ["downstream_mv"]}],
+            "partitionNames": [vnode_key(v, VNODES) for v in (2, 3)]}})
+        backfill_id = launched["launchPartitionBackfill"]["backfillId"]
+        ended = _until("the backfill", lambda: graphql(url, BACKFILL, {"id": backfill_id})[
+            "partitionBackfillOrError"]["status"] not in ("REQUESTED", "CANCELING") and
+            graphql(url, BACKFILL, {"id": backfill_id})["partitionBackfillOrError"])
+        # the sensor's barrier over every vnode follows (it waited for vnodes 2..3)
+        runs = _until("the sensor's barrier, done", lambda: (lambda rs: rs if any(
+            r["pipelineName"] == "backfill_job" for r in rs) and all(
+            r["status"] in ("SUCCESS", "FAILURE", "CANCELED") for r in rs) else None)(
+            graphql(url, ALL_RUNS)["runsOrError"]["results"]))
+        logs = {r["runId"]: " ".join(e.get("message") or "" for e in graphql(
+            url, RUN_LOG, {"id": r["runId"]})["logsForRun"]["events"]) for r in runs}
+    assert ended["status"] == "COMPLETED_SUCCESS", ended
+    assert all(r["status"] == "SUCCESS" for r in runs), runs
+    assert not [i for i, text in logs.items() if "ConcurrentBackfillRun" in text]

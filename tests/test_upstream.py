@@ -10,6 +10,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
+from backfill_assets import storage
 from backfill_assets.core.errors import (
     DuplicatePrimaryKey,
     InvalidUpstreamSpec,
@@ -20,8 +21,6 @@ from backfill_assets.core.errors import (
     WrongColumnType,
 )
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.storage.rows import change_range
 from backfill_assets.upstream.writer import (
     DmlBatch,
     UpstreamSpec,
@@ -50,12 +49,12 @@ def row(region: str, id_: int, name: str = "x", **kw) -> dict:
 
 
 def current(uri: str) -> dict:
-    rows = delta_store.read_table(uri).to_pylist()
+    rows = storage.read_table(uri).to_pylist()
     return {(r["region"], r["id"]): r for r in rows}
 
 
 def changes(uri: str, version: int) -> list[tuple]:
-    t = change_range.read_raw_changes(uri, version - 1, version)
+    t = storage.read_raw_changes(uri, version - 1, version)
     return sorted((r["_change_type"], r["region"], r["id"], r["name"]) for r in t.to_pylist())
 
 
@@ -91,23 +90,23 @@ def test_create_records_the_spec(warehouse):
     assert create_upstream(uri, s) == 0
     back = read_upstream_spec(uri)
     assert back == s
-    dt_ = delta_store.open_table(uri)
+    dt_ = storage.open_table(uri)
     assert dt_.metadata().partition_columns == ["vnode"]
-    assert delta_store.change_feed_enabled(dt_.metadata().configuration)
-    schema = delta_store.arrow_schema(dt_)
+    assert storage.change_feed_enabled(dt_.metadata().configuration)
+    schema = storage.arrow_schema(dt_)
     assert schema.names == ["day", "k", "v", "vnode"] and schema.field("vnode").type == pa.int32()
     assert not schema.field("day").nullable and schema.field("v").nullable
 
 
 def test_not_an_upstream(warehouse):
     uri = os.path.join(warehouse, "plain")
-    delta_store.create_table(uri, pa.schema([("a", pa.int64())]), cdf=True)
+    storage.create_table(uri, pa.schema([("a", pa.int64())]), cdf=True)
     with pytest.raises(NotAnUpstreamTable):
         read_upstream_spec(uri)
 
 
 def test_each_op_is_one_version_with_the_right_change_feed(table):
-    assert delta_store.latest_version(table) == 1
+    assert storage.latest_version(table) == 1
     assert changes(table, 1) == [("insert", "eu", i, f"r{i}") for i in range(10)]
 
     v = apply_dml(table, DmlBatch(inserts=[row("us", 1, "new")]))
@@ -148,8 +147,8 @@ def test_mixed_batch_is_exactly_one_version(table):
         upserts=[row("eu", 5, "u5"), row("mea", 7)],
         pk_changes={("eu", 6): row("eu", 60, "m60"), ("eu", 7): row("us", 70, "m70")},
     ))
-    assert v == 2 == delta_store.latest_version(table)
-    hist = delta_store.open_table(table).history(1)[0]
+    assert v == 2 == storage.latest_version(table)
+    hist = storage.open_table(table).history(1)[0]
     assert hist["operation"] == "MERGE"
     assert hist["backfill.dml"] == {"insert": 2, "update": 1, "delete": 1, "upsert": 2,
                                     "pk_change": 2}
@@ -163,9 +162,9 @@ def test_mixed_batch_is_exactly_one_version(table):
 
 
 def test_merge_only_touches_the_needed_partitions(table):
-    before = delta_store.open_table(table).get_add_actions(flatten=True).num_rows
+    before = storage.open_table(table).get_add_actions(flatten=True).num_rows
     apply_dml(table, DmlBatch(updates=[{"region": "eu", "id": 0, "name": "z"}]))
-    metrics = delta_store.open_table(table).history(1)[0]["operationMetrics"]
+    metrics = storage.open_table(table).history(1)[0]["operationMetrics"]
     assert metrics["num_target_files_removed"] == 1
     assert metrics["num_target_files_skipped_during_scan"] >= before - 1
 
@@ -203,11 +202,11 @@ REJECTED = [
 @pytest.mark.parametrize("batch,error", REJECTED, ids=[f"{e.__name__}-{i}" for i, (_, e) in
                                                        enumerate(REJECTED)])
 def test_rejected_batches_write_nothing(table, batch, error):
-    before = (delta_store.latest_version(table), current(table))
+    before = (storage.latest_version(table), current(table))
     files = sorted(os.listdir(os.path.join(table, "_delta_log")))
     with pytest.raises(error):
         apply_dml(table, batch)
-    assert (delta_store.latest_version(table), current(table)) == before
+    assert (storage.latest_version(table), current(table)) == before
     assert sorted(os.listdir(os.path.join(table, "_delta_log"))) == files
 
 
@@ -219,7 +218,7 @@ def test_single_column_keys_and_naive_timestamps(warehouse):
     apply_dml(uri, DmlBatch(inserts=[{"ts": t0, "v": "a"}]))
     apply_dml(uri, DmlBatch(updates=[{"ts": t0.replace(tzinfo=UTC), "v": "b"}]))
     apply_dml(uri, DmlBatch(pk_changes=[(t0, {"ts": t0 + dt.timedelta(microseconds=1), "v": "c"})]))
-    rows = delta_store.read_table(uri).to_pylist()
+    rows = storage.read_table(uri).to_pylist()
     assert [(r["ts"], r["v"]) for r in rows] == [(t0.replace(tzinfo=UTC, microsecond=5), "c")]
     with pytest.raises(DuplicatePrimaryKey):
         apply_dml(uri, DmlBatch(inserts=[{"ts": t0.replace(microsecond=5)}]))
@@ -241,8 +240,8 @@ def test_bulk_insert(table):
     for rows, error in bad:
         with pytest.raises(error):
             insert_rows(table, rows)
-    assert delta_store.latest_version(table) == 2
+    assert storage.latest_version(table) == 2
 
 
 def test_empty_batch_writes_nothing(table):
-    assert apply_dml(table, DmlBatch()) == 1 == delta_store.latest_version(table)
+    assert apply_dml(table, DmlBatch()) == 1 == storage.latest_version(table)

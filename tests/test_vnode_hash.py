@@ -22,7 +22,7 @@ from backfill_assets.core.vnode import (
     vnode_of,
     vnodes_of,
 )
-from backfill_assets.storage.delta.delta_rs import vnodes_for
+from backfill_assets.storage import vnodes_for
 
 UTC = dt.timezone.utc
 
@@ -168,7 +168,8 @@ def test_spark_sql_text():
 @pytest.mark.spark
 @pytest.mark.parametrize("types", KEY_SHAPES, ids=lambda t: "+".join(t))
 def test_spark_equals_python(spark, types):
-    from backfill_assets.engine.netting import spark_schema, vnode_column
+    from backfill_assets.engine.netting import vnode_column
+    from backfill_assets.storage import spark_schema
 
     keys = keys_for(types, 400, seed=len(types))
     table = arrow_keys(types, keys).append_column("i", pa.array(range(len(keys)), pa.int64()))
@@ -186,7 +187,7 @@ def test_spark_equals_python(spark, types):
 def test_spark_canonical_text_equals_python(spark):
     """The texts themselves (not only their hashes) agree, for the edge values of each type."""
     from backfill_assets.core.vnode import spark_key_text_sql
-    from backfill_assets.engine.netting import spark_schema
+    from backfill_assets.storage import spark_schema
 
     for typ, values in EDGE.items():
         table = pa.table({"k": pa.array(values, arrow_type(typ))})

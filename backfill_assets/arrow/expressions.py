@@ -42,8 +42,8 @@ from backfill_assets.core.expressions import (
     parse,
 )
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import VNODE
 
-VNODE = "vnode"
 MAX_PRECISION = 38
 _INTS = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _INT_DIGITS = {pa.int8(): 3, pa.int16(): 5, pa.int32(): 10, pa.int64(): 20}
@@ -308,7 +308,7 @@ def compile_projection(definition: MVDefinition, upstream_schema: pa.Schema,
     """The definition as Arrow kernels with Spark's results, or None (then Spark evaluates
     it): an expression outside the subset, an unknown or ambiguous column, types mixed
     outside the rules, or a computed type other than Spark's own analysis (``mv_schema``,
-    from `mv_spark.validate_expressions`)."""
+    from `engine.projection.validate_expressions`)."""
     names = [*definition.columns, *(c.name for c in definition.computed), VNODE]
     if mv_schema.names != names or any(c not in upstream_schema.names
                                        for c in (*definition.columns, VNODE)):

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from backfill_assets.core.figures import compact_vnodes
+
 AUTO, APPLY, RESNAPSHOT = "auto", "apply", "resnapshot"
 CHOICES = (AUTO, APPLY, RESNAPSHOT)  # the `barrier_choice` control: auto, or forced either way
 
@@ -140,7 +142,7 @@ class Decision:
     @property
     def choice(self) -> str:
         """`apply changes` or `re-snapshot vnodes a..b`."""
-        return f"re-snapshot vnodes {vnode_ranges(self.vnodes)}" if self.resnapshot else \
+        return f"re-snapshot vnodes {compact_vnodes(self.vnodes)}" if self.resnapshot else \
             "apply changes"
 
     @property
@@ -198,17 +200,6 @@ def choose(change_rows: int, vnode_rows: int | None, vnodes: tuple[int, ...], ve
         resnapshot = control == RESNAPSHOT
     return Decision(resnapshot, tuple(vnodes), version, change_rows, vnode_rows, apply, reread,
                     costs, control)
-
-
-def vnode_ranges(vnodes: tuple[int, ...]) -> str:
-    """`0..3, 7, 9..12`: sorted vnodes as runs of consecutive numbers."""
-    runs: list[list[int]] = []
-    for v in sorted(set(vnodes)):
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in runs)
 
 
 def _micros(cost: UnitCost) -> str:

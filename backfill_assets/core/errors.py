@@ -45,6 +45,38 @@ class InvalidMVExpression(InvalidMVDefinition):
     on the upstream's columns (the message names the expression and carries Spark's detail)."""
 
 
+class MVNameClash(InvalidMVDefinition):
+    """Two MV definitions of one catalog claim the same name (names are case-insensitive)."""
+
+
+class MVLineageCycle(InvalidMVDefinition):
+    """MVs read each other's outputs in a cycle, so none is a function of an upstream."""
+
+
+class UnknownMV(BackfillError):
+    """A job or a caller named an MV the catalog does not hold."""
+
+
+class InvalidAggregate(InvalidMVDefinition):
+    """An aggregate MV's group_by or aggregates cannot be kept exact: an unsupported or
+    non-deterministic function, a type the aggregate cannot keep exact, a bad name."""
+
+
+class AggregateMVNotServed(InvalidAggregate):
+    """An aggregate MV reached a barrier: its definition and algebra exist (docs/AGGREGATES.md)
+    but no step runs an aggregate yet, and running it as a row MV would write wrong rows."""
+
+
+class AggregateOverflow(BackfillError):
+    """An aggregate's value leaves its Spark result type (a sum beyond bigint or beyond the
+    decimal's precision), where Spark's own GROUP BY would fail too."""
+
+
+class AggregateStateMismatch(BackfillError):
+    """Signed change rows retract what the aggregate state never held (a count below zero,
+    an input row that is not there): the state is not the one these changes follow."""
+
+
 class InvalidControl(BackfillError):
     """A bad runtime control: chunk size or rate limit."""
 
@@ -127,7 +159,7 @@ class UnsupportedStorage(BackfillError, ValueError):
 class ConditionalWritesUnsupported(BackfillError):
     """The object store ignored a create-only (If-None-Match: *) write: commits are unsafe."""
 
-# ---- errors of the backfill step (formerly backfill_assets/core/errors.py)
+# ---- errors of the backfill step
 
 
 class ConcurrentBackfillRun(BackfillError):
@@ -187,3 +219,8 @@ class MVResetRefused(BackfillError):
 
 class ResnapshotRefused(BackfillError):
     """resnapshot_job was asked for vnodes that are not finished or not the MV's."""
+
+
+class UnknownVnodePartition(BackfillError, ValueError):
+    """A run or launch names a vnode partition key the MV does not have (keys are zero-padded
+    to the width of the MV's vnode count: `00`..`63` for 64 vnodes)."""

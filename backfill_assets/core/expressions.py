@@ -2,7 +2,7 @@
 
 Why: an MV's filter and computed columns are Spark SQL texts, and having Spark evaluate a few
 thousand rows costs a job, while a bulk step pays a JVM <-> Python crossing per row. The
-subset parsed here is the one `arrow_expr` can evaluate with exactly Spark's results:
+subset parsed here is the one `arrow.expressions` can evaluate with exactly Spark's results:
 columns, integer and decimal literals, plain string literals, TRUE / FALSE, ``+ - *``,
 unary minus, comparisons, ``AND OR NOT``, ``IS [NOT] NULL``, ``upper`` / ``lower``.
 

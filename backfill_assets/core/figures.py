@@ -7,7 +7,7 @@ without Spark or Delta. RisingWave shows the same facts in `rw_ddl_progress`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 FINISHED = "finished"
@@ -54,6 +54,12 @@ class MVFigures:
     mv_version: int | None  # the oldest version any started vnode is at (None: none started)
     lag_seconds: float  # age of the oldest upstream commit the MV has not applied (0: none)
 
+    def __post_init__(self) -> None:
+        # paused, no snapshot row is read: the rate of the barriers before the pause beside
+        # `state paused` would say the backfill still moves
+        if self.paused and not self.finished:
+            object.__setattr__(self, "rows_per_second", 0.0)
+
     @property
     def finished(self) -> bool:
         return self.vnodes_finished == self.vnode_count
@@ -88,15 +94,23 @@ class MVFigures:
         return PAUSED if self.paused else BACKFILLING
 
 
+def compact_vnodes(vnodes: Iterable[int]) -> str:
+    """`0..3, 7, 9..12`: sorted vnodes as spans of consecutive numbers, so an event or a
+    decision names many vnodes in a few words."""
+    spans: list[list[int]] = []
+    for v in sorted(set(vnodes)):
+        if spans and v == spans[-1][1] + 1:
+            spans[-1][1] = v
+        else:
+            spans.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in spans)
+
+
 def state_ranges(states: Mapping[int, str], vnode_count: int) -> str:
     """`finished 0..11; in progress 12..40; not started 41..63`: every vnode in a few words,
     so one event can say where all vnodes stand without a row per vnode."""
-    runs: dict[str, list[str]] = {FINISHED: [], IN_PROGRESS: [], NOT_STARTED: []}
-    start = 0
-    for vnode in range(1, vnode_count + 1):
-        here = states.get(start, NOT_STARTED)
-        if vnode == vnode_count or states.get(vnode, NOT_STARTED) != here:
-            runs.setdefault(here, []).append(
-                str(start) if start == vnode - 1 else f"{start}..{vnode - 1}")
-            start = vnode
-    return "; ".join(f"{name} {', '.join(parts)}" for name, parts in runs.items() if parts)
+    by_state: dict[str, list[int]] = {FINISHED: [], IN_PROGRESS: [], NOT_STARTED: []}
+    for vnode in range(vnode_count):
+        by_state.setdefault(states.get(vnode, NOT_STARTED), []).append(vnode)
+    return "; ".join(f"{name} {compact_vnodes(vnodes)}" for name, vnodes in by_state.items()
+                     if vnodes)

@@ -61,8 +61,9 @@ def parse_key_type(t: str, column: str | None = None) -> str:
 
 
 def decimal_precision_scale(t: str) -> tuple[int, int]:
-    """(p, s) of a canonical "decimal(p,s)" type."""
-    match = _DECIMAL.fullmatch(t)
+    """(p, s) of a "decimal(p,s)" type, in any case and spacing ("DECIMAL(10, 2)"); the one
+    parser of decimal types: the vnode hash, the upstream spec and value checks use it."""
+    match = _DECIMAL.fullmatch(re.sub(r"\s+", "", t).lower())
     if match is None:
         raise InvalidKeyType(f"{t!r} is not a decimal(p,s) type")
     return int(match[1]), int(match[2])

@@ -15,20 +15,22 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from backfill_assets.core import aggregate_definition as agg
 from backfill_assets.core.codec import RESERVED_COLUMNS
 from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
-from backfill_assets.core.names import name_problems
+from backfill_assets.core.names import VNODE, name_problems
 from backfill_assets.core.progress import is_count
 from backfill_assets.core.snapshot import CATCH_UP_STEP_ROWS, DEFAULT_SLICE_ROWS
+from backfill_assets.core.sql_calls import row_expression_problems
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
-MODES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
-VNODE_COLUMN = "vnode"
+MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
-           "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows")
-_REQUIRED = ("name", "upstream", "primary_key", "columns")
+           "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows",
+           "group_by", "aggregates")
+_REQUIRED = ("name", "upstream", "primary_key", "columns")  # an aggregate MV has no columns
 _PK_FIELDS = ("name", "type", "descending", "nulls_first")
 
 
@@ -50,12 +52,14 @@ class MVDefinition:
     columns: tuple[str, ...]
     filter: str | None = None
     computed: tuple[ComputedColumn, ...] = ()
-    mode: str = MODES[0]
+    mode: str = MODE_NAMES[0]
     chunk_size: int = 10000
     rate_limit: int | None = None
     vnode_count: int = 256
     slice_rows: int = DEFAULT_SLICE_ROWS  # snapshot mode: estimated rows per slice commit
     catch_up_rows: int = CATCH_UP_STEP_ROWS  # snapshot mode: change rows per catch-up step
+    group_by: tuple[agg.GroupColumn, ...] = ()  # an aggregate MV (docs/AGGREGATES.md)
+    aggregates: tuple[agg.Aggregate, ...] = ()
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> MVDefinition:
@@ -64,7 +68,8 @@ class MVDefinition:
         if not isinstance(d, Mapping):
             raise InvalidMVDefinition(f"an MV definition must be a mapping, got {d!r}")
         unknown = sorted(set(d) - set(_FIELDS))
-        missing = [f for f in _REQUIRED if f not in d]
+        aggregate = "aggregates" in d or "group_by" in d
+        missing = [f for f in _REQUIRED if f not in d and not (aggregate and f == "columns")]
         if unknown or missing:
             raise InvalidMVDefinition(
                 f"MV definition {d.get('name', '?')!r}: "
@@ -75,7 +80,10 @@ class MVDefinition:
         fields = dict(d)
         pk = _as_list(d["primary_key"], "primary_key")
         fields["primary_key"] = tuple(_pk_column(p) for p in pk)
-        fields["columns"] = tuple(_as_list(d["columns"], "columns"))
+        fields["columns"] = tuple(_as_list(d.get("columns", ()), "columns"))
+        if aggregate:
+            fields["group_by"] = agg.parse_group_by(d.get("group_by", ()))
+            fields["aggregates"] = agg.parse_aggregates(d.get("aggregates", ()))
         computed = _as_list(d.get("computed", ()), "computed")
         fields["computed"] = tuple(_computed(c) for c in computed)
         return cls(**fields)  # type: ignore[arg-type]
@@ -86,15 +94,25 @@ class MVDefinition:
         return KeyOrder(self.primary_key)
 
     @property
+    def is_aggregate(self) -> bool:
+        """An aggregate MV: its rows are groups, keyed by `group_by` (docs/AGGREGATES.md)."""
+        return bool(self.group_by or self.aggregates)
+
+    @property
     def output_columns(self) -> tuple[str, ...]:
-        """Selected columns, computed columns, then the vnode column (always added)."""
-        return (*self.columns, *(c.name for c in self.computed), VNODE_COLUMN)
+        """Selected columns, computed columns, then the vnode column (always added); for an
+        aggregate MV the group columns, the aggregates, then the vnode column."""
+        if self.is_aggregate:
+            return (*(g.name for g in self.group_by), *(a.name for a in self.aggregates),
+                    VNODE)
+        return (*self.columns, *(c.name for c in self.computed), VNODE)
 
     def recorded(self) -> dict[str, object]:
         """What the MV's rows depend on, as plain data recorded with its state: the upstream,
         the pk and its order, the selected and computed columns, the filter and the mode
-        (controls such as chunk size and rate limit are not part of it)."""
-        return {
+        (controls such as chunk size and rate limit are not part of it). A row MV's form has
+        no aggregate keys, so its fingerprint is the one it always had."""
+        out: dict[str, object] = {
             "upstream": self.upstream,
             "primary_key": [[c.name, c.descending, c.nulls_first] for c in self.primary_key],
             "columns": list(self.columns),
@@ -102,6 +120,10 @@ class MVDefinition:
             "filter": self.filter,
             "mode": self.mode,
         }
+        if self.is_aggregate:
+            out["group_by"] = [[g.name, g.expr] for g in self.group_by]
+            out["aggregates"] = [[a.name, a.text] for a in self.aggregates]
+        return out
 
     @property
     def fingerprint(self) -> str:
@@ -133,24 +155,36 @@ class MVDefinition:
     def validate(self, upstream_columns: Mapping[str, str]) -> MVDefinition:
         """Refuse a structurally wrong definition (listing every problem and its fix);
         return the definition with pk types resolved from ``upstream_columns``."""
-        problems = self._control_problems() + self._column_problems(upstream_columns)
-        problems += name_problems(upstream_columns, [c.name for c in self.computed
-                                                     if isinstance(c.name, str)])
+        problems = self._control_problems() + (
+            self._aggregate_problems(upstream_columns) if self.is_aggregate
+            else self._column_problems(upstream_columns))
+        added = [*(c.name for c in self.computed), *(g.name for g in self.group_by),
+                 *(a.name for a in self.aggregates)]
+        problems += name_problems(upstream_columns, [c for c in added if isinstance(c, str)])
         resolved, type_problems = self._resolve_pk(upstream_columns)
-        problems += type_problems
+        self._refuse(problems + type_problems)
+        return dataclasses.replace(self, primary_key=resolved)
+
+    def check_controls(self) -> MVDefinition:
+        """Refuse what is wrong without the upstream's schema (name, upstream, mode, controls,
+        filter): a catalog of MVs refuses such a definition when it loads, not at its first
+        run. Returns the definition unchanged."""
+        self._refuse(self._control_problems())
+        return self
+
+    def _refuse(self, problems: list[str]) -> None:
         if problems:
             raise InvalidMVDefinition(
                 f"MV definition {self.name!r} is invalid: " + "; ".join(problems)
             )
-        return dataclasses.replace(self, primary_key=resolved)
 
     def _control_problems(self) -> list[str]:
         out = []
         for field in ("name", "upstream"):
             if not isinstance(getattr(self, field), str) or not getattr(self, field):
                 out.append(f"{field} must be a non-empty string")
-        if self.mode not in MODES:
-            out.append(f"mode {self.mode!r} is not one of {', '.join(MODES)}")
+        if self.mode not in MODE_NAMES:
+            out.append(f"mode {self.mode!r} is not one of {', '.join(MODE_NAMES)}")
         if not is_count(self.chunk_size) or self.chunk_size < 1:
             out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
         for field in ("slice_rows", "catch_up_rows"):
@@ -176,13 +210,13 @@ class MVDefinition:
             out.append(
                 f"columns must be a non-empty list of column names (got {list(self.columns)})"
             )
-        if VNODE_COLUMN in self.columns:
+        if VNODE in self.columns:
             out.append(
-                f"{VNODE_COLUMN!r} is computed by the platform for every MV row (an upstream "
+                f"{VNODE!r} is computed by the platform for every MV row (an upstream "
                 f"column of that name is not carried): remove it from columns"
             )
         unknown = [c for c in self.columns
-                   if c not in upstream and c not in bad and c != VNODE_COLUMN]
+                   if c not in upstream and c not in bad and c != VNODE]
         if unknown:
             out.append(f"unknown columns {unknown}: pick from the upstream's columns ({available})")
         pk_names = [c.name for c in self.primary_key]
@@ -207,7 +241,7 @@ class MVDefinition:
         if dupes:
             out.append(
                 f"output column names {dupes} appear more than once (names are "
-                f"case-insensitive; {VNODE_COLUMN!r} is always added): rename them"
+                f"case-insensitive; {VNODE!r} is always added): rename them"
             )
         upstream_lower = {u.lower() for u in upstream}
         for c in self.computed:
@@ -220,6 +254,21 @@ class MVDefinition:
             if not isinstance(c.expr, str) or not c.expr.strip():
                 out.append(f"computed column {c.name!r} needs a non-empty Spark SQL expression")
         return out
+
+    def _aggregate_problems(self, upstream: Mapping[str, str]) -> list[str]:
+        """The row MV's checks that still apply (pk, computed columns, output names), then
+        the aggregate's own (`aggregate_definition.definition_problems`)."""
+        out = [p for p in self._column_problems(upstream)
+               if not p.startswith("columns must") and "are not output columns" not in p]
+        if self.columns:
+            out.append("an aggregate MV's output is its group_by and aggregates: remove columns")
+        if not self.group_by or not self.aggregates:
+            out.append("an aggregate MV needs both group_by and aggregates")
+        available = {**upstream, **{c.name: "" for c in self.computed}}
+        return out + agg.definition_problems(self.group_by, self.aggregates, available) + [
+            p for c in self.computed
+            for p in row_expression_problems(c.expr, f"computed column {c.name!r}")] + (
+            row_expression_problems(self.filter, "filter") if isinstance(self.filter, str) else [])
 
     def _resolve_pk(self, upstream: Mapping[str, str]) -> tuple[tuple[KeyColumn, ...], list[str]]:
         resolved, out = [], []

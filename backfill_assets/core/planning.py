@@ -5,9 +5,9 @@ every mode, and every decision that can be made without data (which range of the
 feed, which vnodes read their snapshot, how many rows, paused or not) is made here, where it
 is tested exhaustively.
 
-Order of a step (design section 4): replicate, forward, snapshot, commit. Forwarding uses the
-positions from *before* this step's snapshot read: the snapshot is read at ``v_new``, so it
-already holds every change up to ``v_new`` for the keys it brings.
+Order of a step (docs/DESIGN.md, "The step"): replicate, forward, snapshot, commit.
+Forwarding uses the positions from *before* this step's snapshot read: the snapshot is read
+at ``v_new``, so it already holds every change up to ``v_new`` for the keys it brings.
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ class VnodeStepPlan:
     (None = the replica is not initialised: copy the upstream at v_new). Only unfinished
     vnodes of a mode that reads a replica replicate; a Completed vnode never reads it again.
     ``forward_from``: forward the change feed (forward_from, v_new]; None when NotStarted
-    (nothing is visible, so nothing to forward). ``read_snapshot``: read the next chunk at
+    (nothing is visible, so nothing to forward). ``read_table_version``: read the next chunk at
     v_new from ``bound``.
     """
 
     vnode: int
     replicate_from: int | None
     forward_from: int | None
-    read_snapshot: bool
+    read_table_version: bool
     replicate: bool = False
     bound: Bound | None = None
 
@@ -73,7 +73,7 @@ class StepPlan:
 
     @property
     def snapshot_vnodes(self) -> list[int]:
-        return [p.vnode for p in self.vnodes if p.read_snapshot]
+        return [p.vnode for p in self.vnodes if p.read_table_version]
 
     @property
     def replicate_vnodes(self) -> list[int]:
@@ -145,7 +145,7 @@ def _plan_vnode(
         vnode=vnode,
         replicate_from=replica if replicate else None,
         forward_from=recorded if started else None,
-        read_snapshot=read,
+        read_table_version=read,
         replicate=replicate,
         bound=compute_bounds(cur.current_pos) if read else None,
     )

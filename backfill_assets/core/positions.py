@@ -1,7 +1,7 @@
 """Position strategies: how snapshot chunks move the positions of a run's vnodes.
 
-Why two strategies behind one interface: the step loop is the same for every mode (design
-section 7); only where positions live differs.
+Why two strategies behind one interface: the step loop is the same for every mode
+(docs/DESIGN.md, "Shape of the code"); only where positions live differs.
 
 * ``PerVnodePositions`` (arrangement): each vnode reads its own chunk strictly after its own
   position, limited per vnode, and finishes when its chunk comes back short. Vnodes are

@@ -10,7 +10,7 @@ whole table to take ``chunk_limit`` rows of it, so the backfill reads about
 ``table_rows ** 2 / chunk_limit`` rows and its time per row grows with the table: a cost of
 the layout that no engine avoids without a sorted copy of the upstream (which is arrangement's
 replica). Nothing here is wrong, so the barrier does not stop; it says so, with the numbers,
-once the read is large enough to matter (docs/BENCHMARKS_HISTORY.md, round 22).
+once the read is large enough to matter.
 
 Pure arithmetic: the adapters hand in the counts a barrier already reports.
 """

@@ -27,6 +27,7 @@ import zlib
 from collections.abc import Sequence
 
 from backfill_assets.core.errors import InvalidKeyType, InvalidKeyValue
+from backfill_assets.core.key_types import decimal_precision_scale
 
 DEFAULT_VNODE_COUNT = 256
 MAX_VNODE_COUNT = 32768
@@ -67,12 +68,6 @@ def normalize_key_type(type_name: str) -> str:
     )
 
 
-def decimal_precision_scale(type_name: str) -> tuple[int, int] | None:
-    """(precision, scale) of a decimal type name, None for other types."""
-    m = _DECIMAL_RE.match(type_name.strip().lower())
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def timestamp_micros(value: _dt.datetime) -> int:
     """Microseconds since the Unix epoch; a naive datetime is taken as UTC."""
     if value.tzinfo is None:
@@ -105,7 +100,7 @@ def canonical_value_text(value: object, type_name: str) -> str:
             raise _key_value_error(f"{value!r} is not a datetime.datetime (key type timestamp)")
         return str(timestamp_micros(value))
     # decimal(p,s)
-    precision, scale = decimal_precision_scale(t)  # type: ignore[misc]
+    precision, scale = decimal_precision_scale(t)
     return decimal_text(value, precision, scale)
 
 

@@ -1,8 +1,5 @@
-"""Spark adapter: the vnode column and netting of change-feed rows.
-
-Reading a Delta version into Spark is the storage layer's (``backfill_assets.storage``):
-``read_version`` here is its entry point, re-exported so the step's callers keep one import.
-"""
+"""Spark adapter: the vnode column and netting of change-feed rows. Reading a Delta version
+into Spark is the storage layer's (``backfill_assets.storage``: ``read_version``)."""
 
 from __future__ import annotations
 
@@ -13,18 +10,14 @@ from typing import Any
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from backfill_assets import storage
 from backfill_assets.arrow.types import type_name
 from backfill_assets.core.names import OP, RANK, ROW_NUMBER
 from backfill_assets.core.vnode import spark_vnode_sql
-from backfill_assets.storage import read_version
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.storage.rows import change_range
-from backfill_assets.storage.rows.spark_types import col, spark_schema, spark_type
+from backfill_assets.storage import VNODE, col, spark_schema
 
-__all__ = ["read_version", "spark_schema", "spark_type", "net_changes", "read_changes",
-           "vnode_column", "with_vnode"]
+__all__ = ["net_changes", "read_changes", "vnode_column", "with_vnode"]
 
-VNODE_COLUMN = delta_store.VNODE_COLUMN
 UPSERT_TYPES = ("insert", "update_postimage")
 DELETE_TYPES = ("delete", "update_preimage")
 
@@ -40,7 +33,7 @@ def vnode_column(key_columns: Sequence[Any], vnode_count: int) -> Column:
 def with_vnode(df: DataFrame, key_names: Sequence[str], key_types: Sequence[str],
                vnode_count: int) -> DataFrame:
     """``df`` with its ``vnode`` column (re)computed from the key."""
-    return df.withColumn(VNODE_COLUMN, F.expr(spark_vnode_sql(key_names, key_types, vnode_count)))
+    return df.withColumn(VNODE, F.expr(spark_vnode_sql(key_names, key_types, vnode_count)))
 
 
 def net_changes(df: DataFrame, key_names: Sequence[str]) -> DataFrame:
@@ -72,19 +65,20 @@ def read_changes(
 ) -> DataFrame:
     """The netted changes ``(start_exclusive, end]`` of the given vnodes (all when None): one
     row per key with ``OP`` ('upsert' | 'delete'), the full row, ``vnode`` and
-    ``_commit_version``. Raises ChangeFeedDisabled / HistoryUnavailable (delta_store)."""
-    table = delta_store.open_table(uri, storage_options=storage_options)
-    schema = delta_store.arrow_schema(table)
+    ``_commit_version``. Raises ChangeFeedDisabled / HistoryUnavailable
+    (``storage.read_raw_changes``)."""
+    table = storage.open_table(uri, storage_options=storage_options)
+    schema = storage.arrow_schema(table)
     config = table.metadata().configuration
     key_types = [type_name(schema.field(k).type) for k in key_names]
     vnode_list = sorted({int(v) for v in vnodes}) if vnodes is not None else None
     platform_vnodes = (
-        VNODE_COLUMN in schema.names
-        and delta_store.PK_PROPERTY in config
-        and [str(k) for k in key_names] == _json_list(config[delta_store.PK_PROPERTY])
-        and str(config.get(delta_store.VNODE_COUNT_PROPERTY)) == str(vnode_count)
+        VNODE in schema.names
+        and storage.PK_PROPERTY in config
+        and [str(k) for k in key_names] == _json_list(config[storage.PK_PROPERTY])
+        and str(config.get(storage.VNODE_COUNT_PROPERTY)) == str(vnode_count)
     )
-    raw = change_range.read_raw_changes(
+    raw = storage.read_raw_changes(
         uri, start_exclusive, end, vnodes=vnode_list if platform_vnodes else None,
         storage_options=storage_options)
     raw = raw.drop_columns([c for c in ("_commit_timestamp",) if c in raw.column_names])
@@ -92,7 +86,7 @@ def read_changes(
     if not platform_vnodes:
         df = with_vnode(df, key_names, key_types, vnode_count)
     if vnode_list is not None:
-        df = df.where(F.col(VNODE_COLUMN).isin(vnode_list))
+        df = df.where(F.col(VNODE).isin(vnode_list))
     return net_changes(df, key_names)
 
 

@@ -30,16 +30,15 @@ from backfill_assets.core.names import (
     EVERY,
     KEEP,
     OP,
+    POSITION,
     POSITION_VNODE,
+    ROW_NUMBER,
     TOP,
     VNODE,
 )
-from backfill_assets.core.names import POSITION as POS
-from backfill_assets.core.names import ROW_NUMBER as RN
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.snapshot import last_key_sort_sql
-from backfill_assets.engine.netting import spark_schema
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.storage import LRU, col, spark_schema
 
 
 def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
@@ -49,7 +48,7 @@ def project(df: DataFrame, definition: MVDefinition) -> DataFrame:
     filter rejects, and a forwarded upsert that the filter rejects becomes a delete.
     """
     keep = _kept(definition) if definition.filter else F.lit(True)
-    extra = [F.col(c) for c in (OP, RN, BAD_KEY) if c in df.columns]
+    extra = [F.col(c) for c in (OP, ROW_NUMBER, BAD_KEY) if c in df.columns]
     return df.select(*_mv_columns(definition), keep.alias(KEEP), *extra)
 
 
@@ -83,17 +82,17 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     exact = exact_projection(spark, definition, upstream_schema) \
         if upstream_schema is not None else None
     if exact is not None:
-        try:  # the same values as the Spark job below, without one (arrow_expr)
+        try:  # the same values as the Spark job below, without one (arrow/expressions.py)
             return exact.project(before), exact.project(after)
         except NotExact:
             pass
     rows = pa.concat_tables([before, after])
     side = np.arange(rows.num_rows) < before.num_rows
-    indexed = rows.append_column(RN, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    indexed = rows.append_column(ROW_NUMBER, pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     df = spark.createDataFrame(indexed, schema=spark_schema(indexed.schema))
     out = df.select(*_evaluated(spark, definition)).toArrow()
-    if not pc.all(pc.equal(out.column(RN), indexed.column(RN))).as_py():
-        out = out.take(pc.sort_indices(out, sort_keys=[(RN, "ascending")]))
+    if not pc.all(pc.equal(out.column(ROW_NUMBER), indexed.column(ROW_NUMBER))).as_py():
+        out = out.take(pc.sort_indices(out, sort_keys=[(ROW_NUMBER, "ascending")]))
     mv = rows.select(list(definition.columns))
     for c in definition.computed:
         mv = mv.append_column(out.schema.field(c.name), out.column(c.name))
@@ -102,18 +101,20 @@ def project_rows(spark: SparkSession, definition: MVDefinition, before: pa.Table
     return mv.filter(pa.array(kept & side)), mv.filter(pa.array(kept & ~side))
 
 
-_EVALUATED: dict[tuple, list] = {}
+_EVALUATED: LRU[tuple, list] = LRU(64, name="projection columns")
 
 
 def _evaluated(spark: SparkSession, definition: MVDefinition) -> list:
     """The row index, `KEEP` and the computed columns as Spark columns, built once per session
     and definition (each build is a few dozen JVM calls a warm loop would pay per barrier)."""
     key = (id(spark), repr(definition))
-    if key not in _EVALUATED:
+    columns = _EVALUATED.get(key)
+    if columns is None:
         keep = _kept(definition) if definition.filter else F.lit(True)
-        _EVALUATED[key] = [F.col(RN), keep.alias(KEEP),
-                           *[F.expr(c.expr).alias(c.name) for c in definition.computed]]
-    return _EVALUATED[key]
+        columns = [F.col(ROW_NUMBER), keep.alias(KEEP),
+                   *[F.expr(c.expr).alias(c.name) for c in definition.computed]]
+        _EVALUATED.put(key, columns)
+    return columns
 
 
 def selected_rows(definition: MVDefinition, rows: pa.Table) -> pa.Table:
@@ -121,39 +122,41 @@ def selected_rows(definition: MVDefinition, rows: pa.Table) -> pa.Table:
     return rows.select([*definition.columns, VNODE])
 
 
-_VALIDATED: dict[tuple, pa.Schema] = {}
+_VALIDATED: LRU[tuple, pa.Schema] = LRU(64, name="validated MV schemas")
 
 
 def validate_expressions(spark: SparkSession, definition: MVDefinition,
                          upstream_schema: pa.Schema,
                          recorded: pa.Schema | None = None) -> pa.Schema:
     """`_validate` once per process, definition and upstream schema: a warm loop of small
-    barriers would otherwise pay a Spark analysis (~0.15 s) per barrier for the same answer.
+    barriers would otherwise pay a Spark analysis per barrier for the same answer.
     ``recorded``: the MV schema an earlier analysis of this definition over this schema gave
     (the progress table's pin): taken as the answer, so a step that needs no other Spark work
     never starts the session."""
     key = (repr(definition), upstream_schema.serialize().to_pybytes())
-    if key not in _VALIDATED:
-        _VALIDATED[key] = recorded if recorded is not None else \
+    schema = _VALIDATED.get(key)
+    if schema is None:
+        schema = recorded if recorded is not None else \
             _validate(spark, definition, upstream_schema)
-    return _VALIDATED[key]
+        _VALIDATED.put(key, schema)
+    return schema
 
 
-_EXACT: dict[tuple, ArrowProjection | None] = {}
+_EXACT: LRU[tuple, ArrowProjection | None] = LRU(64, name="Arrow projections")
 
 
 def exact_projection(spark: SparkSession, definition: MVDefinition,
                      upstream_schema: pa.Schema) -> ArrowProjection | None:
-    """The definition compiled to Arrow kernels whose results are Spark's (`arrow_expr`:
+    """The definition compiled to Arrow kernels whose results are Spark's (`arrow.expressions`:
     a proven subset; its result types checked against Spark's own analysis), or None: then
     only Spark evaluates it. Built once per session, definition and upstream schema."""
     key = (id(spark), repr(definition), upstream_schema.serialize().to_pybytes())
-    if key not in _EXACT:
+    if key not in _EXACT:  # None is a result too (not exact: Spark projects)
         mv_schema = validate_expressions(spark, definition, upstream_schema)
         rows = upstream_schema if VNODE in upstream_schema.names else \
             upstream_schema.append(pa.field(VNODE, pa.int32()))  # the rows carry the MV's
-        _EXACT[key] = compile_projection(definition, rows, mv_schema)
-    return _EXACT[key]
+        _EXACT.put(key, compile_projection(definition, rows, mv_schema))
+    return _EXACT.get(key)
 
 
 def _validate(spark: SparkSession, definition: MVDefinition,
@@ -182,7 +185,7 @@ def _validate(spark: SparkSession, definition: MVDefinition,
 def _arrow_schema(df: DataFrame) -> pa.Schema:
     """The schema ``df.toArrow()`` gives, by analysis alone: pyspark casts what it collects to
     exactly this (``to_arrow_schema`` of the frame's schema, UTC timestamps, large types when
-    the session asks for them), so no job runs (~0.03-0.06 s of a first barrier)."""
+    the session asks for them), so no job runs, a noticeable share of a first barrier."""
     large = False
     if hasattr(df.sparkSession, "_jconf"):  # a classic session honours the setting; Connect not
         large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes",
@@ -227,8 +230,8 @@ def _with_positions(rows: DataFrame, every: Sequence[int], at: Mapping[int, Key]
 
     The positions are a small table joined (broadcast) onto the rows by vnode, so the filter is
     one short comparison against columns: the literal alternative, one OR term per vnode,
-    grows past Spark's code generation limit and is interpreted row by row (25 s instead of
-    1 s on 5M rows and 256 vnodes). Literals come from the core, so key order is the core's.
+    grows past Spark's code generation limit with many vnodes and is then interpreted row by
+    row, many times slower. Literals come from the core, so key order is the core's.
     """
     nulls = [f"CAST(NULL AS {c.type})" for c in key_order.columns]
     values = [f"({v}, TRUE, {', '.join(nulls)})" for v in sorted(every)]
@@ -241,10 +244,10 @@ def _with_positions(rows: DataFrame, every: Sequence[int], at: Mapping[int, Key]
     names = [f"c{i}" for i in range(len(key_order.columns) + 2)]
     sql = f"SELECT * FROM VALUES {', '.join(values)} AS t({', '.join(names)})"
     table = rows.sparkSession.sql(sql)
-    table = table.toDF(POSITION_VNODE, EVERY, *key_order.position_columns(POS))
+    table = table.toDF(POSITION_VNODE, EVERY, *key_order.position_columns(POSITION))
     joined = rows.join(F.broadcast(table), F.col(VNODE) == F.col(POSITION_VNODE))
     kept = joined.where(F.col(EVERY) | F.expr(admits))
-    return kept.drop(POSITION_VNODE, EVERY, *key_order.position_columns(POS))
+    return kept.drop(POSITION_VNODE, EVERY, *key_order.position_columns(POSITION))
 
 
 def visible_rows(rows: DataFrame, progress: Mapping[int, object],
@@ -254,7 +257,7 @@ def visible_rows(rows: DataFrame, progress: Mapping[int, object],
     at = {v: p.current_pos for v, p in progress.items() if isinstance(p, InProgress)}
     done += [v for v, pos in at.items() if key_order.is_placeholder(pos)]
     at = {v: pos for v, pos in at.items() if not key_order.is_placeholder(pos)}
-    return _with_positions(rows, done, at, key_order, key_order.sql_at_or_before_columns(POS))
+    return _with_positions(rows, done, at, key_order, key_order.sql_at_or_before_columns(POSITION))
 
 
 def rows_after(rows: DataFrame, positions: Mapping[int, Key | None],
@@ -264,7 +267,7 @@ def rows_after(rows: DataFrame, positions: Mapping[int, Key | None],
     fresh = [v for v, pos in positions.items() if pos is None]
     at = {v: pos for v, pos in positions.items()
           if pos is not None and not key_order.is_placeholder(pos)}
-    return _with_positions(rows, fresh, at, key_order, key_order.sql_after_columns(POS))
+    return _with_positions(rows, fresh, at, key_order, key_order.sql_after_columns(POSITION))
 
 
 def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order: KeyOrder,
@@ -272,9 +275,10 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     """The next snapshot chunk: rows after the positions, in key order, at most `limit` rows
     per vnode (arrangement) or in total (no-shuffle's one shared position).
 
-    Adds `RN`, the row's rank inside its vnode, so the last row of each vnode is found without
-    sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the previous
-    row's: the duplicate check rides on the window's sort instead of a `groupBy` of its own.
+    Adds `ROW_NUMBER`, the row's rank inside its vnode, so the last row of each vnode is found
+    without sorting again on the driver, and `_bad_key`, true for a null pk or a pk equal to the
+    previous row's: the duplicate check rides on the window's sort instead of a `groupBy` of
+    its own.
     """
     order = order_columns(key_order)
     pending = rows_after(rows, positions, key_order)
@@ -284,9 +288,9 @@ def select_chunk(rows: DataFrame, positions: Mapping[int, Key | None], key_order
     keys = [col(name) for name in key_order.names]
     same = reduce(lambda a, b: a & b, [k == F.lag(k).over(window) for k in keys])
     null = reduce(lambda a, b: a | b, [k.isNull() for k in keys])
-    ranked = pending.withColumn(RN, F.row_number().over(window))
+    ranked = pending.withColumn(ROW_NUMBER, F.row_number().over(window))
     ranked = ranked.withColumn(BAD_KEY, F.coalesce(same, F.lit(False)) | null)
-    return ranked.where(F.col(RN) <= limit) if per_vnode else ranked
+    return ranked.where(F.col(ROW_NUMBER) <= limit) if per_vnode else ranked
 
 
 def first_rows(rows: DataFrame, key_order: KeyOrder, limit: int) -> DataFrame:
@@ -317,16 +321,16 @@ class ChunkStats:
 
 
 def chunk_stats(chunk: DataFrame, key_names: Sequence[str]) -> ChunkStats:
-    """One aggregate over the cached chunk: the row of highest `RN` per vnode (only those rows
-    reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
-    top = chunk.groupBy("vnode").agg(F.max(RN).alias(TOP),
+    """One aggregate over the cached chunk: the row of highest `ROW_NUMBER` per vnode (only those
+    rows reach the driver, as Arrow, so key values keep their exact types) and the bad-key flag."""
+    top = chunk.groupBy("vnode").agg(F.max(ROW_NUMBER).alias(TOP),
                                      F.max(F.col(BAD_KEY).cast("int")).alias(BAD))
     keys = [col(k) for k in key_names]
-    last = (chunk.join(top, "vnode").where(F.col(RN) == F.col(TOP))
-            .select("vnode", RN, BAD, *keys).toArrow())
+    last = (chunk.join(top, "vnode").where(F.col(ROW_NUMBER) == F.col(TOP))
+            .select("vnode", ROW_NUMBER, BAD, *keys).toArrow())
     rows = last.to_pylist()
-    return ChunkStats({row["vnode"]: (row[RN], tuple(row[k] for k in key_names)) for row in rows},
-                      any(row[BAD] for row in rows))
+    return ChunkStats({row["vnode"]: (row[ROW_NUMBER], tuple(row[k] for k in key_names))
+                       for row in rows}, any(row[BAD] for row in rows))
 
 
 def order_columns(key_order: KeyOrder) -> list:

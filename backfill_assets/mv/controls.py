@@ -4,7 +4,7 @@ over finished vnodes chooses between applying its changes and re-snapshotting th
 
 RisingWave changes these with Pause / Resume / Throttle mutations carried by barriers; here a
 small JSON document beside the MV's tables (local folder or object store, through
-`storage.documents`) is read at every barrier, so a change takes effect at the next barrier
+`storage.store.documents`) is read at every barrier, so a change takes effect at the next barrier
 without restarting anything. Run config of a single run overrides it.
 """
 
@@ -16,9 +16,8 @@ from enum import Enum
 
 from backfill_assets.core.cost_choice import CHOICES
 from backfill_assets.core.errors import InvalidControl
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.documents import read_json, write_json
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import objects, read_json, write_json
 
 UNSET = "unset"
 
@@ -121,7 +120,7 @@ def read_controls(tables: MVTables) -> Controls:
 def controls_changed_at(tables: MVTables) -> float | None:
     """When the controls were last written (None: never, or by a version that did not say):
     a rate limit's pace starts there, so no credit from before a change (a pause, another
-    rate) is spent after it (step/pacing.py)."""
+    rate) is spent after it (barrier/pacing.py)."""
     stored = read_json(controls_uri(tables), tables.storage_options)
     return None if stored is None else stored.get(CHANGED_AT)
 
@@ -155,8 +154,3 @@ def _whole(value: int | str, name: str) -> int:
         raise InvalidControl(
             f"{name} {value!r} is not a whole number: give e.g. 5000, or {words}") from None
 
-
-def throttle(rate_limit: int | None, rows: int, started: float) -> None:
-    """Sleep so the snapshot side never exceeds `rate_limit` rows per second."""
-    if rate_limit and rows:
-        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))

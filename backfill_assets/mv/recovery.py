@@ -22,8 +22,8 @@ from backfill_assets.core.errors import ConcurrentBackfillRun, CorruptProgressRo
 from backfill_assets.core.figures import FINISHED, IN_PROGRESS
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.mv import owned_tables
+from backfill_assets.storage import LRU, arrow_schema
 
 
 def progress_schema(key_order: KeyOrder) -> pa.Schema:
@@ -36,7 +36,7 @@ def read_progress(table: DeltaTable, key_order: KeyOrder, vnodes: Sequence[int])
     codec.validate_schema(arrow_schema(table).names, key_order)
     rows = _known_rows(table, vnodes)
     if rows is None:
-        rows = mv_store.read_rows(table, vnodes).to_pylist()
+        rows = owned_tables.read_rows(table, vnodes).to_pylist()
         _remember(table, table.version(), vnodes, rows)
     out: dict = {}
     for row in rows:
@@ -58,11 +58,13 @@ def recover_state(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
     A function of the two tables' versions: a barrier that recovers twice at the same versions
     (snapshot mode plans its steps from it, then the step opens) reads the tables once."""
     key = _recovery_key(progress_table, mv, mv.version(), mv_name, key_order, vnodes)
-    if key not in _RECOVERED:
+    known = _RECOVERED.get(key)
+    if known is None:
         recovered, redone = _recover(mv_name, key_order, vnodes, progress_table, mv,
                                      storage_options)
-        _keep_recovery(key, (BackfillState(key_order, vnodes, recovered), redone))
-    state, redone = _RECOVERED[key]
+        known = (BackfillState(key_order, vnodes, recovered), redone)
+        _RECOVERED.put(key, known)
+    state, redone = known
     return state.copy(), list(redone)
 
 
@@ -84,7 +86,7 @@ def remember_step(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, m
     for row in rows:
         vnode, progress, version = codec.decode(row, key_order)
         recovered[vnode] = (progress, version)
-    _keep_recovery(_recovery_key(progress_table, mv, mv_version, mv_name, key_order, vnodes),
+    _RECOVERED.put(_recovery_key(progress_table, mv, mv_version, mv_name, key_order, vnodes),
                    (BackfillState(key_order, vnodes, recovered), []))
 
 
@@ -95,27 +97,21 @@ def _recovery_key(progress_table: DeltaTable, mv: DeltaTable, mv_version: int, m
             tuple(vnodes))
 
 
-def _keep_recovery(key: tuple, value: tuple[BackfillState, list[int]]) -> None:
-    _RECOVERED[key] = value
-    while len(_RECOVERED) > 8:
-        del _RECOVERED[next(iter(_RECOVERED))]
-
-
 # the last few recoveries, by the versions (and ids) of the tables they read
-_RECOVERED: dict[tuple, tuple[BackfillState, list[int]]] = {}
+_RECOVERED: LRU[tuple, tuple[BackfillState, list[int]]] = LRU(8, name="recoveries")
 
 
 def _recover(mv_name: str, key_order: KeyOrder, vnodes: Sequence[int],
              progress_table: DeltaTable, mv: DeltaTable,
              storage_options: Mapping[str, str] | None) -> tuple[dict, list[int]]:
     recovered = read_progress(progress_table, key_order, vnodes)
-    mv_done = mv_store.txn_versions(mv, mv_name, "mv", vnodes, storage_options)
+    mv_done = owned_tables.txn_versions(mv, mv_name, "mv", vnodes, storage_options)
     known = {v: recovered.get(v, (NotStarted(), None)) for v in vnodes}
     # an MV commit at the progress table's own version may still be ahead of it (a second
     # step at the same upstream version): look at what it carries, not only at its version
     candidates = {v: ver for v, ver in mv_done.items()
                   if ver is not None and (known[v][1] is None or ver >= known[v][1])}
-    steps = mv_store.find_steps(mv, candidates)
+    steps = owned_tables.find_steps(mv, candidates)
     redone: list[int] = []
     for vnode, version in candidates.items():
         progress, at = known[vnode]
@@ -168,7 +164,7 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
     rows = [r for r in rows if r is not None]
     arrow = pa.Table.from_pylist(rows, schema=progress_schema(key_order))
     before = table.version()
-    after = mv_store.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress",
+    after = owned_tables.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress",
                                       vnodes=vnodes, version=version,
                                       storage_options=storage_options)
     _written(table, before, after, vnodes, arrow)
@@ -176,10 +172,11 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
 
 
 # The progress rows this process last saw, per table: (uri, table id) -> (version, vnode ->
-# rows). A barrier reads them (one file per vnode partition: ~0.1 s for 256 vnodes) at the
+# rows). A barrier would otherwise read them back (a read of the progress table) at the
 # version its previous barrier committed; when that commit was the only one since the rows
 # were read (the table's version moved by exactly one), the rows it wrote are that version's.
-_PROGRESS_ROWS: dict[tuple[str, str], tuple[int, dict[int, list[dict]]]] = {}
+_PROGRESS_ROWS: LRU[tuple[str, str], tuple[int, dict[int, list[dict]]]] = LRU(
+    16, name="progress rows")
 
 
 def _key(table: DeltaTable) -> tuple[str, str]:
@@ -187,7 +184,7 @@ def _key(table: DeltaTable) -> tuple[str, str]:
 
 
 def _known_rows(table: DeltaTable, vnodes: Sequence[int]) -> list[dict] | None:
-    version, known = _PROGRESS_ROWS.get(_key(table), (None, {}))
+    version, known = _PROGRESS_ROWS.get(_key(table)) or (None, {})
     if version != table.version() or any(v not in known for v in vnodes):
         return None
     return [dict(row) for v in vnodes for row in known[v]]
@@ -197,9 +194,7 @@ def _remember(table: DeltaTable, version: int, vnodes: Sequence[int], rows: list
     known: dict[int, list[dict]] = {v: [] for v in vnodes}
     for row in rows:
         known.setdefault(row[codec.VNODE], []).append(dict(row))
-    _PROGRESS_ROWS[_key(table)] = (version, known)
-    while len(_PROGRESS_ROWS) > 16:
-        del _PROGRESS_ROWS[next(iter(_PROGRESS_ROWS))]
+    _PROGRESS_ROWS.put(_key(table), (version, known))
 
 
 def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
@@ -207,24 +202,24 @@ def _written(table: DeltaTable, before: int, after: int, vnodes: Sequence[int],
     """After our overwrite of `vnodes` (version `before` -> `after`): the rows of the new
     version, when it is known."""
     key = _key(table)
-    version, known = _PROGRESS_ROWS.pop(key, (None, {}))
+    version, known = _PROGRESS_ROWS.pop(key) or (None, {})
     if version != before or after != before + 1:
         return  # not seen before, or another commit landed in between: read it next time
     now = {v: rows for v, rows in known.items() if v not in vnodes}
     now.update({v: [] for v in vnodes})
     for row in arrow.cast(arrow_schema(table)).to_pylist():  # as a read returns them
         now[row[codec.VNODE]].append(row)
-    _PROGRESS_ROWS[key] = (before + 1, now)
+    _PROGRESS_ROWS.put(key, (before + 1, now))
 
 
-def vnode_states(tables: mv_store.MVTables) -> dict[int, str]:
+def vnode_states(tables: owned_tables.MVTables) -> dict[int, str]:
     """vnode -> finished / in progress, as the progress table records them (a vnode without a
     progress row has not started): what the figures, the jobs and a re-snapshot's checks read
     without recovering anything."""
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     if progress is None:
         return {}
-    rows = mv_store.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
+    rows = owned_tables.read_rows(progress, None, [codec.VNODE, codec.FINISHED]).to_pylist()
     return {r[codec.VNODE]: FINISHED if r[codec.FINISHED] else IN_PROGRESS for r in rows}
 
 

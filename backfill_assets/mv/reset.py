@@ -28,9 +28,9 @@ from backfill_assets.core.errors import (
     UpstreamNotFound,
     UpstreamSchemaChanged,
 )
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.run_layout import layout_path
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.store import objects
+from backfill_assets.storage import objects
 
 
 def mv_state_paths(tables: MVTables) -> list[str]:

@@ -8,7 +8,7 @@ vnode of the overlapped sets is finished (then the MV behaves like any other and
 any ranges).
 
 Recorded through the storage layer's object store, where the tables are (a local folder or
-S3), as a sequence of documents each written create-only (``documents.append_sequence``): two
+S3), as a sequence of documents each written create-only (``storage.append_sequence``): two
 runs that read the same layout cannot both record a new one, whichever hosts they run on.
 """
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from backfill_assets import storage
 from backfill_assets.core.errors import RescaleRefused
-from backfill_assets.storage.store import documents, objects
-from backfill_assets.storage.store.objects import StorageOptions
+from backfill_assets.storage import StorageOptions, objects
 
 ATTEMPTS = 16  # another run recording at the same instant: read again and decide again
 
@@ -35,7 +35,7 @@ def check_run_layout(mv_root: str, vnodes: Sequence[int],
     mine = set(vnodes)
     folder = layout_path(mv_root)
     for _ in range(ATTEMPTS):
-        number, recorded = documents.read_sequence(folder, storage_options)
+        number, recorded = storage.read_sequence(folder, storage_options)
         groups: list[list[int]] = recorded or []
         if any(set(g) == mine for g in groups):
             return
@@ -50,7 +50,7 @@ def check_run_layout(mv_root: str, vnodes: Sequence[int],
                 "rescale freely"
             )
         kept = [g for g in groups if not set(g) & mine]
-        if documents.append_sequence(folder, number + 1, [*kept, sorted(mine)],
+        if storage.append_sequence(folder, number + 1, [*kept, sorted(mine)],
                                      storage_options):
             return
     raise RescaleRefused(

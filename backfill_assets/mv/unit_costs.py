@@ -2,7 +2,7 @@
 re-snapshotted (core/cost_choice.py's `UnitCosts`), kept in `unit_costs.json` beside the MV's
 tables.
 
-Why a document beside the tables (through `storage.documents`, like the controls): every run,
+Why a document beside the tables (through `storage.store.documents`, like the controls): every run,
 follower and machine that runs a barrier of this MV reads and refines the same figures, on a
 local folder or an object store; they describe this MV's data and this deployment's engine,
 so a reset keeps them, as it keeps the controls. A write replaces the document whole; two runs
@@ -13,9 +13,8 @@ over the other's: one sample is lost, which a smoothed figure can afford (no loc
 from __future__ import annotations
 
 from backfill_assets.core.cost_choice import UnitCosts
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.documents import read_json, write_json
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import objects, read_json, write_json
 
 
 def unit_costs_uri(tables: MVTables) -> str:
@@ -32,7 +31,7 @@ def read_unit_costs(tables: MVTables) -> UnitCosts:
     return UnitCosts.from_json(doc if isinstance(doc, dict) else None)
 
 
-def record_barrier(tables: MVTables, path: str, rows: int, seconds: float) -> UnitCosts:
+def record_cost(tables: MVTables, path: str, rows: int, seconds: float) -> UnitCosts:
     """Fold one barrier's cost on `path` (APPLY or RESNAPSHOT) into the document; returns the
     costs now kept (unchanged, and nothing written, for a barrier too small to say)."""
     before = read_unit_costs(tables)

@@ -9,7 +9,7 @@ scan of a few columns and one row per vnode through the shuffle.
 
 Duplicate pks need a group-by over every key (a shuffle of all keys): it runs unless every row
 of the upstream came from the platform's own writer, which refuses them
-(`upstream_layout.keys_kept_unique`: a platform table with the MV's pk whose row-adding commits all
+(`upstream.layout.keys_kept_unique`: a platform table with the MV's pk whose row-adding commits all
 carry its marker). Not caught therefore: duplicates written by another engine in commits the
 log no longer holds.
 
@@ -30,7 +30,7 @@ from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.snapshot import last_key_sort_sql
 from backfill_assets.engine.projection import rows_after
 from backfill_assets.step.key_checks import check_snapshot_keys
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.storage import col
 
 
 def read_remainder(rows: DataFrame, keys: DataFrame, positions: Mapping[int, Key | None],
@@ -73,7 +73,7 @@ def _vnode_stats(rows: DataFrame, key_order: KeyOrder) -> list[dict]:
     return agg.toArrow().to_pylist()
 
 
-def replacing(spark: SparkSession, mv: storage.Snapshot, rows: DataFrame | None,
+def replacing(spark: SparkSession, mv: storage.TableVersion, rows: DataFrame | None,
               vnodes: Sequence[int], key_names: Sequence[str]) -> DataFrame:
     """Keyed changes that turn the MV's rows of `vnodes` into `rows` (the vnodes re-read from
     scratch): every new row upserted (the storage layer skips an upsert equal to the row it

@@ -23,7 +23,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.positions import VnodeChunk
 from backfill_assets.core.progress import BackfillState, InProgress
-from backfill_assets.engine import netting as spark_ops
+from backfill_assets.engine import netting
 from backfill_assets.engine.projection import (
     BAD_KEY,
     chunk_stats,
@@ -31,7 +31,7 @@ from backfill_assets.engine.projection import (
     first_rows,
     project,
 )
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.step.bulk_read import read_remainder
 from backfill_assets.step.key_checks import check_snapshot_keys, refuse_flagged_chunk_key
 from backfill_assets.step.request import StepReport
@@ -41,14 +41,14 @@ from backfill_assets.step.source_context import (
     SourceContext,
     WholeSource,
 )
-from backfill_assets.upstream.layout import keys_kept_unique
+from backfill_assets.upstream import keys_kept_unique
 
 
 @dataclass
 class Chunk:
     """What a step's snapshot read produced."""
 
-    rows: DataFrame | None  # projected rows + KEEP, RN, BAD_KEY, cached; None: no rows
+    rows: DataFrame | None  # projected rows + KEEP, ROW_NUMBER, BAD_KEY, cached; None: no rows
     read: int
     stats: dict
     scanned: int | None = None  # rows of the files a seek read (None: not a seek)
@@ -72,14 +72,14 @@ class Chunk:
 
 
 def snapshot_chunk(ctx: SourceContext, source: ChunkSource, state: BackfillState, plan: StepPlan,
-                   d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
+                   d: MVDefinition, mv: storage.TableVersion | None = None) -> Chunk:
     """Chunked modes: the next chunk after each unfinished vnode's position, read from only
     the files that can hold it (the rows never pass through the driver); per-vnode stats (rows
     read, last key) come back to the driver. no_shuffle's shared limit is cut from the
     candidates' key columns (Arrow path) or from the read tasks' candidates in Spark
     (`first_rows`). ``mv``: write the chunk into it in Arrow when the
     source can (`arrow_seek_chunk`), else project in Spark."""
-    readers = [p.vnode for p in plan.vnodes if p.read_snapshot]
+    readers = [p.vnode for p in plan.vnodes if p.read_table_version]
     if not readers or plan.chunk_limit == 0:
         return Chunk(None, 0, {})
     positions = {v: position(state.current(v)) for v in readers}
@@ -128,7 +128,7 @@ def snapshot_chunk(ctx: SourceContext, source: ChunkSource, state: BackfillState
 
 def arrow_seek_chunk(ctx: SourceContext, source: ChunkSource, positions: dict,
                      state: BackfillState, plan: StepPlan, d: MVDefinition,
-                     mv: storage.Snapshot) -> Chunk | None:
+                     mv: storage.TableVersion) -> Chunk | None:
     """The first phase of a chunked step's commit: the chunk read, projected in Arrow and
     written into ``mv`` by Python tasks that report each vnode's rows and last key. None
     when the definition does not compile to Arrow, or when a pk is null or repeated (the
@@ -171,7 +171,7 @@ def _written_chunk(written: storage.BulkWritten, readers: list[int],
 
 
 def first_chunk(ctx: SourceContext, source: SnapshotSource, d: MVDefinition, plan: StepPlan,
-                mv: storage.Snapshot | None, fresh: list[int]) -> storage.FirstChunk | None:
+                mv: storage.TableVersion | None, fresh: list[int]) -> storage.FirstChunk | None:
     """What a replica's copy may write of this step's chunk: every reading vnode starts now
     (its chunk is the first rows of the copy) and the definition compiles to Arrow."""
     readers = plan.snapshot_vnodes
@@ -187,7 +187,7 @@ def first_chunk(ctx: SourceContext, source: SnapshotSource, d: MVDefinition, pla
 
 
 def bulk_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, plan: StepPlan,
-               d: MVDefinition, mv: storage.Snapshot | None = None) -> Chunk:
+               d: MVDefinition, mv: storage.TableVersion | None = None) -> Chunk:
     """Snapshot mode: every remaining row of each unfinished vnode (no sort, not cached).
     ``mv``: the MV to write into when the step has nothing but these rows to commit; vnodes
     read whole are then written by Python tasks alone (`arrow_chunk`) when the definition
@@ -217,7 +217,7 @@ def bulk_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, pl
 
 
 def arrow_chunk(ctx: SourceContext, source: WholeSource, state: BackfillState, d: MVDefinition,
-                mv: storage.Snapshot, readers: list[int], keys: DataFrame) -> Chunk | None:
+                mv: storage.TableVersion, readers: list[int], keys: DataFrame) -> Chunk | None:
     """The first phase of a bulk step's commit: the vnodes' rows read, projected in Arrow
     and written into ``mv`` by Python tasks, which report each vnode's rows and last key
     (the step commits the files with the progress they make). None when the upstream or
@@ -243,26 +243,26 @@ def check_fresh_keys(ctx: SourceContext, vnodes: list[int]) -> None:
     """Vnodes starting now: no null or duplicate pk in their snapshot (one Spark pass, once
     per vnode, before their replica or MV rows are written). Skipped when every row of the
     upstream came from the platform's pk-enforcing writer (`keys_kept_unique`, as the bulk
-    read does): the pass reads the whole upstream, 4.6-5.4 s at 5M rows."""
+    read does): the pass reads the whole upstream."""
     if not vnodes or keys_kept_unique(ctx.tables.upstream, ctx.v_new, ctx.key_names,
                                       ctx.vnode_count, ctx.tables.storage_options):
         return
-    check_snapshot_keys(upstream_at(ctx).where(mv_store.vnode_in(vnodes)), ctx.key_names,
+    check_snapshot_keys(upstream_at(ctx).where(owned_tables.vnode_in(vnodes)), ctx.key_names,
                         ctx.tables.upstream, ctx.v_new)
 
 
 def mv_file_rows(ctx: SourceContext) -> int:
     """Rows per MV data file: sized by the upstream version's rows (the MV holds at most
     those), so a bulk written in slices gets the files the whole table wants."""
-    snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
+    snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, ctx.tables.storage_options)
     return storage.file_rows_for(snap.live_rows)
 
 
 def upstream_at(ctx: SourceContext) -> DataFrame:
     """The upstream's rows at the step's version, with the MV's vnode (lazy)."""
-    rows = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
+    rows = storage.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, ctx.upstream_schema,
                                   storage_options=ctx.tables.storage_options)
-    return spark_ops.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return netting.with_vnode(rows, ctx.key_names, ctx.key_types, ctx.vnode_count)
 
 
 def position(progress) -> tuple | None:

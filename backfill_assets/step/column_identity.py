@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from backfill_assets.core.errors import UpstreamSchemaChanged
 from backfill_assets.core.expressions import columns_of, parse
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 
 Identity = tuple[int | None, str]  # (delta.columnMapping.id, physical name)
 PIN_KEY = "column_identities"

@@ -11,12 +11,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from backfill_assets import storage
-from backfill_assets.arrow import netting as arrow_changes
+from backfill_assets.arrow import netting  # the driver's path; Spark's below by name
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import OP
+from backfill_assets.core.names import OP, VNODE
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.progress import BackfillState, NotStarted
-from backfill_assets.engine import netting as spark_ops
+from backfill_assets.engine.netting import net_changes, with_vnode
 from backfill_assets.engine.projection import (
     KEEP,
     project,
@@ -24,11 +24,10 @@ from backfill_assets.engine.projection import (
     visible_rows,
     with_vnode_versions,
 )
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.step.key_checks import check_change_keys
 from backfill_assets.step.source_context import SourceContext
-from backfill_assets.storage.rows import change_range
-from backfill_assets.upstream.layout import same_vnodes
+from backfill_assets.upstream import same_vnodes
 
 
 def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
@@ -42,8 +41,8 @@ def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
     so = ctx.tables.storage_options
     arranged = same_vnodes(ctx.tables.upstream, plan.v_new, ctx.key_names, ctx.vnode_count, so)
     # the columns the MV reads, named: a version of the range without one of them is refused
-    keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
-    raw = change_range.read_raw_changes(  # an upstream arranged by the MV's vnodes: only the
+    keep = [f.name for f in ctx.upstream_schema if f.name != VNODE]
+    raw = storage.read_raw_changes(  # an upstream arranged by the MV's vnodes: only the
         ctx.tables.upstream, min(starts), plan.v_new, keep, storage_options=so,  # step's files
         vnodes=[p.vnode for p in plan.vnodes] if arranged else None)
     if raw.num_rows == 0:
@@ -57,16 +56,16 @@ def in_spark(ctx: SourceContext, plan: StepPlan, raw: pa.Table | None) -> DataFr
     """The change rows as a cached DataFrame with the MV's vnode, the step's vnodes only."""
     if raw is None:
         return None
-    df = ctx.spark.createDataFrame(raw, schema=spark_ops.spark_schema(raw.schema))
-    df = spark_ops.with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
-    return df.where(mv_store.vnode_in(p.vnode for p in plan.vnodes)).cache()
+    df = ctx.spark.createDataFrame(raw, schema=storage.spark_schema(raw.schema))
+    df = with_vnode(df, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return df.where(owned_tables.vnode_in(p.vnode for p in plan.vnodes)).cache()
 
 
 def on_driver(ctx: SourceContext, plan: StepPlan, raw: pa.Table) -> pa.Table:
     """The change rows kept on the driver: with the MV's vnode (computed as in Spark), the
     step's vnodes only."""
-    rows = arrow_changes.with_vnode(raw, ctx.key_names, ctx.key_types, ctx.vnode_count)
-    return arrow_changes.newer_than(rows, {p.vnode: -1 for p in plan.vnodes})
+    rows = netting.with_vnode(raw, ctx.key_names, ctx.key_types, ctx.vnode_count)
+    return netting.newer_than(rows, {p.vnode: -1 for p in plan.vnodes})
 
 
 def forward_since(plan: StepPlan, state: BackfillState) -> dict[int, int]:
@@ -85,9 +84,9 @@ def forwarded_keyed(ctx: SourceContext, rows: pa.Table, state: BackfillState, pl
     row before the first change after it."""
     since = forward_since(plan, state)
     progress = {v: state.current(v) for v in since}
-    visible = arrow_changes.visible(arrow_changes.newer_than(rows, since), progress,
+    visible = netting.visible(netting.newer_than(rows, since), progress,
                                     state.key_order)
-    netted = arrow_changes.net_with_prior(visible, ctx.key_names)
+    netted = netting.net_with_prior(visible, ctx.key_names)
     if not netted.keys:
         return None, 0
     before, after = project_rows(ctx.spark, d, netted.before, netted.after,
@@ -103,7 +102,7 @@ def forwarded(changes: DataFrame | None, state: BackfillState, plan: StepPlan,
     progress = {v: state.current(v) for v in since}
     if changes is None or not since:
         return None
-    net = spark_ops.net_changes(with_vnode_versions(changes, since), state.key_order.names)
+    net = net_changes(with_vnode_versions(changes, since), state.key_order.names)
     visible = project(visible_rows(net, progress, state.key_order), d)
     op = F.when((F.col(OP) == "delete") | ~F.col(KEEP), F.lit("delete")).otherwise("upsert")
     return visible.withColumn(OP, op).drop(KEEP).cache()

@@ -1,10 +1,10 @@
 """The driver's heap in a process that runs step after step (the follower, a long run).
 
 Why: CPython's cyclic collector scans every tracked object in a full collection. After a first
-step the driver holds ~190,000 of them that live as long as the process (Spark's py4j
-objects, Dagster's, the parsed Delta logs in the caches), so each full collection took
-50-120 ms, and a small barrier (0.2 s) met one in about every third run (measured on a 5M-row
-MV: 0.1% barriers 0.25-0.36 s with collections, 0.19-0.21 s without). Moving what exists after
+step the driver holds a couple of hundred thousand of them that live as long as the process
+(Spark's py4j objects, Dagster's, the parsed Delta logs in the caches), so each full
+collection costs a sizeable share of a small barrier, and a small barrier meets one every few
+runs: its time then varies by that much. Moving what exists after
 the first step out of the collector's reach (`gc.freeze`, after one full collection so no
 garbage is frozen) leaves it only the objects made since. Reference counting still frees
 everything frozen that is dropped later (an evicted cache entry); only a cycle among frozen
@@ -24,7 +24,7 @@ _steps_started = 0
 
 
 def step_starting() -> None:
-    """Call as a step starts; the process's second step settles the heap first (~0.1 s once)."""
+    """Call as a step starts; the process's second step settles the heap first (once)."""
     global _steps_started
     with _lock:
         _steps_started += 1

@@ -8,7 +8,7 @@ rows. A step checks what it reads before it writes anything:
 - the snapshot of vnodes that start in this step (one Spark pass over their rows, once per
   vnode, before their replica or MV rows are written);
 - every snapshot chunk: a null pk or twice the same key, flagged by the chunk's own window
-  (`mv_spark.select_chunk`, the row's key against the previous row's) and read with its
+  (`engine.projection.select_chunk`, the row's key against the previous row's) and read with its
   per-vnode stats, so it costs no extra Spark pass.
 - keys the change chunk inserts into vnodes that already started (`check_inserted_keys`): an
   insert (or a pk change's new key) without a delete of the same key in the same version is
@@ -33,9 +33,9 @@ from pyspark.sql import functions as F
 
 from backfill_assets.core.errors import BadPrimaryKeyInUpstream
 from backfill_assets.core.names import SEEN
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import col
 
 _FIX = ("fix those rows in the upstream (or primary_key in the MV definition), then rerun; "
         "nothing was written")
@@ -68,11 +68,11 @@ def check_inserted_keys(changes: DataFrame, upstream: DataFrame, started: Sequen
         return
     keys = [col(k) for k in key_names]
     new = F.col("_change_type").isin("insert", "update_postimage").cast("int")
-    inserted = (changes.where(mv_store.vnode_in(started))
+    inserted = (changes.where(owned_tables.vnode_in(started))
                 .groupBy(*keys, "_commit_version")
                 .agg(F.min(new).alias(SEEN)).where(F.col(SEEN) == 1)
                 .groupBy(*keys).agg(F.max("_commit_version").alias("_commit_version")))
-    held = (upstream.where(mv_store.vnode_in(started)).select(*keys)
+    held = (upstream.where(owned_tables.vnode_in(started)).select(*keys)
             .join(F.broadcast(inserted), list(key_names), "inner")
             .groupBy(*keys, "_commit_version").agg(F.count(F.lit(1)).alias(SEEN))
             .where(F.col(SEEN) > 1).limit(1).collect())
@@ -91,19 +91,19 @@ def check_inserted_keys_local(rows: pa.Table, tables: MVTables, key_names: Seque
     """`check_inserted_keys` for a small barrier (change rows on the driver, finished vnodes):
     the inserted keys are counted in the upstream at `version` by reading only the key columns
     of the files whose statistics admit them. Skipped when every row of the upstream came from
-    the platform's writer, which enforces the pk (`upstream_layout.keys_kept_unique`)."""
+    the platform's writer, which enforces the pk (`upstream.layout.keys_kept_unique`)."""
     from backfill_assets import storage
-    from backfill_assets.arrow import netting as arrow_changes
-    from backfill_assets.upstream.layout import keys_kept_unique
+    from backfill_assets.arrow import netting
+    from backfill_assets.upstream import keys_kept_unique
 
     so = tables.storage_options
     if not rows.num_rows or keys_kept_unique(tables.upstream, version, key_names, vnode_count,
                                              so):
         return
-    inserted = arrow_changes.inserted_keys(rows, key_names)
+    inserted = netting.inserted_keys(rows, key_names)
     if not inserted.num_rows:
         return
-    snap = storage.Snapshot.load(tables.upstream, version, so)
+    snap = storage.TableVersion.load(tables.upstream, version, so)
     counts = storage.key_counts(snap, inserted, key_names)
     twice = counts.filter(pc.greater(counts.column("count"), 1))
     if twice.num_rows:

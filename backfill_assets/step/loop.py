@@ -12,7 +12,7 @@ remainder whole, without a sort, in step/bulk_read.py); kill points (`hook`) sit
 commit boundary for the crash tests.
 
 A step whose change rows are few (`keyed_barrier`) keeps them on the driver: they are netted
-in Arrow (`arrow_changes`), the visible ones projected in one small Spark job, and merged on
+in Arrow (`arrow.netting`), the visible ones projected in one small Spark job, and merged on
 read by key lookups (`storage.apply_keyed`, with the chunk's Spark-written rows in the same commit)
 instead of a Spark merge that reads every column of every file a changed key may be in (for
 changes spread over all vnodes, the whole MV). The snapshot chunk, which can be large, stays in
@@ -32,13 +32,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from backfill_assets import storage
-from backfill_assets.arrow import netting as arrow_changes
+from backfill_assets.arrow import netting
+from backfill_assets.core.names import BAD_KEY, KEEP, ROW_NUMBER
 from backfill_assets.core.planning import StepPlan, plan_step
 from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import BackfillState, Completed, NotStarted
-from backfill_assets.engine.projection import BAD_KEY, KEEP, RN, validate_expressions
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.mv.controls import throttle
+from backfill_assets.engine.projection import validate_expressions
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import STEP_METADATA_KEY
 from backfill_assets.mv.recovery import (
     progress_rows,
     progress_schema,
@@ -50,7 +51,6 @@ from backfill_assets.mv.recovery import (
     write_progress,
 )
 from backfill_assets.mv.run_layout import check_run_layout
-from backfill_assets.mv.tables import STEP_METADATA_KEY
 from backfill_assets.step import heap
 from backfill_assets.step.bulk_read import replacing
 from backfill_assets.step.chunk import (
@@ -73,7 +73,6 @@ from backfill_assets.step.key_checks import check_inserted_keys, check_inserted_
 from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 from backfill_assets.step.source_context import SnapshotSource, SourceContext
-from backfill_assets.storage.writes import maintain
 
 SMALL_BARRIER_ROWS = 1_000_000  # change rows up to which a step keeps them on the driver
 
@@ -97,7 +96,7 @@ def run_step(spark: SparkSession, req: StepRequest, hook: Hook = no_hook) -> Ste
 def keyed_barrier(raw: pa.Table | None, special: bool) -> bool:
     """Whether the step's change rows stay on the driver (netted in Arrow, applied by key
     lookups): at most `SMALL_BARRIER_ROWS` of them, and not a replay or a re-snapshot (those
-    take the Spark merge, which `snapshot_read.replacing` builds on)."""
+    take the Spark merge, which `step.bulk_read.replacing` builds on)."""
     return raw is not None and raw.num_rows <= SMALL_BARRIER_ROWS and not special
 
 
@@ -118,7 +117,7 @@ class _Step:
     started: float
     replay: bool = False  # this very barrier's MV commit landed, only its progress is missing
     mv_version: int | None = None  # the MV's version after this step's first commit
-    committed: tuple[storage.Snapshot, storage.Applied] | None = None  # its last MV commit
+    committed: tuple[storage.TableVersion, storage.Applied] | None = None  # its last MV commit
     carried_rows: list[dict | None] | None = None  # the progress rows that commit carries
 
     @classmethod
@@ -129,10 +128,10 @@ class _Step:
         upstream = checked_upstream(req.tables, d, req.v_new, req.mode.check_upstream)
         key_order = upstream.key_order
         mv_schema = validate_expressions(spark, d, upstream.schema, upstream.mv_schema)
-        mv = mv_store.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
+        mv = owned_tables.ensure_data_table(req.tables.mv, mv_schema, so, cdf=True,
                                         key_names=key_order.names, vnode_count=d.vnode_count)
         pin = upstream.pin(d, mv_schema)
-        progress_table = mv_store.ensure_table(req.tables.progress, progress_schema(key_order),
+        progress_table = owned_tables.ensure_table(req.tables.progress, progress_schema(key_order),
                                                so, cdf=False, description=pin)
         vnodes = tuple(sorted(req.vnodes))
         strategy = req.mode.positions()
@@ -146,8 +145,8 @@ class _Step:
                 if v not in req.reset and not isinstance(state.committed(v), NotStarted)}), []
         strategy.recover(state)
         refuse_stale(state, vnodes, upstream.version, req.tables.mv)
-        replica = mv_store.open_table(req.tables.replica, so)
-        replica_versions = mv_store.txn_versions(replica, d.name, "replica", vnodes, so)
+        replica = owned_tables.open_if_exists(req.tables.replica, so)
+        replica_versions = owned_tables.txn_versions(replica, d.name, "replica", vnodes, so)
         plan = plan_step(state, strategy, vnodes, replica_versions, upstream.version,
                          req.chunk_size, req.rate_limit)
         ctx = SourceContext(spark, d.name, req.tables, key_order.names, upstream.key_types,
@@ -166,7 +165,7 @@ class _Step:
     def run(self, changes: DataFrame | pa.Table | None) -> StepReport:
         """Replicate, forward, read the snapshot chunk, commit the MV, commit progress.
         ``changes``: the step's change rows in Spark, or few of them on the driver (Arrow,
-        `step_changes.on_driver`), or None."""
+        `step.forward.on_driver`), or None."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         source = self.req.mode.source
         replicate = {p.vnode: p.replicate_from for p in plan.vnodes if p.replicate}
@@ -175,7 +174,7 @@ class _Step:
             check_fresh_keys(self.ctx, fresh)
         self._check_inserted(changes, [v for v in report.vnodes if v not in fresh])
         if not self.replay and not self.req.reset:
-            self.ctx.first_chunk = first_chunk(self.ctx, source, d, plan, self._mv_snapshot(),
+            self.ctx.first_chunk = first_chunk(self.ctx, source, d, plan, self._mv_version(),
                                                fresh)
         report.replicated_rows = source.prepare(self.ctx, replicate, changes, self.hook)
         keyed = isinstance(changes, pa.Table)
@@ -187,7 +186,7 @@ class _Step:
         committed = False
         # the forwarded changes alone, positions as they were: only a step that reads
         # snapshot rows can commit twice (a small barrier of finished vnodes does not)
-        before = self._mv_intent(final=False) if any(p.read_snapshot for p in plan.vnodes) \
+        before = self._mv_intent(final=False) if any(p.read_table_version for p in plan.vnodes) \
             else None
         try:
             if not self.replay:
@@ -224,9 +223,9 @@ class _Step:
     def _read_chunk(self, source: SnapshotSource, fresh: list[int]) -> Chunk:
         """The step's snapshot rows. A bulk step whose vnodes all start now (nothing to
         forward, not a re-snapshot) may write them into the MV in Arrow right away: the first
-        phase of its commit (`chunk_reads.arrow_chunk`)."""
+        phase of its commit (`step.chunk.arrow_chunk`)."""
         d, plan, state = self.req.definition, self.plan, self.state
-        mv = self._mv_snapshot()
+        mv = self._mv_version()
         if not self.strategy.bulk:
             return snapshot_chunk(self.ctx, source, state, plan, d,
                                   None if self.req.reset else mv)
@@ -234,8 +233,8 @@ class _Step:
         mv = mv if alone else None
         return bulk_chunk(self.ctx, source, state, plan, d, mv)
 
-    def _mv_snapshot(self) -> storage.Snapshot:
-        return storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv)
+    def _mv_version(self) -> storage.TableVersion:
+        return storage.TableVersion(self.req.tables.mv, self.req.tables.storage_options, self.mv)
 
     def _check_inserted(self, changes: DataFrame | pa.Table | None, started: list[int]) -> None:
         """Keys the change rows insert into started vnodes: not held twice by the upstream
@@ -243,7 +242,7 @@ class _Step:
         upstream whose every row came from the platform's pk-enforcing writer."""
         ctx = self.ctx
         if isinstance(changes, pa.Table):
-            rows = arrow_changes.newer_than(changes, {v: -1 for v in started})
+            rows = netting.newer_than(changes, {v: -1 for v in started})
             check_inserted_keys_local(rows, ctx.tables, ctx.key_names, ctx.vnode_count,
                                       self.plan.v_new)
         elif changes is not None:
@@ -254,7 +253,6 @@ class _Step:
         """After the MV commit: the progress commit, compaction, the report."""
         d, plan, state, report = self.req.definition, self.plan, self.state, self.report
         self.hook("after_mv_commit")
-        throttle(self.req.rate_limit, report.snapshot_rows, self.started)
         self.hook("before_progress_commit")
         write_progress(self.progress_table, state, state.key_order, d.name, report.vnodes,
                        plan.v_new, force=bool(report.recovered),
@@ -279,7 +277,7 @@ class _Step:
         if final:
             self.carried_rows = rows
         metadata = {STEP_METADATA_KEY: step_json(self.state, vnodes, v_new, key_order, rows)}
-        return mv_store.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
+        return owned_tables.intent(self.req.definition.name, "mv", vnodes, v_new, metadata)
 
     def _commit_mv(self, forward: DataFrame | storage.KeyedRows | None,
                    chunk: DataFrame | None, clustered: bool = False,
@@ -293,8 +291,8 @@ class _Step:
         if forward is None and chunk is None and written is None and not self.req.reset:
             return
         key_order, intent = self.state.key_order, intent or self._mv_intent()
-        snap = storage.Snapshot(self.req.tables.mv, self.req.tables.storage_options, self.mv) \
-            if self.mv_version is None else storage.Snapshot.load(
+        snap = storage.TableVersion(self.req.tables.mv, self.req.tables.storage_options, self.mv) \
+            if self.mv_version is None else storage.TableVersion.load(
                 self.req.tables.mv, self.mv_version, self.req.tables.storage_options)
 
         def hook(point: str) -> None:
@@ -303,14 +301,15 @@ class _Step:
         if written is not None:
             self.committed = (snap, storage.commit_written(snap, intent, written, hook=hook))
             return
-        rows = chunk.where(F.col(KEEP)).drop(KEEP, RN, BAD_KEY) if chunk is not None else None
+        rows = (chunk.where(F.col(KEEP)).drop(KEEP, ROW_NUMBER, BAD_KEY) if chunk is not None
+                else None)
         keyed = forward if isinstance(forward, storage.KeyedRows) else None
         changes = None if keyed is not None else forward
         if self.req.reset:  # a re-snapshot reads only reset vnodes: their old rows go
             changes, rows = replacing(self.ctx.spark, snap, rows, self.req.reset,
                                       key_order.names), None
         # files sized by the upstream's rows, for what Spark writes (reading the upstream's log
-        # for that costs ~0.03 s at 20M rows: a small barrier's keyed rows make one file anyway)
+        # for that costs a log read: a small barrier's keyed rows make one file anyway)
         spark_writes = changes is not None or rows is not None
         file_rows = mv_file_rows(self.ctx) if spark_writes else None
         clustered = clustered and rows is not None
@@ -329,16 +328,16 @@ class _Step:
 
 
 def _compact(ctx: SourceContext, vnodes: Sequence[int],
-             committed: tuple[storage.Snapshot, storage.Applied] | None) -> bool:
+             committed: tuple[storage.TableVersion, storage.Applied] | None) -> bool:
     """Compaction inside the barrier, after its commits, when the MV's files in this run's
     vnode span passed a threshold (storage.maintain.files_to_compact); whether it ran. After
     an MV commit the step judges that from the version it committed on and what it committed
-    (`maintain.compaction_due`); only when compaction is due, or the step committed nothing,
+    (`storage.compaction_due`); only when compaction is due, or the step committed nothing,
     is the latest version loaded. The replica is never rewritten by a barrier: its changes
     are appended (storage/rows/replica.py). A loaded version, not the process's latest table
-    brought forward (`mv_store.open_table`): another run in this process may hold that object
+    brought forward (`owned_tables.open_table`): another run in this process may hold that object
     as the snapshot its step planned on."""
-    if committed is not None and not maintain.compaction_due(*committed, vnodes):
+    if committed is not None and not storage.compaction_due(*committed, vnodes):
         return False
-    snap = storage.Snapshot.load(ctx.tables.mv, None, ctx.tables.storage_options)
-    return maintain.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0
+    snap = storage.TableVersion.load(ctx.tables.mv, None, ctx.tables.storage_options)
+    return storage.compact(ctx.spark, snap, ctx.key_names, vnodes).compacted_files > 0

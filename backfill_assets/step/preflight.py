@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from backfill_assets import storage
 from backfill_assets.arrow.types import SUPPORTED, type_name
 from backfill_assets.core.errors import (
+    AggregateMVNotServed,
     ChangeFeedDisabled,
     InvalidMVDefinition,
     MVDefinitionChanged,
@@ -38,8 +40,8 @@ from backfill_assets.core.errors import (
 )
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.column_identity import (
     PIN_KEY,
     Identity,
@@ -48,10 +50,7 @@ from backfill_assets.step.column_identity import (
     used_columns,
 )
 from backfill_assets.step.request import UpstreamCheck
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.storage.delta import log_head
-from backfill_assets.storage.delta.delta_rs import arrow_schema, column_identities, column_mapping
-from backfill_assets.storage.delta.log import check_readable
+from backfill_assets.storage import arrow_schema, check_readable, column_identities, column_mapping
 
 
 @dataclass(frozen=True)
@@ -87,6 +86,13 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
                      check: UpstreamCheck | None = None) -> CheckedUpstream:
     """Open and check the upstream at `version` (latest when None); raise before any write.
     ``check``: what the step's mode needs of the upstream besides (`Mode.check_upstream`)."""
+    if d.is_aggregate:
+        raise AggregateMVNotServed(
+            f"MV {d.name!r} is an aggregate (group_by/aggregates): such definitions are checked "
+            "but no barrier runs them yet (docs/AGGREGATES.md), and a row MV's barrier would "
+            "write wrong rows; remove group_by and aggregates to serve it as a row MV, or keep "
+            "it out of the platform until aggregate MVs are served"
+        )
     table = _opened(tables, d, version)
     check_readable(tables.upstream, table.version(), table)  # refused before any write
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
@@ -127,17 +133,17 @@ def _pinned_mv_schema(pinned: dict) -> pa.Schema | None:
 
 def _opened(tables: MVTables, d: MVDefinition, version: int | None):
     """The upstream at `version` (its head: metadata and schema without the file list,
-    `storage.log_head`), else the latest."""
+    `storage.delta.log_head`), else the latest."""
     missing = UpstreamNotFound(
         f"MV {d.name!r}: upstream {tables.upstream} does not exist; create it (for example "
         "with upstream_load_job) or fix `upstream` in the MV definition")
     if version is None:
-        table = mv_store.open_table(tables.upstream, tables.storage_options)
+        table = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
         if table is None:
             raise missing
         return table
     try:
-        return log_head.open_head(tables.upstream, version, tables.storage_options)
+        return storage.open_head(tables.upstream, version, tables.storage_options)
     except TableNotFound:
         raise missing from None  # HistoryUnavailable (a cleaned-up version) passes through
 
@@ -189,13 +195,13 @@ def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
 def _pinned(tables: MVTables) -> dict | None:
     so = tables.storage_options
     try:  # not `table_exists`: delta-rs' is_deltatable holds the GIL while it lists the store
-        latest = delta_store.latest_version(tables.progress, so)
+        latest = storage.latest_version(tables.progress, so)
     except TableNotFound:
         return None
     # the pin is the table's description: its head (metadata alone, brought forward by the
     # commits since the last one read) costs a commit file, where a load of the version
-    # replays every file (~10 ms a barrier, each barrier a new progress version)
-    progress = log_head.open_head(tables.progress, latest, so)
+    # replays every file (each barrier makes a new progress version to load)
+    progress = storage.open_head(tables.progress, latest, so)
     if not progress.metadata().description:
         return None
     return json.loads(progress.metadata().description)
@@ -205,8 +211,8 @@ def _against_pin(upstream: pa.Schema, pinned: dict, d: MVDefinition, tables: MVT
                  identities: Mapping[str, Identity]) -> pa.Schema:
     """The pinned columns as the upstream has them now; a pinned column dropped, renamed or
     retyped is refused. A pin records the columns the MV reads, so the upstream's other
-    columns may come, go and be renamed (state pinned every column before: its columns stay
-    pinned, since its replica holds them)."""
+    columns may come, go and be renamed (a pin that holds columns the MV does not read keeps
+    them pinned, since the MV's replica holds them)."""
     if pinned["vnode_count"] != d.vnode_count:
         raise VnodeCountChanged(
             f"MV {d.name!r} was built with {pinned['vnode_count']} vnodes but the definition now "

@@ -10,7 +10,7 @@ mode, never the mode's name.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
@@ -19,9 +19,9 @@ from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import PositionStrategy
 from backfill_assets.core.progress import Completed
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.source_context import SnapshotSource
-from backfill_assets.storage.delta.log_head import TableHead
+from backfill_assets.storage import TableHead
 
 Hook = Callable[[str], None]
 # a check of the upstream (as opened at the barrier) that raises a named error before any write
@@ -41,8 +41,8 @@ class Mode:
     positions: Callable[[], PositionStrategy]  # a fresh position strategy for one step
     source: SnapshotSource  # where a step's snapshot rows come from
     check_upstream: UpstreamCheck | None = None  # what this mode needs of the upstream
-    # a barrier of several steps (snapshot mode: slices, catch-up); None: one `run_step`
-    run_barrier: Callable[[SparkSession, StepRequest, Hook], StepReport] | None = None
+    # the steps of one barrier (snapshot mode: catch-up, slices); None: one `run_step`
+    barrier_steps: Callable[[SparkSession, StepRequest, Hook], StepReport] | None = None
     # the mode whose steps a barrier runs under a rate limit or a pause (snapshot mode's
     # chunked path: arrangement's); None: this mode's own
     throttled_path: Mode | None = None
@@ -119,3 +119,20 @@ class StepReport:
     @property
     def paused(self) -> bool:
         return self.chunk_limit == 0
+
+
+def merged(reports: list[StepReport]) -> StepReport:
+    """Steps of one barrier (over the same vnodes, or over slices of them) as one report: the
+    sums of what they did, each vnode's last state (and the last step's extra figures)."""
+    last = reports[-1]
+    out = replace(last, progress={}, versions={}, extra=dict(last.extra), recovered=[])
+    for r in reports:
+        out.recovered += [v for v in r.recovered if v not in out.recovered]
+        out.progress.update(r.progress)
+        out.versions.update(r.versions)
+    out.vnodes = tuple(sorted(out.progress))
+    out.snapshot_rows = sum(r.snapshot_rows for r in reports)
+    out.forwarded_rows = sum(r.forwarded_rows for r in reports)
+    out.replicated_rows = sum(r.replicated_rows for r in reports)
+    out.seconds = sum(r.seconds for r in reports)
+    return out

@@ -17,20 +17,18 @@ from backfill_assets import storage
 from backfill_assets.arrow.expressions import NotExact
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import BAD_KEY
-from backfill_assets.core.names import ROW_NUMBER as RN
+from backfill_assets.core.names import BAD_KEY, ROW_NUMBER
 from backfill_assets.core.positions import rows_to_see
 from backfill_assets.engine.projection import exact_projection
 from backfill_assets.step.source_context import SeekRead, SourceContext
-from backfill_assets.storage.rows import replica
-from backfill_assets.storage.rows.spark_types import col
+from backfill_assets.storage import col, replica
 
 
 def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
                shared: bool) -> tuple[DataFrame, int]:
     """A chunk read from the files that can hold it (storage.seek), typed as the replica's
-    columns, plus RN and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
+    columns, plus ROW_NUMBER and BAD_KEY; clustered by vnode range, (vnode, key) order per task. A
     replica's change rows are resolved with its base rows in the tasks."""
     snap, files, changes = _seek_side(ctx, uri, version, positions)
     schema = replica_schema(ctx.upstream_schema)
@@ -39,12 +37,12 @@ def seek_chunk(ctx: SourceContext, uri: str, version: int | None,
     rows = storage.read_chunk(ctx.spark, snap, schema.names, key_order, positions, limit,
                               picked, shared, changes)
     typed = [col(f.name).cast(storage.spark_type(f.type)).alias(f.name) for f in schema]
-    return rows.select(*typed, RN, BAD_KEY), picked.rows_scanned
+    return rows.select(*typed, ROW_NUMBER, BAD_KEY), picked.rows_scanned
 
 
 def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
                      positions: Mapping[int, Key | None], key_order: KeyOrder, limit: int,
-                     d: MVDefinition, mv: storage.Snapshot, tail: int = 0, shared: bool = False
+                     d: MVDefinition, mv: storage.TableVersion, tail: int = 0, shared: bool = False
                      ) -> tuple[storage.BulkWritten, SeekRead] | None:
     """The chunk read, projected in Arrow and written into ``mv`` by Python tasks (the first
     phase of the MV commit, as a bulk step's), with the rows of the files read; None when
@@ -101,9 +99,9 @@ def write_seek_chunk(ctx: SourceContext, uri: str, version: int | None,
 
 
 def _seek_side(ctx: SourceContext, uri: str, version: int | None, vnodes: Mapping[int, object]
-               ) -> tuple[storage.Snapshot, list[storage.DataFile], pa.Table | None]:
+               ) -> tuple[storage.TableVersion, list[storage.DataFile], pa.Table | None]:
     """The table a chunk seeks in, its files to seek, and (a replica) its change rows."""
-    snap = storage.Snapshot.load(uri, version, ctx.tables.storage_options)
+    snap = storage.TableVersion.load(uri, version, ctx.tables.storage_options)
     if replica.VERSION not in snap.arrow_schema.names:
         return snap, snap.files, None
     return snap, replica.base_files(snap), replica.read_changes(snap, vnodes)

@@ -14,8 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from backfill_assets import storage
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.engine import netting as spark_ops
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.engine import netting
+from backfill_assets.mv.owned_tables import MVTables
 
 
 @dataclass
@@ -38,7 +38,7 @@ class SourceContext:
     def with_vnode(self, df: DataFrame) -> DataFrame:
         """``df`` with the vnode recomputed from the pk with the MV's vnode count (the
         upstream's may differ)."""
-        return spark_ops.with_vnode(df, self.key_names, self.key_types, self.vnode_count)
+        return netting.with_vnode(df, self.key_names, self.key_types, self.vnode_count)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class ChunkSource(SnapshotSource, Protocol):
         files read."""
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.TableVersion,
                     tail: int = 0, shared: bool = False
                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
         """The same chunk projected in Arrow and written into ``mv`` by Python tasks (not

@@ -1,37 +1,42 @@
-"""The storage layer: every byte between Spark and Delta goes through this package.
+"""The storage layer: every byte between Spark and Delta goes through this package, and this
+module is its one door: code outside ``backfill_assets/storage/`` imports only
+``backfill_assets.storage`` (``tests/core/test_layers.py``). Everything below is the public
+surface (``__all__``); the modules it comes from are the layer's inside.
 
-Public surface (everything else in the package is its inside):
-- ``Snapshot.load(uri, version, storage_options)``: a table version (protocol checked, files,
-  typed partition values, deletion vectors);
-- ``read_version`` / ``read_snapshot``: a version's live rows into Spark (DVs applied, column
+- Tables by delta-rs (``delta/delta_rs.py``): ``open_table`` (raises TableNotFound /
+  HistoryUnavailable), ``create_table``, ``latest_version``, ``read_table``, ``arrow_schema``,
+  the table properties the platform sets (``PK_PROPERTY``, ``VNODE_COUNT_PROPERTY``,
+  ``arrangement_properties``), column mapping (``column_mapping``, ``column_identities``);
+- a table version by log replay: ``TableVersion.load(uri, version, storage_options)`` (protocol
+  checked, files, typed partition values, deletion vectors; ``check_readable``; ``dv``: the
+  deletion-vector codec, stored and inline), its head
+  without a file list (``open_head``, ``TableHead``), the wait for a table's next commit
+  (``wait_for_commit``: the follower);
+- ``read_version`` / ``read_table_version``: a version's live rows into Spark (DVs applied, column
   mapping, partition values from the log, row counts checked against the log);
+- ``read_raw_changes``: the change feed of a version range as Arrow (named history errors);
+  ``change_rows_by_vnode`` / ``estimate_change_rows``: its size from the log alone;
 - ``ensure_mor_table``: the platform's own merge-on-read tables (MV, replica);
-- ``chunk_files`` + ``read_chunk``: a chunked barrier's snapshot rows by a seek on the files'
-  statistics, chunked in the read tasks (seek.py, chunk_read.py); ``chunk_tasks`` +
-  ``write_chunk``: the same chunk projected and written by Python tasks (two-phase, as
-  ``write_bulk``); ``shared_cut``: where no_shuffle's shared chunk ends, from the candidates'
-  key columns on the driver (then ``chunk_tasks(cut=...)``); ``windowed_cut``: the same, with
-  the chunk's rows, from a window of the next chunks held between barriers and kept at each
-  barrier's version by the change feed (cut_window.py); ``replica``: the arrangement
-  replica's base and change rows (replica.py);
-- ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed (an exact Arrow
-  projection) and written by Python tasks alone, which report each vnode's rows and last key;
-  the ``BulkWritten`` files are then committed by ``commit_written`` with the progress they
-  make (``TransformRefused``: nothing written, write them through Spark);
-- ``apply_changes`` (Spark frames: keyed changes merged on read and/or inserts) / ``append``
-  (inserts alone) with an ``Intent`` (app transactions + commit metadata): one commit of new
-  clustered files, deletion vectors and exact change-data files (files sized by
-  ``file_rows_for`` the table's rows);
-- ``KeyedRows`` (each changed key's row before and after): found by key lookups on the
-  driver instead of a Spark merge, with ``apply_keyed`` (a small barrier: no Spark job; or a
-  chunked barrier's forwarded changes beside its Spark-written chunk, one commit);
-  ``replace_keyed``: the rows of a few keys overwritten (the progress table); ``key_counts``:
-  rows per key, reading only key columns;
-- ``change_rows_by_vnode``: a version range's change rows per vnode, estimated from the log
-  alone (how snapshot mode sizes its catch-up steps); ``estimate_change_rows``: the same for
-  any table, after the checks a read of the range makes (how a barrier chooses by cost);
-- ``maintain``: compaction, DV garbage collection, checkpoints (see maintain.py).
-See docs/ARCHITECTURE.md, "The storage layer".
+- chunk reads: ``chunk_files`` + ``read_chunk`` (a seek on the files' statistics, chunked in
+  the read tasks), ``chunk_tasks`` + ``write_chunk`` (the same chunk projected and written by
+  Python tasks), ``shared_cut`` / ``windowed_cut`` (where no_shuffle's shared chunk ends);
+  ``replica``: the arrangement replica's base and change rows;
+- ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed and written by Python
+  tasks alone; the ``BulkWritten`` files are then committed by ``commit_written`` with the
+  progress they make (``TransformRefused``: nothing written, write them through Spark);
+- ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
+  commit of new clustered files, deletion vectors and exact change-data files;
+  ``KeyedRows`` + ``apply_keyed``: changes applied by key lookups on the driver;
+  ``replace_keyed``: the rows of a few keys overwritten (the progress table); ``key_counts``;
+  ``key_cache``: the process's cache of file keys those lookups use;
+- ``maintain`` (compaction, DV garbage collection, checkpoints) and the step's own
+  ``compaction_due`` / ``compact``;
+- bytes that are not Delta: ``objects`` (a local folder or S3: read, write, list,
+  ``put_if_absent``), JSON documents (``read_json``, ``write_json``, create-only sequences
+  ``read_sequence`` / ``append_sequence``), ``table_uri``, ``settle_driver_memory``;
+- ``LRU`` / ``memoized`` / ``clear_all``: every process cache of the package, and its reset
+  (store/lru.py).
+See docs/ARCHITECTURE.md, "The storage layer", and docs/STORAGE.md.
 """
 
 from __future__ import annotations
@@ -52,13 +57,49 @@ from backfill_assets.storage.chunks.chunk_scan import (
 from backfill_assets.storage.chunks.cut_window import windowed_cut
 from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
 from backfill_assets.storage.chunks.shared_cut import SharedCut, shared_cut
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta import dv
+from backfill_assets.storage.delta.delta_rs import (
+    PK_PROPERTY,
+    VNODE_COUNT_PROPERTY,
+    arrangement_properties,
+    arrow_schema,
+    change_feed_enabled,
+    check_commits_safe,
+    column_identities,
+    column_mapping,
+    commit_properties,
+    create_table,
+    latest_version,
+    open_table,
+    partition_columns,
+    read_table,
+    table_configuration,
+    table_exists,
+    vnode_predicate,
+    vnodes_for,
+)
+from backfill_assets.storage.delta.log import DataFile, TableVersion, check_readable
+from backfill_assets.storage.delta.log_head import TableHead, open_head
+from backfill_assets.storage.delta.log_wait import wait_for_commit
+from backfill_assets.storage.delta.mor_tables import ensure_mor_table, open_mor_table
 from backfill_assets.storage.delta.prune import VNODE, files_in_vnodes, vnode_stats_from_log
-from backfill_assets.storage.delta.tables import ensure_mor_table, open_mor_table
+from backfill_assets.storage.rows import key_cache, replica
+from backfill_assets.storage.rows.change_range import read_raw_changes
 from backfill_assets.storage.rows.commit import Intent
 from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
-from backfill_assets.storage.rows.scan import parallelism, read_snapshot
-from backfill_assets.storage.rows.spark_types import col, spark_type
+from backfill_assets.storage.rows.scan import parallelism, read_table_version
+from backfill_assets.storage.rows.spark_types import col, spark_schema, spark_type
+from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.documents import (
+    append_sequence,
+    read_json,
+    read_sequence,
+    write_json,
+)
+from backfill_assets.storage.store.lru import LRU, clear_all, memoized
+from backfill_assets.storage.store.memory import settle_driver_memory
+from backfill_assets.storage.store.objects import StorageOptions
+from backfill_assets.storage.store.uris import table_uri
 from backfill_assets.storage.writes.bulk import (
     BulkRows,
     BulkWritten,
@@ -66,6 +107,13 @@ from backfill_assets.storage.writes.bulk import (
     local_threads,
     write_bulk,
     write_chunk,
+)
+from backfill_assets.storage.writes.maintain import (
+    DV_KEEP_VERSIONS,
+    DV_MIN_AGE_SECONDS,
+    compact,
+    compaction_due,
+    maintain,
 )
 from backfill_assets.storage.writes.merge import (
     Applied,
@@ -77,20 +125,34 @@ from backfill_assets.storage.writes.merge import (
 )
 from backfill_assets.storage.writes.replica_copy import FirstChunk, write_copy
 
-__all__ = ["SEEK_ROWS_PROPERTY", "Applied", "BulkRows", "BulkWritten", "DataFile", "FirstChunk",
-           "Intent",
-           "HeldChunk", "KeyedRows", "Snapshot", "TransformRefused",
-           "append", "apply_changes", "change_rows_by_vnode", "apply_keyed", "chunk_files",
-           "estimate_change_rows",
-           "commit_written",
-           "chunk_tasks",
-           "ensure_mor_table",
-           "file_reader", "file_rows_for", "key_counts", "local_threads", "open_mor_table",
-           "parallelism", "read_chunk",
-           "read_snapshot",
-           "read_version", "replace_keyed", "seek_file_rows", "shared_cut", "SharedCut",
-           "spark_type", "vnode_key_stats",
-           "vnode_stats_from_log", "windowed_cut", "write_bulk", "write_chunk", "write_copy"]
+__all__ = [
+    # tables by delta-rs, and their properties
+    "PK_PROPERTY", "VNODE_COUNT_PROPERTY", "arrangement_properties",
+    "arrow_schema", "change_feed_enabled", "check_commits_safe", "column_identities",
+    "column_mapping", "commit_properties", "create_table", "latest_version", "open_table",
+    "partition_columns", "read_table", "table_configuration", "table_exists", "vnode_predicate",
+    "vnodes_for", "ensure_mor_table", "open_mor_table",
+    # a version by log replay, its head, its next commit
+    "DataFile", "TableVersion", "check_readable", "dv", "TableHead", "open_head", "wait_for_commit",
+    "VNODE", "files_in_vnodes", "vnode_stats_from_log",
+    # rows in and out
+    "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",
+    "read_raw_changes", "change_rows_by_vnode", "estimate_change_rows",
+    "Intent", "KeyedRows", "key_counts", "replace_keyed", "key_cache", "replica",
+    # chunk reads
+    "SEEK_ROWS_PROPERTY", "HeldChunk", "SharedCut", "chunk_files", "chunk_tasks", "file_reader",
+    "read_chunk", "seek_file_rows", "shared_cut", "vnode_key_stats", "windowed_cut",
+    # writes
+    "Applied", "BulkRows", "BulkWritten", "FirstChunk", "TransformRefused", "append",
+    "apply_changes", "apply_keyed", "commit_written", "file_rows_for", "local_threads",
+    "write_bulk", "write_chunk", "write_copy",
+    "DV_KEEP_VERSIONS", "DV_MIN_AGE_SECONDS", "compact", "compaction_due", "maintain",
+    # bytes that are not Delta
+    "objects", "StorageOptions", "table_uri", "append_sequence", "read_json", "read_sequence",
+    "write_json", "settle_driver_memory",
+    # every process cache (store/lru.py)
+    "LRU", "clear_all", "memoized",
+]
 
 
 def read_version(spark: SparkSession, uri: str, version: int | None,
@@ -100,7 +162,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
     """The rows of ``version`` (latest when None) of the table at ``uri``: the columns of
     ``schema`` (default: all) with its types, restricted to ``vnodes`` when given (files pruned
     by their vnode partition or statistics; the table then needs a ``vnode`` column)."""
-    snap = Snapshot.load(uri, version, storage_options)
+    snap = TableVersion.load(uri, version, storage_options)
     columns = schema.names if schema is not None else snap.arrow_schema.names
     files = snap.files
     wanted = None
@@ -109,7 +171,7 @@ def read_version(spark: SparkSession, uri: str, version: int | None,
             raise ValueError(f"read_version of {uri} with vnodes needs a {VNODE!r} column")
         wanted = sorted({int(v) for v in vnodes})
         files = files_in_vnodes(files, wanted)
-    df = read_snapshot(spark, snap, columns, files, cluster_keys=cluster_keys)
+    df = read_table_version(spark, snap, columns, files, cluster_keys=cluster_keys)
     if schema is not None:
         df = df.select(*[col(f.name).cast(spark_type(f.type)).alias(f.name)
                          for f in schema])
@@ -149,5 +211,5 @@ def _change_rows(uri: str, start_exclusive: int, end: int,
     from backfill_assets.storage.rows.change_feed import change_rows
 
     so = dict(storage_options or {})
-    return change_rows(Snapshot(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive,
+    return change_rows(TableVersion(uri.rstrip("/"), so, open_head(uri, end, so)), start_exclusive,
                        end, column)

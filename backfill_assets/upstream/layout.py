@@ -10,25 +10,25 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.storage.delta import log_head
+from backfill_assets import storage
+from backfill_assets.storage import LRU
 
 
 def same_vnodes(uri: str, version: int, key_names: Sequence[str], vnode_count: int,
                 storage_options: Mapping[str, str]) -> bool:
     """Whether the upstream is a platform table arranged by the MV's vnodes (same pk, same
     count, partitioned by vnode): its files then hold one vnode each, and its writer keeps
-    the pk unique and non-null (`upstream.apply_dml`)."""
+    the pk unique and non-null (`upstream.writer.apply_dml`)."""
 
-    table = log_head.open_head(uri, version, storage_options)
+    table = storage.open_head(uri, version, storage_options)
     config = table.metadata().configuration
     try:
-        pk = json.loads(config.get(delta_store.PK_PROPERTY) or "null")
+        pk = json.loads(config.get(storage.PK_PROPERTY) or "null")
     except ValueError:
         return False
     return (pk == list(key_names)
-            and str(config.get(delta_store.VNODE_COUNT_PROPERTY)) == str(vnode_count)
-            and delta_store.VNODE_COLUMN in delta_store.partition_columns(table))
+            and str(config.get(storage.VNODE_COUNT_PROPERTY)) == str(vnode_count)
+            and storage.VNODE in storage.partition_columns(table))
 
 
 # Operations that add no row another engine could have duplicated a key with.
@@ -48,20 +48,21 @@ def keys_kept_unique(uri: str, version: int, key_names: Sequence[str], vnode_cou
 
     if not same_vnodes(uri, version, key_names, vnode_count, storage_options):
         return False
-    table = log_head.open_head(uri, version, storage_options)
+    table = storage.open_head(uri, version, storage_options)
     key = (uri, table.metadata().id)
-    checked = _UNIQUE_UP_TO.get(key, -1)  # versions already seen to be the platform's own
+    checked = _UNIQUE_UP_TO.get(key)
+    checked = -1 if checked is None else checked  # versions already seen to be the platform's own
     if version <= checked:
         return True
     history = table.history(version - checked) if checked >= 0 else table.history()
     ok = all("backfill.dml" in c or c.get("operation") in _ROWLESS
              for c in history if checked < c.get("version", 0) <= version)
     if ok:
-        _UNIQUE_UP_TO[key] = version
+        _UNIQUE_UP_TO.put(key, version)
     return ok
 
 
 # (uri, table id) -> newest version up to which every commit was seen to come from the
 # platform's writer: a warm loop of barriers reads only the commits made since (the log is
 # append-only; a table recreated at the same uri has a new id and is checked again)
-_UNIQUE_UP_TO: dict[tuple[str, str], int] = {}
+_UNIQUE_UP_TO: LRU[tuple[str, str], int] = LRU(256, name="upstreams checked unique")

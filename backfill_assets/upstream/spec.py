@@ -24,21 +24,26 @@ from typing import Any
 
 import pyarrow as pa
 
+from backfill_assets import storage
 from backfill_assets.arrow.types import arrow_type, type_name
-from backfill_assets.core.errors import BackfillError, InvalidUpstreamSpec, NotAnUpstreamTable
+from backfill_assets.core.errors import (
+    BackfillError,
+    InvalidKeyType,
+    InvalidUpstreamSpec,
+    NotAnUpstreamTable,
+)
+from backfill_assets.core.key_types import decimal_precision_scale
 from backfill_assets.core.keys import KeyColumn
+from backfill_assets.core.names import VNODE
 from backfill_assets.core.vnode import (
     DEFAULT_VNODE_COUNT,
     MAX_VNODE_COUNT,
-    decimal_precision_scale,
     normalize_key_type,
     vnode_of,
 )
-from backfill_assets.storage.delta import delta_rs as delta_store
 
-PK_PROPERTY = delta_store.PK_PROPERTY
-VNODE_COUNT_PROPERTY = delta_store.VNODE_COUNT_PROPERTY
-VNODE_COLUMN = delta_store.VNODE_COLUMN
+PK_PROPERTY = storage.PK_PROPERTY
+VNODE_COUNT_PROPERTY = storage.VNODE_COUNT_PROPERTY
 COLUMN_TYPES = ("int", "bigint", "string", "date", "timestamp", "decimal(p,s)", "double",
                 "boolean")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -58,10 +63,10 @@ class UpstreamSpec:
         object.__setattr__(self, "primary_key", tuple(self.primary_key))
         cols = {}
         for name, typ in dict(self.columns).items():
-            if not isinstance(name, str) or not _NAME_RE.match(name) or name == VNODE_COLUMN:
+            if not isinstance(name, str) or not _NAME_RE.match(name) or name == VNODE:
                 raise InvalidUpstreamSpec(
                     f"column name {name!r} is not allowed: use lower-case letters, digits and _ "
-                    f"starting with a letter; {VNODE_COLUMN!r} is the platform's partition column"
+                    f"starting with a letter; {VNODE!r} is the platform's partition column"
                 )
             try:
                 arrow_type(typ.strip().lower())
@@ -111,7 +116,7 @@ class UpstreamSpec:
         """Table schema: the columns in order (pk non-null), then ``vnode`` (int, non-null)."""
         fields = [pa.field(n, arrow_type(t), nullable=n not in self.primary_key)
                   for n, t in self.columns.items()]
-        fields.append(pa.field(VNODE_COLUMN, pa.int32(), nullable=False))
+        fields.append(pa.field(VNODE, pa.int32(), nullable=False))
         return pa.schema(fields)
 
     def vnode_of(self, key: tuple) -> int:
@@ -120,8 +125,11 @@ class UpstreamSpec:
 
 def _spell_type(typ: str) -> str:
     t = typ.strip().lower()
-    ps = decimal_precision_scale(t)
-    return f"decimal({ps[0]},{ps[1]})" if ps else t
+    try:
+        precision, scale = decimal_precision_scale(t)
+    except InvalidKeyType:
+        return t
+    return f"decimal({precision},{scale})"
 
 
 # --------------------------------------------------------------------------------- create / read
@@ -129,9 +137,9 @@ def _spell_type(typ: str) -> str:
 
 def create_upstream(uri: str, spec: UpstreamSpec, storage_options=None) -> int:
     """Create the (empty) upstream table; returns its version (0)."""
-    metadata = delta_store.arrangement_properties(spec.primary_key, spec.vnode_count)
-    dt_ = delta_store.create_table(
-        uri, spec.arrow_schema(), [VNODE_COLUMN], cdf=True, name=spec.name,
+    metadata = storage.arrangement_properties(spec.primary_key, spec.vnode_count)
+    dt_ = storage.create_table(
+        uri, spec.arrow_schema(), [VNODE], cdf=True, name=spec.name,
         description=spec.description or f"platform upstream table {spec.name}",
         metadata=metadata, storage_options=storage_options,
     )
@@ -140,7 +148,7 @@ def create_upstream(uri: str, spec: UpstreamSpec, storage_options=None) -> int:
 
 def read_upstream_spec(uri: str, storage_options=None) -> UpstreamSpec:
     """Recover the spec recorded by :func:`create_upstream` (column types from the schema)."""
-    table = delta_store.open_table(uri, storage_options=storage_options)
+    table = storage.open_table(uri, storage_options=storage_options)
     meta = table.metadata()
     config = meta.configuration
     if PK_PROPERTY not in config:
@@ -148,8 +156,8 @@ def read_upstream_spec(uri: str, storage_options=None) -> UpstreamSpec:
             f"{uri} has no recorded primary key ({PK_PROPERTY}): create it with create_upstream "
             "(or upstream_load_job), or declare the key where the backfill is configured"
         )
-    schema = delta_store.arrow_schema(table)
-    columns = {f.name: type_name(f.type) for f in schema if f.name != VNODE_COLUMN}
+    schema = storage.arrow_schema(table)
+    columns = {f.name: type_name(f.type) for f in schema if f.name != VNODE}
     return UpstreamSpec(
         name=meta.name or uri.rstrip("/").rsplit("/", 1)[-1],
         columns=columns,

@@ -18,16 +18,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets import storage
 from backfill_assets.core.errors import (
     BackfillError,
     DuplicatePrimaryKey,
+    InvalidKeyType,
     NullPrimaryKey,
     UnknownColumn,
     WrongColumnType,
 )
-from backfill_assets.core.vnode import decimal_precision_scale, decimal_text
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.upstream.spec import VNODE_COLUMN, UpstreamSpec
+from backfill_assets.core.key_types import decimal_precision_scale
+from backfill_assets.core.vnode import decimal_text
+from backfill_assets.upstream.spec import VNODE, UpstreamSpec
 
 _INT_BOUNDS = {"int": 2**31, "bigint": 2**63}
 
@@ -69,9 +71,10 @@ def check_value(column: str, typ: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise wrong("give a Python bool")
         return value
-    ps = decimal_precision_scale(typ)
-    if ps is None:  # pragma: no cover - the spec only admits the types above
-        raise wrong("unsupported type")
+    try:
+        ps = decimal_precision_scale(typ)
+    except InvalidKeyType:  # pragma: no cover - the spec only admits the types above
+        raise wrong("unsupported type") from None
     try:
         text = decimal_text(value, *ps)
     except BackfillError as exc:
@@ -151,7 +154,7 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
     schema = spec.arrow_schema()
     arrays = []
     for f in schema:
-        if f.name == VNODE_COLUMN:
+        if f.name == VNODE:
             continue
         if f.name not in rows.column_names:
             if f.name in spec.primary_key:
@@ -171,7 +174,7 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
                 f"{str(exc).splitlines()[0]}"
             ) from None
     pk = list(spec.primary_key)
-    data_schema = pa.schema([f for f in schema if f.name != VNODE_COLUMN])
+    data_schema = pa.schema([f for f in schema if f.name != VNODE])
     data = pa.Table.from_arrays(arrays, schema=data_schema)
     if data.num_rows:
         counts = data.select(pk).group_by(pk).aggregate([([], "count_all")])
@@ -181,5 +184,5 @@ def conform_rows(spec: UpstreamSpec, rows: pa.Table) -> pa.Table:
                 f"{dup.num_rows} key(s) occur more than once in the rows, e.g. "
                 f"{dup.select(pk).slice(0, 1).to_pylist()[0]}"
             )
-    vnodes = delta_store.vnodes_for(data, spec.key_columns, spec.vnode_count)
-    return data.append_column(schema.field(VNODE_COLUMN), vnodes)
+    vnodes = storage.vnodes_for(data, spec.key_columns, spec.vnode_count)
+    return data.append_column(schema.field(VNODE), vnodes)

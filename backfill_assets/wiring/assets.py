@@ -24,14 +24,16 @@ materializable: the launch dialog never asks for it) and the lineage says so.
 import time
 
 import dagster as dg
+from dagster._core.execution.backfill import BulkActionStatus
 from dagster_pyspark import LazyPySparkResource
 from pydantic import Field
 
+from backfill_assets.barrier.pacing import BARRIER_SECONDS
+from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
-from backfill_assets.step.barrier import controls_in_force, figures, run_barrier, vnode_states
+from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
-from backfill_assets.step.pacing import BARRIER_SECONDS
 from backfill_assets.step.request import Hook, Mode, StepReport, no_hook
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import (
@@ -42,8 +44,9 @@ from backfill_assets.wiring.events import (
     record_barrier,
     summary_metadata,
 )
-from backfill_assets.wiring.liveness import BACKFILL_JOB
+from backfill_assets.wiring.liveness import BACKFILL_JOB, wait_turn
 from backfill_assets.wiring.metadata import read_cost
+from backfill_assets.wiring.named_errors import named_first
 from backfill_assets.wiring.partitions import split, vnode_partitions, vnodes_of
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -62,6 +65,7 @@ PHASES = {
 # barrier's end always does (a one-step barrier records only that one)
 INTERIM_RESULT_SECONDS = 30.0
 BACKFILL_TAG = "dagster/backfill"  # a run launched by a Dagster backfill (the asset pages')
+STOPPED_TAG = "backfill/stopped"  # why a barrier stopped its Dagster backfill
 
 
 class BarrierConfig(dg.Config):
@@ -118,6 +122,7 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
     # materialize --select downstream_mv`) runs the barrier, which records all its assets
     @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts, can_subset=True,
                     backfill_policy=dg.BackfillPolicy.single_run())
+    @named_first
     def vnode_backfill(context: dg.AssetExecutionContext, config: BarrierConfig,
                        spark: LazyPySparkResource, warehouse: WarehouseResource):
         ranged = context.has_partition_key or context.has_partition_key_range
@@ -141,6 +146,7 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
     (and `dagster asset materialize`) barriers until every partition asked for ends
     materialized, i.e. its vnode finished (or the snapshot side is paused, or nothing moves)."""
     until_finished = context.run.job_name != BACKFILL_JOB
+    wait_turn(context.instance, context.run.run_id, vnodes, d.vnode_count, context.log.info)
     barriers = 0
     while True:
         barriers += 1
@@ -153,6 +159,8 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
                 f"the snapshot side is paused: vnodes {split(vnodes)} cannot finish, so "
                 "their unfinished partitions stay unmaterialized; resume with "
                 "set_controls_job (snapshot: resume) and launch again")
+            _stop_dagster_backfill(context, "stopped: the MV is paused (resume with "
+                                            "set_controls_job, then launch again)")
             break
         if report.snapshot_rows == 0 and not report.recovered:
             break  # nothing moved (no snapshot rows left to read): never loop idle
@@ -160,6 +168,23 @@ def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes
         context.log.info(f"{barriers} barrier{'s' * (barriers != 1)} brought vnodes "
                          f"{split(vnodes)} to "
                          f"{'finished' if report.finished else 'where they stand'}")
+
+
+def _stop_dagster_backfill(context: dg.AssetExecutionContext, reason: str) -> None:
+    """Mark the run's Dagster backfill Canceled, with `reason` as its tag `STOPPED_TAG`.
+
+    Why: the backfill daemon counts a partition its runs left unmaterialized as failed, so a
+    backfill stopped by a pause read a red "Failure" in Overview › Backfills beside its green
+    run; nothing failed, the MV was paused. Canceled is what happened (and is final, so the
+    daemon leaves it so)."""
+    backfill_id = context.run.tags.get(BACKFILL_TAG)
+    backfill = context.instance.get_backfill(backfill_id) if backfill_id else None
+    if backfill is None or backfill.status != BulkActionStatus.REQUESTED:
+        return
+    stopped = backfill.with_status(BulkActionStatus.CANCELED).with_end_timestamp(time.time())
+    context.instance.update_backfill(stopped._replace(tags={**backfill.tags,
+                                                             STOPPED_TAG: reason}))
+    context.log.warning(f"Dagster backfill {backfill_id} marked Canceled: {reason}")
 
 
 def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],
@@ -170,7 +195,7 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     span = split(vnodes)
     context.log.info(f"barrier for vnodes {span} starting: {controls.describe()}")
     report = run_barrier(session, d, tables, vnodes, version=version, overrides=controls,
-                         hook=_PhaseLog(context, span, d, tables, controls, hook),
+                         hook=PhaseLog(context, span, d, tables, controls, hook),
                          pace_seconds=BARRIER_SECONDS)  # a run costs seconds: a minute's worth
     figs = figures(d, tables, controls, report.v_new)
     cost = read_cost(report, figs, mode_named(d.mode).seeks_upstream)
@@ -216,16 +241,17 @@ def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition, mode: Mode) -
             "the asset set is the same in every mode."))
 
 
-class _PhaseLog:
-    """A step hook that logs each phase boundary, so a running barrier is not silent (with
-    the MV's percent done at each progress commit: one per slice in snapshot mode), records
-    the check's result at a step's progress commit after the first at most every
-    INTERIM_RESULT_SECONDS, then calls `then` (the kill points of the crash tests)."""
+class PhaseLog:
+    """A step hook that logs each phase boundary, so a running barrier (or re-snapshot:
+    `work`) is not silent (with the MV's percent done at each progress commit: one per slice
+    in snapshot mode), records the check's result at a step's progress commit after the
+    first at most every INTERIM_RESULT_SECONDS, then calls `then` (the crash tests' kill
+    points)."""
 
     def __init__(self, context: dg.AssetExecutionContext, span: str, d: MVDefinition,
-                 tables, controls: Controls, then: Hook) -> None:
+                 tables, controls: Controls, then: Hook, work: str = "barrier") -> None:
         self.context, self.span, self.d, self.tables = context, span, d, tables
-        self.controls, self.then = controls, then
+        self.controls, self.then, self.work = controls, then, work
         self.started = self.reported = time.monotonic()
         self.commits = 0
         # arrangement keeps the replica; snapshot mode on its chunked path only (a rate limit
@@ -234,7 +260,7 @@ class _PhaseLog:
 
     def __call__(self, point: str) -> None:
         if point in PHASES and (point != "after_replica_commit" or self.replica):
-            said = (f"barrier for vnodes {self.span}: {PHASES[point]} "
+            said = (f"{self.work} for vnodes {self.span}: {PHASES[point]} "
                     f"({time.monotonic() - self.started:.1f} s)")
             if point == "after_progress_commit":
                 said += self._progress()

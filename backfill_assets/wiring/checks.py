@@ -11,6 +11,8 @@ output (see assets.py), so a UI launch that adds the check to a barrier skips it
 recomputing the whole MV. `verify_job` (or "Execute" on the check) records its result here.
 """
 
+from collections.abc import Callable
+
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (
     AssetCheckEvaluationTargetMaterializationData,
@@ -18,11 +20,12 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import (
 from dagster_pyspark import LazyPySparkResource
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.runner import controls_in_force, figures
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
-from backfill_assets.step.barrier import controls_in_force, figures, vnode_states
-from backfill_assets.step.oracle import Verdict, verify
+from backfill_assets.mv.recovery import vnode_states
+from backfill_assets.verify.oracle import Verdict, verify
 from backfill_assets.wiring.metadata import figures_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -34,9 +37,11 @@ MV = dg.AssetKey("downstream_mv")
 SHOWN_VNODES = 16  # vnodes listed in the table besides every failing one
 
 
-def run_oracle(spark: SparkSession, d: MVDefinition, tables) -> tuple[Verdict, dict]:
-    """Verify every vnode; the verdict plus the check's metadata (failing vnodes first)."""
-    verdict = verify(spark, d, tables)
+def run_oracle(spark: SparkSession, d: MVDefinition, tables,
+               say: Callable[[str], None] = lambda _: None) -> tuple[Verdict, dict]:
+    """Verify every vnode; the verdict plus the check's metadata (failing vnodes first).
+    `say` hears each stage as it ends."""
+    verdict = verify(spark, d, tables, say=say)
     lines = ["| vnode | version | expected | actual | missing | unexpected |",
              "|---|---|---|---|---|---|"]
     lines += [f"| {v.vnode} | {v.version} | {v.expected} | {v.actual} | {v.missing} | "

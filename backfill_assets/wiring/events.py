@@ -33,7 +33,7 @@ from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.progress import Completed, NotStarted
 from backfill_assets.mv.controls import Controls
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import StepReport
 from backfill_assets.wiring.metadata import barrier_metadata, vnode_table
 from backfill_assets.wiring.partitions import vnode_key
@@ -108,5 +108,5 @@ def summary_metadata(d: MVDefinition, tables: MVTables, report: StepReport, figs
 
 def mv_rows(tables: MVTables) -> int:
     """Live rows of the MV's latest version, from its log (file row counts less their DVs)."""
-    snap = storage.Snapshot.load(tables.mv, None, tables.storage_options)
+    snap = storage.TableVersion.load(tables.mv, None, tables.storage_options)
     return sum(f.live_records or 0 for f in snap.files)

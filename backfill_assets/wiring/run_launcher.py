@@ -8,7 +8,8 @@ records its pid in an engine event ("Executing steps in process (pid: N)"); the 
 process up. It is a same-host check (the embedded default); a deployment that runs workers
 elsewhere uses a launcher with its own health check (Docker, Kubernetes, ECS).
 
-Configured in the project's `dagster.yaml` (`make env`/`make ui` install it into DAGSTER_HOME).
+Configured in the project's `deploy/dagster.yaml` (`make env`/`make ui` install it into
+DAGSTER_HOME).
 """
 
 from __future__ import annotations

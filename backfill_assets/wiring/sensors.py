@@ -12,8 +12,11 @@ alive, and restarts one whose run ended (a SIGKILLed follower is marked FAILURE 
 monitoring), unless the followers were stopped on request.
 
 In both modes a range is skipped while any backfill or follower run over overlapping vnodes is
-in flight (by run status: no age heuristic), and every skipped tick says why. Evaluating it never
-starts a JVM: it reads Delta versions (a few ms each) and run records.
+in flight (by run status), or a Dagster backfill launched from the asset pages still has
+overlapping vnodes to do (its runs come later: racing them would cost a red run), and every
+skipped tick says why. A run that will never run (left NOT_STARTED by a failed launch) holds
+nothing: each tick marks such runs failed and logs it (`liveness.pass_over_dead`). Evaluating
+it never starts a JVM: it reads Delta versions (a few ms each) and run records.
 """
 
 
@@ -21,25 +24,31 @@ import json
 
 import dagster as dg
 
+from backfill_assets.barrier.follower import stop_request
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at, read_controls
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.follower import stop_request
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
+    NEVER_STARTED_AFTER,
+    backfills_over,
     follower_restart,
+    pass_over_dead,
     vnodes_tag,
     writers_over,
 )
-from backfill_assets.wiring.partitions import range_tags, vnode_ranges
+from backfill_assets.wiring.partitions import range_tags, split, vnode_ranges
 from resources.mv import mv_tables
 from resources.settings import Settings
 
 
-def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
-                         ranges: int) -> dg.SensorDefinition:
+def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str, ranges: int,
+                         never_started_after: float = NEVER_STARTED_AFTER
+                         ) -> dg.SensorDefinition:
+    """The sensor; `never_started_after`: seconds after which a NOT_STARTED run is known dead
+    (see liveness.py)."""
     target = FOLLOWER_JOB if settings.continuous else job_name
 
     @dg.sensor(name="upstream_barrier_sensor", job_name=target, minimum_interval_seconds=5,
@@ -48,9 +57,11 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
                            "the followers alive (BACKFILL_CONTINUOUS=1).")
     def upstream_barrier_sensor(context: dg.SensorEvaluationContext):
         tables = mv_tables(d, settings)
-        upstream = mv_store.open_table(tables.upstream, tables.storage_options)
+        upstream = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
         if upstream is None:
             return dg.SkipReason(f"upstream {tables.upstream} does not exist yet")
+        for said in pass_over_dead(context.instance, never_started_after):
+            context.log.warning(said)
         if settings.continuous:
             return _keep_followers(context.instance, d, tables, ranges)
         return _barrier_runs(context, d, tables, upstream.version(), ranges)
@@ -60,7 +71,7 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str,
 
 def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: MVTables,
                   version: int, ranges: int):
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     at, unfinished = _where(progress, d.vnode_count)
     controls = read_controls(tables)
     paused = controls.rate_limit == 0
@@ -118,13 +129,18 @@ def _keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTab
 
 
 def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int) -> str:
-    """Why vnodes first..last must wait ("" when no run writes them)."""
+    """Why vnodes first..last must wait ("" when no run or Dagster backfill writes them)."""
     runs = writers_over(instance, range(first, last + 1), vnode_count)
-    if not runs:
-        return ""
-    run = runs[0]
-    return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
-            f"{run.status.value}")
+    if runs:
+        run = runs[0]
+        return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
+                f"{run.status.value}")
+    held = backfills_over(instance, range(first, last + 1), vnode_count)
+    if held:
+        backfill_id, vnodes = held[0]
+        return (f"vnodes {first}..{last}: Dagster backfill {backfill_id} has vnodes "
+                f"{split(vnodes)} to do")
+    return ""
 
 
 def _current_vnodes(progress, version: int, paused: bool) -> set[int]:
@@ -133,7 +149,7 @@ def _current_vnodes(progress, version: int, paused: bool) -> set[int]:
     run commits, a range that already took this version would otherwise get a second run."""
     if progress is None:
         return set()
-    rows = mv_store.read_rows(progress, None, ["vnode", "backfill_finished", "version"])
+    rows = owned_tables.read_rows(progress, None, ["vnode", "backfill_finished", "version"])
     return {r["vnode"] for r in rows.to_pylist()
             if r["version"] is not None and r["version"] >= version
             and (r["backfill_finished"] or paused)}
@@ -144,7 +160,7 @@ def _where(progress, vnode_count: int) -> tuple[int | None, bool]:
     whether any vnode is unfinished."""
     if progress is None:
         return None, True
-    rows = mv_store.read_rows(progress, None, ["backfill_finished", "version"])
+    rows = owned_tables.read_rows(progress, None, ["backfill_finished", "version"])
     versions = [v for v in rows["version"].to_pylist() if v is not None]
     at = min(versions) if rows.num_rows == vnode_count and versions else None
     return at, rows.num_rows < vnode_count or not all(rows["backfill_finished"].to_pylist())

@@ -146,7 +146,7 @@ def assert_pairs_intact(ops: list[StreamOp]) -> None:
 
 
 class Driver:
-    """The step loop of design section 4, in memory."""
+    """The step loop of docs/DESIGN.md ("The step"), in memory."""
 
     def __init__(self, strategy) -> None:
         self.strategy = strategy

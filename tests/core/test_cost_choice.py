@@ -24,9 +24,9 @@ from backfill_assets.core.cost_choice import (
     apply_seconds,
     choose,
     resnapshot_seconds,
-    vnode_ranges,
     vnode_rows_needed,
 )
+from backfill_assets.core.figures import compact_vnodes
 
 ROWS = st.integers(0, 10**10)
 RATE = st.floats(1e-9, 1e-2)
@@ -145,6 +145,6 @@ def test_a_document_that_says_nothing_usable_gives_the_defaults(doc):
         UnitCosts().observed("merge", MIN_SAMPLE_ROWS, 1.0)
 
 
-def test_vnode_ranges() -> None:
-    assert vnode_ranges((0, 1, 2, 3, 7, 9, 10, 11, 12)) == "0..3, 7, 9..12"
-    assert vnode_ranges((5,)) == "5"
+def test_compact_vnodes() -> None:
+    assert compact_vnodes((0, 1, 2, 3, 7, 9, 10, 11, 12)) == "0..3, 7, 9..12"
+    assert compact_vnodes((5,)) == "5"

@@ -34,6 +34,8 @@ def test_no_eta_while_paused_or_before_a_rate_is_known():
     paused = _figs(paused=True, rows_per_second=0.0)
     assert paused.eta_seconds is None and paused.state == PAUSED
     assert _figs(paused=True).eta_seconds is None  # a stale rate must not make one up
+    # a paused barrier records no rate: the barriers' before the pause beside `paused` lied
+    assert _figs(paused=True, rows_per_second=3211.0).rows_per_second == 0.0
     assert _figs(rows_per_second=0.0).eta_seconds is None
 
 

@@ -20,7 +20,8 @@ def _cost(**kw) -> ReadCost:
 
 
 def test_a_read_of_the_whole_table_for_a_chunk_is_bound_by_the_layout():
-    """Round 21's 20M composite barrier: 20M rows decoded for a chunk of 1M, 18 chunks left."""
+    """A 20M-row composite-key upstream every file of which spans the key range: 20M rows
+    decoded for a chunk of 1M, 18 chunks left."""
     cost = _cost()
     assert cost.amplification == 20.0 and cost.layout_bound
     assert cost.barriers_left == 18 and cost.projected_rows == 360_000_000

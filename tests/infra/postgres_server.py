@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from jobs.ports import free_port
 from tests.infra import procs
 
 DB_NAME = "dagster"
@@ -78,7 +79,7 @@ def start_postgres() -> PostgresServer:
     subprocess.run([os.path.join(bins, "initdb"), "-D", data, "-U", DB_USER, "--auth=trust",
                     "-E", "UTF8", "--no-sync"], check=True, capture_output=True, user=as_user,
                    env=procs.clean_env({"LC_ALL": "C.UTF-8"}), timeout=120)
-    port = procs.free_port()
+    port = free_port()
     server = procs.start("postgres", [
         os.path.join(bins, "postgres"), "-D", data, "-h", procs.LOOPBACK, "-p", str(port),
         "-k", "", "-c", "fsync=off", "-c", "max_connections=50",

@@ -15,6 +15,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
+from jobs.ports import free_port
 from tests.infra import procs
 
 ACCESS_KEY = "testing"
@@ -64,7 +65,7 @@ def _ready(endpoint: str) -> bool:
 
 def start_s3_server(work_dir: str) -> S3Server:
     """Start moto's server on a free loopback port and create the test bucket in it."""
-    port = procs.free_port()
+    port = free_port()
     endpoint = f"http://{procs.LOOPBACK}:{port}"
     server = procs.start("moto-s3", [sys.executable, "-m", "tests.infra.moto_atomic",
                                      "-H", procs.LOOPBACK, "-p", str(port)],

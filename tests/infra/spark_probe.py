@@ -43,7 +43,7 @@ def main() -> None:
         import pyarrow as _pa
         import pyarrow.parquet as _pq
 
-        from backfill_assets.storage.store import objects
+        from backfill_assets.storage import objects
 
         for batch in batches:
             count = batch.num_rows
@@ -76,7 +76,7 @@ def main() -> None:
         else session.sparkContext.master,
     }
     if uri:
-        from backfill_assets.storage.store import objects
+        from backfill_assets.storage import objects
 
         facts["files"] = len(objects.list_prefix(uri, options))
     print("PROBE " + json.dumps(facts), flush=True)

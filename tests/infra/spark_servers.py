@@ -15,6 +15,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from jobs.ports import free_port
 from resources import delta_jars
 from tests.infra import procs
 
@@ -71,7 +72,7 @@ def start_cluster(work_dir: str, cores: int = WORKER_CORES,
                   memory: str = WORKER_MEMORY) -> StandaloneCluster:
     """Start a master and a worker on loopback; return once the worker has registered."""
     spark_class = os.path.join(spark_home(), "bin", "spark-class")
-    port, ui = procs.free_port(), procs.free_port()
+    port, ui = free_port(), free_port()
     master = procs.start("spark-master", [
         spark_class, "org.apache.spark.deploy.master.Master",
         "--host", procs.LOOPBACK, "--port", str(port), "--webui-port", str(ui),
@@ -83,7 +84,7 @@ def start_cluster(work_dir: str, cores: int = WORKER_CORES,
     worker = procs.start("spark-worker", [
         spark_class, "org.apache.spark.deploy.worker.Worker", url,
         "--host", procs.LOOPBACK, "--cores", str(cores), "--memory", memory,
-        "--webui-port", str(procs.free_port()), "--work-dir", worker_dir,
+        "--webui-port", str(free_port()), "--work-dir", worker_dir,
     ], os.path.join(work_dir, "worker.log"), env=_env())
     try:
         master.wait_until(lambda: "Registering worker" in master.log_tail(20000), timeout=90)
@@ -109,7 +110,7 @@ def start_connect_server(work_dir: str, master: str = "local[2]",
                          conf: dict[str, str] | None = None) -> ConnectServer:
     """Start a Connect server on loopback whose own Spark runs on ``master``. Server-side
     (static) conf goes in ``conf``; the platform's session confs are set by the client."""
-    port = procs.free_port()
+    port = free_port()
     settings = {
         "spark.connect.grpc.binding.address": procs.LOOPBACK,
         "spark.connect.grpc.binding.port": str(port),

@@ -28,7 +28,7 @@ from pyspark.sql import functions as F
 from backfill_assets.arrow.types import type_name
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.vnode import spark_vnode_sql
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from tests.foreign import spark_quote
 
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")

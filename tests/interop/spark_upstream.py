@@ -23,7 +23,7 @@ from pyspark.sql import functions as F
 
 from backfill_assets.arrow.types import arrow_type, type_name
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.storage.rows.spark_types import spark_schema
+from backfill_assets.storage import spark_schema
 from tests.foreign import key_value, spark_quote, value
 
 UTC = dt.UTC

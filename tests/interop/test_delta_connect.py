@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.barrier.runner import run_barrier
+from backfill_assets.mv.owned_tables import MVTables
 from resources.spark import child_env
 from tests.support import LiveUpstream, simple_mv, simple_row, simple_spec
 

@@ -15,9 +15,9 @@ import random
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.storage.writes.maintain import maintain
+from backfill_assets.barrier.runner import run_barrier
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import maintain
 from tests.interop.delta_spark import (
     assert_feed_replays,
     assert_history_and_detail,

@@ -1,4 +1,4 @@
-"""Tables the reference writer makes, backfilled by us (issue 37, item 3): a generated foreign
+"""Tables the reference writer makes, backfilled by us: a generated foreign
 upstream written only by Delta-Spark with what users turn on (deletion vectors through DELETE,
 UPDATE and MERGE; the change feed; column mapping in name and id mode with RENAME and DROP
 COLUMN between barriers; classic checkpoints every 2 commits; row tracking; timestamp_ntz;
@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import UnsupportedTableFeature, UpstreamSchemaChanged
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.reset import reset_mv
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
 from tests.foreign import spark_quote
 from tests.interop.delta_spark import assert_mv_as_delta_spark_reads, recorded_versions
 from tests.interop.spark_upstream import Features, SparkUpstream

@@ -1,4 +1,4 @@
-"""A Delta-Spark MERGE writer as the live upstream (issue 37, item 3), in the default mode.
+"""A Delta-Spark MERGE writer as the live upstream, in the default mode.
 
 The writer is what a Structured Streaming upsert job does with each micro-batch:
 ``MERGE INTO delta.`upstream` t USING batch s ON t.id = s.id WHEN MATCHED AND s.op = 'D' THEN
@@ -26,7 +26,7 @@ import random
 
 import pytest
 
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.barrier.runner import run_barrier
 from tests.interop.delta_spark import assert_mv_as_delta_spark_reads, recorded_versions
 from tests.interop.spark_upstream import Features, SparkUpstream
 from tests.reliability import harness as H

@@ -29,12 +29,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyroaring import BitMap64
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.storage import read_version
-from backfill_assets.storage.delta import dv
-from backfill_assets.storage.rows.change_range import read_raw_changes
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.storage import dv, read_raw_changes, read_version
 from tests.foreign import z85_crate_tail
 from tests.interop.delta_spark import spark_rows
 from tests.support import assert_verified

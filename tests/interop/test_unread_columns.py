@@ -19,10 +19,10 @@ import os
 
 import pytest
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core import errors
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import run_barrier
+from backfill_assets.mv.owned_tables import MVTables
 from tests.interop.delta_spark import assert_mv_as_delta_spark_reads
 from tests.reliability import harness as H
 

@@ -1,7 +1,7 @@
 """What the reliability tests compare and check (harness.py re-exports it): a table state
-(MV rows as a multiset, progress rows, Delta versions, duplicate keys) and the invariant of
-DESIGN.md section 4 on the recoverable state (``verify_recovered``), the platform's own oracle
-(``assert_oracle``) and its Dagster job (``run_verify_job``)."""
+(MV rows as a multiset, progress rows, Delta versions, duplicate keys) and the invariant
+(docs/DESIGN.md, "The invariant") on the recoverable state (``verify_recovered``), the
+platform's own oracle (``assert_oracle``) and its Dagster job (``run_verify_job``)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ def _frozen(row: dict) -> tuple:
 
 
 def _open(uri: str, storage_options=None, version: int | None = None):
-    from backfill_assets.mv.tables import open_table
+    from backfill_assets.mv.owned_tables import open_if_exists
 
-    return open_table(uri, storage_options or {}, version)
+    return open_if_exists(uri, storage_options or {}, version)
 
 
 def table_versions(tables) -> dict:
@@ -43,7 +43,7 @@ def table_versions(tables) -> dict:
 
 
 def snapshot(tables, key_names: Sequence[str] = ("id",)) -> TableState:
-    from backfill_assets.mv.tables import read_rows
+    from backfill_assets.mv.owned_tables import read_rows
 
     mv = _open(tables.mv, tables.storage_options)
     rows = read_rows(mv).to_pylist() if mv is not None else []
@@ -106,13 +106,13 @@ def recovered_progress(d, tables, vnodes: Sequence[int]) -> dict:
 
 
 def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> Check:
-    """DESIGN.md section 4 after any commit: MV[k] == f(upstream@v_k, key <= pos_k) with the
+    """The invariant after any commit: MV[k] == f(upstream@v_k, key <= pos_k) with the
     recoverable progress, and replica[k] == upstream@r_k for unfinished arrangement vnodes."""
     from backfill_assets.core.progress import Completed
     from backfill_assets.core.vnode import vnode_of
-    from backfill_assets.mv.tables import read_rows, txn_versions
-    from backfill_assets.step.oracle import verify
+    from backfill_assets.mv.owned_tables import read_rows, txn_versions
     from backfill_assets.step.preflight import checked_upstream
+    from backfill_assets.verify.oracle import verify
 
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
@@ -151,7 +151,7 @@ def verify_recovered(spark, d, tables, vnodes: Sequence[int] | None = None) -> C
 def _resolved(rows, key_order):
     """The replica's rows as a reader sees them: newest version per key
     (storage/rows/replica.py)."""
-    from backfill_assets.storage.rows import replica
+    from backfill_assets.storage import replica
 
     return replica.resolve(rows, key_order).drop_columns([replica.VERSION, replica.DELETED])
 
@@ -165,7 +165,7 @@ def assert_recovered_invariant(spark, d, tables, what: str) -> int:
 
 def assert_oracle(spark, d, tables, what: str) -> int:
     """The platform's own oracle (progress table only): what verify_job runs."""
-    from backfill_assets.step.oracle import verify
+    from backfill_assets.verify.oracle import verify
 
     verdict = verify(spark, d, tables)
     bad = [(v.vnode, v.missing, v.unexpected) for v in verdict.failures()]

@@ -1,7 +1,8 @@
 """The reliability tests' child processes (harness.py re-exports them): `dagster job execute
 ... -j backfill_job` (the real wiring) and a light child (`python -m
-tests.reliability.children '<json>'`) that calls `run_barrier` with `faults.kill_hook` and, for
-the concurrency tests, a file rendezvous that holds both runs at a point until both reached it.
+tests.reliability.children '<json>'`) that calls `run_barrier` with
+`testing.kill_hook.kill_hook` and, for the concurrency tests, a file rendezvous that holds both
+runs at a point until both reached it.
 
 Children are plain processes started with `subprocess`: never fork a process that has loaded
 deltalake (its runtime does not survive a fork).
@@ -166,9 +167,9 @@ def rendezvous_hook(spec: dict | None) -> Callable[[str], None]:
 
 def _child_main(args: dict) -> int:
     """The light child: one barrier with the kill hook (and a rendezvous); prints RESULT."""
+    from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.controls import Controls
-    from backfill_assets.step.barrier import run_barrier
-    from backfill_assets.step.faults import kill_hook
+    from backfill_assets.testing.kill_hook import kill_hook
     from resources.settings import load_settings
     from resources.spark import LazySession, get_spark, spark_conf
     from tests.reliability.harness import definition, tables_of

@@ -9,11 +9,11 @@ What it gives the reliability tests:
 - children (children.py): `dagster job execute ... -j backfill_job` (the real wiring:
   definitions from the environment, `BACKFILL_TEST_KILL_AT`, run config `barrier_version`,
   partition range tags) and a light child (`python -m tests.reliability.children '<json>'`)
-  that calls `run_barrier` with `faults.kill_hook` and, for the concurrency tests, a file
+  that calls `run_barrier` with `testing.kill_hook.kill_hook` and, for the concurrency tests, a file
   rendezvous that holds both runs at a point until both reached it.
 - `snapshot` / `assert_same_tables` (checks.py): MV rows (multiset of all columns), progress
   rows, Delta versions, duplicate keys.
-- `verify_recovered` (checks.py): the invariant of DESIGN.md section 4 on the *recoverable*
+- `verify_recovered` (checks.py): the invariant (docs/DESIGN.md) on the *recoverable*
   state (the progress table completed by the MV commit a crash left without its progress
   commit), plus the replica invariant (replicated_state of an unfinished vnode == upstream at
   its recorded version). Unlike `oracle.verify` it holds after *every* commit, also between
@@ -91,7 +91,7 @@ def definition(raw: dict):
 
 
 def tables_of(warehouse: str, raw: dict, storage_options: dict | None = None):
-    from backfill_assets.mv.tables import MVTables
+    from backfill_assets.mv.owned_tables import MVTables
 
     return MVTables.under(warehouse, raw["name"], raw["upstream"], storage_options)
 
@@ -155,8 +155,8 @@ class Chain:
         return tables_of(self.warehouse, self.raw, self.storage_options)
 
     def run(self, b: Barrier, hook=None):
+        from backfill_assets.barrier.runner import run_barrier
         from backfill_assets.mv.controls import Controls
-        from backfill_assets.step.barrier import run_barrier
 
         report = run_barrier(self.spark, self.d, self.tables, list(b.vnodes), version=b.version,
                              overrides=Controls(b.chunk_size, b.rate_limit),

@@ -7,7 +7,7 @@ script that is marked with a kill point, the crash chain runs that barrier in a 
 no_shuffle) that SIGKILLs itself at the point (`BACKFILL_TEST_KILL_AT`). Then:
 
 1. the crash state: nothing beyond the boundary was written (Delta versions and rows), and the
-   invariant of DESIGN.md section 4 holds on the recoverable state;
+   invariant (docs/DESIGN.md, "The invariant") holds on the recoverable state;
 2. the rerun (the same barrier again, unless the kill came after its progress commit: then the
    barrier was complete and the chain moves on, as the barrier sensor would);
 3. after the rerun the tables are identical to the reference after that barrier: MV rows (all

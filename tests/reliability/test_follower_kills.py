@@ -21,14 +21,14 @@ import dagster as dg
 import pytest
 import yaml
 
-from backfill_assets.mv.tables import open_table, read_rows
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.mv.owned_tables import open_if_exists, read_rows
+from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.wiring.liveness import FOLLOWER_JOB
 from backfill_assets.wiring.run_launcher import worker_pid
 from benchmarks import dagster_dev
+from jobs.ports import free_port
 from resources.mv import load_mv_definition, mv_tables
 from resources.settings import load_settings
-from tests.infra import procs
 from tests.support import assert_verified
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,10 +84,10 @@ def _barriers_done(instance: dg.DagsterInstance, run_id: str) -> int:
 
 
 def _caught_up(tables, upstream_uri: str) -> bool:
-    progress = open_table(tables.progress, {})
+    progress = open_if_exists(tables.progress, {})
     if progress is None:
         return False
-    latest = open_table(upstream_uri, {}).version()
+    latest = open_if_exists(upstream_uri, {}).version()
     rows = read_rows(progress, None, ["backfill_finished", "version"]).to_pylist()
     return len(rows) == VNODES and all(r["backfill_finished"] and r["version"] == latest
                                        for r in rows)
@@ -101,7 +101,7 @@ def test_killed_follower_is_restarted_and_converges(spark, tmp_path, figures, mo
     upstream = f"{warehouse}/upstream"
     run_load(upstream, LoadParams(seed=11, initial_rows=1500, versions=0), vnode_count=VNODES)
     log = str(tmp_path / "dagster_dev.log")
-    proc = dagster_dev.start(env, log, port=procs.free_port())
+    proc = dagster_dev.start(env, log, port=free_port())
     writer = _Writer(upstream)
     rng = random.Random(15)
     killed: list[str] = []
@@ -191,7 +191,7 @@ def test_interrupt_stops_the_follower_after_its_barrier(spark, tmp_path, monkeyp
     settings = load_settings(env)
     d = load_mv_definition(settings)
     tables = mv_tables(d, settings)
-    from backfill_assets.step.follower import stop_request
+    from backfill_assets.barrier.follower import stop_request
 
     assert "terminated" in stop_request(tables)["reason"]
     assert_verified(spark, d, tables)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import pytest
 
 from backfill_assets.core.errors import ConditionalWritesUnsupported
-from backfill_assets.storage.store import objects
+from backfill_assets.storage import objects
 from tests.infra.s3_proxy import start_proxy
 from tests.reliability import harness as H
 from tests.reliability.test_concurrency import run_race_case

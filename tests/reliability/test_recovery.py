@@ -1,13 +1,14 @@
-"""Regressions the crash matrix found, pinned in-process (fast), plus the kill hook's contract.
+"""Crash cases pinned in-process (fast), plus the kill hook's contract. Each is a way the
+recovery could go wrong that the crash matrix can reach:
 
 - An idle barrier (the upstream did not move: the same version again) killed after its MV
-  commit used to be recovered as "nothing to recover" (the MV's app-transaction version equalled
-  the progress table's), so the rerun appended the same snapshot chunk again: duplicates.
-- A change-feed-only barrier killed between its MV and progress commits used to leave the
-  progress table behind for good when rerun at the same version (nothing moved, so nothing was
-  written): the oracle (and verify_job) then compared the MV against an older upstream version.
-- A rerun of a barrier killed between its commits read one more snapshot chunk instead of
-  completing that barrier, so crash + rerun did not give the tables of a run without the crash.
+  commit must not be recovered as "nothing to recover" (the MV's app-transaction version equals
+  the progress table's): the rerun would append the same snapshot chunk again, duplicates.
+- A change-feed-only barrier killed between its MV and progress commits must not leave the
+  progress table behind when rerun at the same version (nothing moves, so nothing is written):
+  the oracle (and verify_job) would then compare the MV against an older upstream version.
+- A rerun of a barrier killed between its commits must complete that barrier, not read one
+  more snapshot chunk, so that crash + rerun gives the tables of a run without the crash.
 
 The kill here is the hook raising at the point (what a SIGKILL leaves behind: the commits made
 so far); test_crash_matrix.py does the same with real SIGKILLs of child processes.
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 import pytest
 
-from backfill_assets.step import loop as step
-from backfill_assets.step.faults import kill_hook
+from backfill_assets.step import loop
+from backfill_assets.testing.kill_hook import kill_hook
 from tests.reliability import harness as H
 
 
@@ -87,11 +88,11 @@ def test_kill_hook_is_free_unless_asked_for():
 
     from resources.settings import load_settings
 
-    assert kill_hook(None) is step.no_hook
-    assert kill_hook(load_settings({}).test_kill_at) is step.no_hook
+    assert kill_hook(None) is loop.no_hook
+    assert kill_hook(load_settings({}).test_kill_at) is loop.no_hook
     with pytest.raises(ValueError, match="unknown kill point"):
         kill_hook("somewhere")
-    code = ("from backfill_assets.step.faults import KILL_POINTS, kill_hook\n"
+    code = ("from backfill_assets.testing.kill_hook import KILL_POINTS, kill_hook\n"
             "from resources.settings import load_settings\n"
             "hook = kill_hook(load_settings().test_kill_at)\n"
             "for p in KILL_POINTS: hook(p)\n"
@@ -120,7 +121,7 @@ def _finished(chain: H.Chain) -> int:
 def test_idle_barrier_killed_after_its_mv_commit_replays_with_finished_vnodes(spark, tmp_path):
     """Arrangement at one upstream version, barrier after barrier: once some vnodes have
     finished, a barrier killed after its MV commit and run again must end where the
-    uninterrupted barrier ends (it read one chunk more until round 20)."""
+    uninterrupted barrier ends, not one chunk further."""
     warehouse = str(tmp_path / "warehouse")
     live = H.orders(warehouse, seed=11)
     barrier = H.Barrier(H.prewrite(live, rows=240, batches=0, changes=0)[0])

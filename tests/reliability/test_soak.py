@@ -1,5 +1,5 @@
 """Randomized soak: random DML, barriers, chunk sizes, rate limits, rescales and kills, with the
-invariant of DESIGN.md section 4 checked after every commit.
+invariant (docs/DESIGN.md, "The invariant") checked after every commit.
 
 Two MVs (arrangement and no_shuffle) follow one live upstream. Every round:
 - 0-2 DML batches (inserts, updates, deletes, pk changes), sometimes a bulk append; a round
@@ -37,10 +37,10 @@ from decimal import Decimal
 import pyarrow as pa
 import pytest
 
+from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv.controls import Controls, write_controls
-from backfill_assets.step.barrier import run_barrier
-from backfill_assets.step.faults import KILL_POINTS
+from backfill_assets.testing.kill_hook import KILL_POINTS
 from backfill_assets.upstream.writer import insert_rows
 from tests.reliability import harness as H
 

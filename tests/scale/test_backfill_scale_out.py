@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from backfill_assets.storage.store import objects
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.storage import objects
+from backfill_assets.upstream.writer import LoadParams, run_load
 from resources.spark import child_env
 from tests.infra.dagster_cli import execute, mv_yaml
 
@@ -91,7 +91,7 @@ def test_barrier_sensor_reads_an_upstream_on_s3(s3_server, tmp_path, monkeypatch
     with dg.DagsterInstance.ephemeral() as instance:
         requests = sensor(dg.build_sensor_context(instance=instance))
     assert [r.tags["dagster/asset_partition_range_start"] for r in requests] == ["0", "4"]
-    from backfill_assets.storage.delta.delta_rs import latest_version
+    from backfill_assets.storage import latest_version
 
     version = latest_version(f"{warehouse}/upstream", s3_server.storage_options)
     assert all(f":v{version}:" in r.run_key for r in requests)

@@ -21,9 +21,9 @@ import dagster as dg
 import pytest
 from deltalake import DeltaTable
 
-from backfill_assets.upstream.writer.load_generator import LoadParams, run_load
+from backfill_assets.upstream.writer import LoadParams, run_load
+from backfill_assets.wiring.liveness import MV_TAG
 from backfill_assets.wiring.sensors import build_barrier_sensor
-from jobs.backfill import MV_TAG
 from resources.mv import load_mv_definition
 from resources.settings import load_settings
 from resources.spark import child_env

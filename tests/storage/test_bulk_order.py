@@ -32,7 +32,7 @@ from backfill_assets.storage import (
     BulkWritten,
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     apply_keyed,
     commit_written,
     ensure_mor_table,
@@ -174,7 +174,7 @@ def _layouts(draw) -> dict:
             "transform": draw(st.sampled_from([Positive(), Every()]))}
 
 
-def _source(uri: str, layout: dict) -> Snapshot:
+def _source(uri: str, layout: dict) -> TableVersion:
     """The layout's files committed one by one (a file without stats: its numRecords only),
     then the ``deleted`` rows deleted by DVs."""
     ensure_mor_table(uri, SCHEMA, None, cdf=False,
@@ -184,15 +184,15 @@ def _source(uri: str, layout: dict) -> Snapshot:
         if not stats:
             written = [type(f)(f.path, f.size, f.rows, json.dumps({"numRecords": f.rows}))
                        for f in written]
-        commit_written(Snapshot.load(uri), Intent(), BulkWritten(uri, {}, tuple(written)))
+        commit_written(TableVersion.load(uri), Intent(), BulkWritten(uri, {}, tuple(written)))
     gone = [layout["rows"][i] for i in sorted(layout["deleted"])]
     if gone:
-        apply_keyed(Snapshot.load(uri), list(layout["key_order"].names), Intent(),
+        apply_keyed(TableVersion.load(uri), list(layout["key_order"].names), Intent(),
                     KeyedRows(pa.Table.from_pylist(gone, SCHEMA), SCHEMA.empty_table()))
-    return Snapshot.load(uri)
+    return TableVersion.load(uri)
 
 
-def _run(snap: Snapshot, layout: dict, out: str) -> tuple[list, list, int]:
+def _run(snap: TableVersion, layout: dict, out: str) -> tuple[list, list, int]:
     """Each task run here: (the rows it wrote, file by file; its report), and how many sorts
     the tasks made."""
     rows = BulkRows(snap, tuple(range(VNODES)), tuple(SCHEMA.names), layout["transform"],

@@ -24,7 +24,7 @@ from backfill_assets.storage import (
     BulkRows,
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     TransformRefused,
     apply_changes,
     apply_keyed,
@@ -34,9 +34,8 @@ from backfill_assets.storage import (
 )
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.keyed import read_keys
-from backfill_assets.storage.writes import bulk as bulk_mod
-from tests.support import BULK_TARGET as TARGET
-from tests.support import Refused, Twice
+from backfill_assets.storage.writes import bulk
+from tests.support import BULK_TARGET, Refused, Twice
 
 SOURCE = pa.schema([("id", pa.int64()), ("name", pa.string()), ("qty", pa.int32()),
                     ("vnode", pa.int32())])
@@ -44,20 +43,20 @@ VNODES = 8
 BY_ID = KeyOrder((KeyColumn("id", "bigint"),))
 
 
-def _source(spark, uri: str, rows: list[dict], deleted: list[int]) -> Snapshot:
+def _source(spark, uri: str, rows: list[dict], deleted: list[int]) -> TableVersion:
     """A merge-on-read table of ``rows`` (small files, so vnodes span several), then the keys
     ``deleted`` deleted by DVs."""
     ensure_mor_table(uri, SOURCE, None, cdf=False,
                      configuration={"backfill.vnodeCount": str(VNODES)})
     seed = spark.createDataFrame(pa.Table.from_pylist(rows, SOURCE).to_pylist(),
                                  "id long, name string, qty int, vnode int")
-    apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/src/0": 0}), inserts=seed,
+    apply_changes(spark, TableVersion.load(uri), ["id"], Intent({"t/src/0": 0}), inserts=seed,
                   rows_hint=len(rows), file_rows=7)
     gone = [r for r in rows if r["id"] in set(deleted)]
     if gone:
-        apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/src/0": 1}),
+        apply_keyed(TableVersion.load(uri), ["id"], Intent({"t/src/0": 1}),
                     KeyedRows(pa.Table.from_pylist(gone, SOURCE), SOURCE.empty_table()))
-    return Snapshot.load(uri)
+    return TableVersion.load(uri)
 
 
 @pytest.fixture(params=["threads here", "spark tasks"])
@@ -65,14 +64,14 @@ def where(request, monkeypatch) -> str:
     """Where the bulk tasks run: on the tests' local master, threads of this process
     (``bulk.bulk_threads``); as a cluster would, Spark tasks."""
     if request.param == "spark tasks":
-        monkeypatch.setattr(bulk_mod, "tasks_run_here", lambda spark_: False)
+        monkeypatch.setattr(bulk, "tasks_run_here", lambda spark_: False)
     return request.param
 
 
-def _target(uri: str) -> Snapshot:
-    ensure_mor_table(uri, TARGET, None, cdf=True,
+def _target(uri: str) -> TableVersion:
+    ensure_mor_table(uri, BULK_TARGET, None, cdf=True,
                      configuration={"backfill.vnodeCount": str(VNODES)})
-    return Snapshot.load(uri)
+    return TableVersion.load(uri)
 
 
 def _parquet_files(uri: str) -> set[str]:
@@ -95,8 +94,8 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, w
     data = [{"id": i, "name": n, "qty": q, "vnode": i % VNODES} for i, n, q in rows]
     src = _source(spark, str(base / "src"), data, deleted)
     dst = _target(str(base / "dst"))
-    bulk = BulkRows(src, tuple(sorted(vnodes)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
-    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=5)
+    bulk_rows = BulkRows(src, tuple(sorted(vnodes)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    written = write_bulk(spark, bulk_rows, dst.uri, {}, dst.arrow_schema, max_rows_per_file=5)
     commit_written(dst, Intent({"t/dst/0": 5}), written)
     live = [r for r in data if r["id"] not in set(deleted) and r["vnode"] in vnodes]
     per_vnode: dict[int, list[int]] = {}
@@ -111,7 +110,7 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, w
     got = sorted((r["id"], r["name"], r["twice"], r["vnode"]) for r in table.to_pylist())
     assert got == expected
     assert table.schema.field("twice").type == pa.int64()
-    for f in Snapshot.load(dst.uri).files:  # each file: (vnode, id) order, exact bounds
+    for f in TableVersion.load(dst.uri).files:  # each file: (vnode, id) order, exact bounds
         part = pq.read_table(os.path.join(dst.uri, f.path))
         keys = list(zip(part.column("vnode").to_pylist(), part.column("id").to_pylist(),
                         strict=True))
@@ -119,10 +118,10 @@ def test_bulk_rows_are_the_transform_of_the_live_rows(spark, tmp_path_factory, w
         assert f.num_records == part.num_rows
         assert (f.stats[("min", "id")], f.stats[("max", "id")]) == (min(k for _, k in keys),
                                                                     max(k for _, k in keys))
-    _check_kept_keys(Snapshot.load(dst.uri), where)
+    _check_kept_keys(TableVersion.load(dst.uri), where)
 
 
-def _check_kept_keys(snap: Snapshot, where: str) -> None:
+def _check_kept_keys(snap: TableVersion, where: str) -> None:
     """Tasks in threads here hand each file's keys to the key cache exactly as a read of the
     file would give them (the next lookup reads none); Spark tasks hand none (their cache is
     another process's)."""
@@ -143,10 +142,10 @@ def test_a_refused_transform_leaves_nothing(spark, tmp_path, where):
     src = _source(spark, str(tmp_path / "src"), data, [])
     dst = _target(str(tmp_path / "dst"))
     before = (_parquet_files(dst.uri), dst.version)
-    bulk = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    bulk_rows = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
     with pytest.raises(TransformRefused, match="'refuse' is not handled"):
-        write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
-    assert (_parquet_files(dst.uri), Snapshot.load(dst.uri).version) == before
+        write_bulk(spark, bulk_rows, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
+    assert (_parquet_files(dst.uri), TableVersion.load(dst.uri).version) == before
 
 
 def test_a_repeated_key_is_reported_and_nothing_written(spark, tmp_path):
@@ -156,8 +155,8 @@ def test_a_repeated_key_is_reported_and_nothing_written(spark, tmp_path):
     data.append({"id": 9, "name": "again", "qty": 1, "vnode": 9 % VNODES})
     src = _source(spark, str(tmp_path / "src"), data, [])
     dst = _target(str(tmp_path / "dst"))
-    bulk = BulkRows(src, (9 % VNODES,), tuple(SOURCE.names), Twice(), BY_ID, Refused)
-    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
+    bulk_rows = BulkRows(src, (9 % VNODES,), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    written = write_bulk(spark, bulk_rows, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
     assert written.bad_keys and not written.files
     assert _parquet_files(dst.uri) == set()
 
@@ -166,9 +165,9 @@ def test_bulk_files_are_committed_alone(spark, tmp_path):
     src = _source(spark, str(tmp_path / "src"), [{"id": 1, "name": "a", "qty": 1, "vnode": 1}],
                   [])
     dst = _target(str(tmp_path / "dst"))
-    bulk = BulkRows(src, (1,), tuple(SOURCE.names), Twice(), BY_ID, Refused)
-    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
-    keyed = KeyedRows(TARGET.empty_table(), TARGET.empty_table())
+    bulk_rows = BulkRows(src, (1,), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    written = write_bulk(spark, bulk_rows, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
+    keyed = KeyedRows(BULK_TARGET.empty_table(), BULK_TARGET.empty_table())
     with pytest.raises(ValueError, match="committed alone"):
         apply_keyed(dst, ["id"], Intent(), keyed, inserts=written)
     with pytest.raises(ValueError, match="committed alone"):
@@ -184,10 +183,10 @@ def test_a_write_of_more_tasks_than_threads_take_runs_as_spark_tasks(spark, tmp_
     writes the same rows."""
     data = [{"id": i, "name": "a", "qty": 1, "vnode": i % VNODES} for i in range(40)]
     src = _source(spark, str(tmp_path / "src"), data, [])
-    bulk = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
-    assert bulk_mod.planned_tasks(spark, bulk)[1] is not None
-    monkeypatch.setattr(bulk_mod, "MAX_TASKS_HERE", 0)
-    assert bulk_mod.planned_tasks(spark, bulk)[1] is None
+    bulk_rows = BulkRows(src, tuple(range(VNODES)), tuple(SOURCE.names), Twice(), BY_ID, Refused)
+    assert bulk.planned_tasks(spark, bulk_rows)[1] is not None
+    monkeypatch.setattr(bulk, "MAX_TASKS_HERE", 0)
+    assert bulk.planned_tasks(spark, bulk_rows)[1] is None
     dst = _target(str(tmp_path / "dst"))
-    written = write_bulk(spark, bulk, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
+    written = write_bulk(spark, bulk_rows, dst.uri, {}, dst.arrow_schema, max_rows_per_file=4)
     assert sum(f.rows for f in written.files) == len(data)

@@ -11,7 +11,7 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.storage import Intent, KeyedRows, Snapshot, apply_keyed, ensure_mor_table
+from backfill_assets.storage import Intent, KeyedRows, TableVersion, apply_keyed, ensure_mor_table
 from backfill_assets.storage.delta.prune import files_within_vnodes
 from backfill_assets.storage.writes import maintain
 
@@ -25,7 +25,7 @@ def _rows(ids, name: str) -> pa.Table:
 
 
 def _due_on_the_new_version(uri: str, vnodes: list[int]) -> bool:
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     chosen = maintain.files_to_compact(files_within_vnodes(snap.files, vnodes), False)
     return len(chosen) >= 2 or any(f.deletion_vector for f in chosen)
 
@@ -46,7 +46,7 @@ def test_the_judgement_from_the_change_equals_the_loaded_versions(tmp_path_facto
     uri = str(tmp_path_factory.mktemp("due") / "mv")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = _rows(range(60), "seed")
-    apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/mv/0": 0}),
+    apply_keyed(TableVersion.load(uri), ["id"], Intent({"t/mv/0": 0}),
                 KeyedRows(seed.slice(0, 0), seed), file_rows=10)
     held = {i: "seed" for i in range(60)}
     next_id = 60
@@ -58,7 +58,7 @@ def test_the_judgement_from_the_change_equals_the_loaded_versions(tmp_path_facto
         new = list(range(next_id, next_id + inserts))
         next_id += inserts
         after = pa.concat_tables([_rows(keys if update else [], f"v{n}"), _rows(new, f"v{n}")])
-        snap = Snapshot.load(uri)
+        snap = TableVersion.load(uri)
         applied = apply_keyed(snap, ["id"], Intent({"t/mv/0": n}), KeyedRows(before, after),
                               file_rows=file_rows)
         for k in keys:
@@ -76,10 +76,10 @@ def test_a_few_deletes_are_not_due_and_a_quarter_of_a_file_is(tmp_path):
     uri = str(tmp_path / "mv")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = _rows(range(40), "seed")  # 4 files of 10 rows, one per vnode
-    apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/mv/0": 0}),
+    apply_keyed(TableVersion.load(uri), ["id"], Intent({"t/mv/0": 0}),
                 KeyedRows(seed.slice(0, 0), seed), file_rows=10)
     for deleted, due in (([0], False), ([4, 8, 12], True)):  # vnode 0: 1 of 10, then 4 of 10
-        snap = Snapshot.load(uri)
+        snap = TableVersion.load(uri)
         applied = apply_keyed(snap, ["id"], Intent({"t/mv/0": 1}),
                               KeyedRows(_rows(deleted, "seed"), _rows([], "")))
         assert maintain.compaction_due(snap, applied, [0, 1, 2, 3]) is due
@@ -89,9 +89,9 @@ def test_a_few_deletes_are_not_due_and_a_quarter_of_a_file_is(tmp_path):
 def test_a_commit_over_another_writers_is_judged_on_the_loaded_version(tmp_path):
     uri = str(tmp_path / "mv")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
-    old = Snapshot.load(uri)
+    old = TableVersion.load(uri)
     rows = _rows([1], "a")
-    apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/mv/0": 0}), KeyedRows(rows.slice(0, 0),
+    apply_keyed(TableVersion.load(uri), ["id"], Intent({"t/mv/0": 0}), KeyedRows(rows.slice(0, 0),
                                                                               rows))
     applied = apply_keyed(old, ["id"], Intent({"t/mv/1": 0}),
                           KeyedRows(rows.slice(0, 0), _rows([2], "b")))

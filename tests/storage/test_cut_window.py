@@ -22,14 +22,14 @@ from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.storage import (
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     apply_keyed,
     chunk_files,
     ensure_mor_table,
     file_reader,
     windowed_cut,
 )
-from backfill_assets.storage.chunks import window_scan as window_read
+from backfill_assets.storage.chunks import window_scan
 from tests.storage.test_shared_cut import SCHEMA, VNODES, key_orders  # the same upstream
 
 
@@ -59,7 +59,7 @@ class _Upstream:
     def change(self, before: list[dict], after: list[dict]) -> None:
         """Our writer's commit: ``before`` rows deleted, ``after`` rows inserted."""
         self.commits += 1
-        apply_keyed(Snapshot.load(self.uri), list(self.key_order.names),
+        apply_keyed(TableVersion.load(self.uri), list(self.key_order.names),
                     Intent({"t/up/0": self.commits}), KeyedRows(_table(before), _table(after)))
         gone = {self.key(r) for r in before}
         self.rows = [r for r in self.rows if self.key(r) not in gone] + after
@@ -78,7 +78,7 @@ class _Upstream:
 
 
 def _barrier(up: _Upstream, run: list[int], pos: tuple | None, limit: int, reads: list):
-    snap = Snapshot.load(up.uri)
+    snap = TableVersion.load(up.uri)
     positions = dict.fromkeys(run, pos)
 
     def pick(n: int):
@@ -139,12 +139,12 @@ def _apply(up: _Upstream, ops: list[tuple]) -> None:
 @given(_case())
 def test_every_chunk_equals_the_upstream_at_its_version(case):
     key_order, keys, run, limit, file_rows, shuffled, changes, knobs = case
-    saved = window_read._SAMPLE_FILES, window_read.WINDOW_CAP
-    window_read._SAMPLE_FILES, window_read.WINDOW_CAP = knobs
+    saved = window_scan._SAMPLE_FILES, window_scan.WINDOW_CAP
+    window_scan._SAMPLE_FILES, window_scan.WINDOW_CAP = knobs
     try:
         _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes)
     finally:
-        window_read._SAMPLE_FILES, window_read.WINDOW_CAP = saved
+        window_scan._SAMPLE_FILES, window_scan.WINDOW_CAP = saved
 
 
 def _run_barriers(key_order, keys, run, limit, file_rows, shuffled, changes) -> None:

@@ -17,7 +17,7 @@ import pytest
 from deltalake import DeltaTable
 
 from backfill_assets.core.errors import UnsupportedTableFeature
-from backfill_assets.storage import Snapshot, read_version
+from backfill_assets.storage import TableVersion, read_version
 
 KERNEL = os.path.join(os.path.dirname(__file__), "..", "data", "kernel")
 TABLES = ["table-with-dv-small", "with-short-dv", "cdf-table-with-dv",
@@ -47,7 +47,7 @@ def test_every_version_reads_like_delta_rs(spark, name):
 @pytest.mark.spark
 def test_deleted_rows_never_come_back(spark):
     uri = os.path.abspath(os.path.join(KERNEL, "table-with-dv-small"))
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     assert [f.deleted for f in snap.files] == [2]
     values = sorted(read_version(spark, uri, None).toArrow()["value"].to_pylist())
     assert values == sorted(pa.table(DeltaTable(uri).scan())["value"].to_pylist())
@@ -64,4 +64,4 @@ def test_an_unknown_reader_feature_is_refused_by_name(tmp_path):
                                          "writerFeatures": ["deletionVectors",
                                                             "typeWidening"]}}) + "\n")
     with pytest.raises(UnsupportedTableFeature, match="typeWidening"):
-        Snapshot.load(uri).check_readable()
+        TableVersion.load(uri).check_readable()

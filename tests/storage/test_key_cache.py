@@ -15,8 +15,9 @@ from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage import (
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     apply_keyed,
+    clear_all,
     ensure_mor_table,
     key_counts,
 )
@@ -36,20 +37,20 @@ def _seeded(uri: str, file_rows: int) -> str:
     """A merge-on-read table of keys 0..39 in files of ``file_rows`` rows."""
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = _rows(*[(i, "seed") for i in range(40)])
-    apply_keyed(Snapshot.load(uri), KEY, Intent({"t/mv/0": 0}),
+    apply_keyed(TableVersion.load(uri), KEY, Intent({"t/mv/0": 0}),
                 KeyedRows(seed.slice(0, 0), seed), file_rows=file_rows)
     return uri
 
 
 @pytest.fixture
 def table(tmp_path) -> str:
-    key_cache.CACHE.clear()
+    clear_all()
     yield _seeded(str(tmp_path / "mv"), 8)
-    key_cache.CACHE.clear()
+    clear_all()
 
 
 def _counts(uri: str, *ids: int) -> dict[int, int]:
-    got = key_counts(Snapshot.load(uri), _rows(*[(i, "") for i in ids]), KEY).to_pylist()
+    got = key_counts(TableVersion.load(uri), _rows(*[(i, "") for i in ids]), KEY).to_pylist()
     return {r["id"]: r["count"] for r in got}
 
 
@@ -59,15 +60,15 @@ def test_a_cached_file_whose_dv_grew_returns_exactly_its_live_rows(table):
     assert not key_cache.CACHE.misses and key_cache.CACHE.cached_paths(table)
     hits = key_cache.CACHE.hits
     # update 1, delete 2: their files get DV bits; 1 moves to a new file
-    apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 1}),
+    apply_keyed(TableVersion.load(table), KEY, Intent({"t/mv/0": 1}),
                 KeyedRows(_rows((1, "seed"), (2, "seed")), _rows((1, "one"))))
     assert _counts(table, 1, 2, 3) == {1: 1, 3: 1}
     assert key_cache.CACHE.hits > hits  # the seed files were not read again
     # the feed saying 2 is still held is refused; inserting 2 again is fine
     with pytest.raises(StorageMismatch, match="does not hold the row"):
-        apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 2}),
+        apply_keyed(TableVersion.load(table), KEY, Intent({"t/mv/0": 2}),
                     KeyedRows(_rows((2, "seed")), _rows((2, "two"))))
-    apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 2}),
+    apply_keyed(TableVersion.load(table), KEY, Intent({"t/mv/0": 2}),
                 KeyedRows(_rows(), _rows((2, "two"))))
     assert _counts(table, 1, 2) == {1: 1, 2: 1}
 
@@ -76,11 +77,11 @@ def test_files_this_process_writes_are_kept_as_a_read_of_them_gives_them(table):
     """A small barrier's new file: its keys are kept as it is written, equal to a read."""
     from backfill_assets.storage.rows.keyed import read_keys
 
-    before = {f.path for f in Snapshot.load(table).files}
-    apply_keyed(Snapshot.load(table), KEY, Intent({"t/mv/0": 1}),
+    before = {f.path for f in TableVersion.load(table).files}
+    apply_keyed(TableVersion.load(table), KEY, Intent({"t/mv/0": 1}),
                 KeyedRows(_rows((9, "seed"), (17, "seed")),
                           _rows((9, "nine"), (17, "x"), (50, "y"))))
-    snap = Snapshot.load(table)
+    snap = TableVersion.load(table)
     new = [f for f in snap.files if f.path not in before]
     assert new
     for f in new:
@@ -96,7 +97,7 @@ def test_files_this_process_writes_are_kept_as_a_read_of_them_gives_them(table):
 
 def test_a_file_removed_by_compaction_leaves_the_cache(table):
     _counts(table, *range(40))
-    snap = Snapshot.load(table)
+    snap = TableVersion.load(table)
     gone = snap.files[0]
     assert gone.path in key_cache.CACHE.cached_paths(table)
     commit(snap, Change(removes=[gone], data_change=False), Intent(operation="OPTIMIZE"))
@@ -121,21 +122,21 @@ def test_a_lookup_past_the_cache_reads_a_file_a_row_group_at_a_time(tmp_path, mo
     from backfill_assets.storage.rows import write
 
     monkeypatch.setattr(write, "ROW_GROUP_ROWS", 3)
-    key_cache.CACHE.clear()
+    clear_all()
     uri = _seeded(str(tmp_path / "grouped"), 16)
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     assert all(pq.ParquetFile(snap.file_uri(f.path)).metadata.num_row_groups > 1
                for f in snap.files if f.num_records > 3)
     key_cache.set_limit(50)  # past the cache
     try:
-        apply_keyed(Snapshot.load(uri), KEY, Intent({"t/mv/0": 1}),
+        apply_keyed(TableVersion.load(uri), KEY, Intent({"t/mv/0": 1}),
                     KeyedRows(_rows((1, "seed"), (2, "seed"), (35, "seed"), (38, "seed")),
                               _rows((1, "one"), (38, "new"))))
         assert _counts(uri, 1, 2, 17, 30, 35, 38, 39, 77) == {1: 1, 17: 1, 30: 1, 38: 1, 39: 1}
         assert not key_cache.CACHE.cached_paths(uri)
     finally:
         key_cache.set_limit(key_cache.DEFAULT_LIMIT_BYTES)
-        key_cache.CACHE.clear()
+        clear_all()
 
 
 def test_sorted_and_joined_lookups_agree_on_duplicates():

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_assets.core.errors import HistoryUnavailable
-from backfill_assets.storage.delta import log_head
+from backfill_assets.storage import clear_all
 from backfill_assets.storage.delta.log_head import TableHead, open_head
 
 OPS = st.lists(st.sampled_from(["append", "overwrite", "property", "add_column", "checkpoint",
@@ -93,7 +93,7 @@ def test_a_head_equals_delta_rs_load_at_every_version(tmp_path_factory, ops):
         latest = DeltaTable(uri).version()
         for v in range(latest + 1):  # warm: heads brought forward from the newest one held
             _same(open_head(uri, v), uri, v)
-        log_head._HEADS.clear()  # cold: from the last checkpoint, then the commits after it
+        clear_all()  # cold: from the last checkpoint, then the commits after it
         _same(open_head(uri, latest), uri, latest)
 
 
@@ -106,7 +106,7 @@ def test_a_missing_commit_falls_back_to_delta_rs(tmp_path):
     write_deltalake(uri, _rows(2, False), mode="append")
     DeltaTable(uri).create_checkpoint()
     (tmp_path / "t" / "_delta_log" / "00000000000000000000.json").unlink()
-    log_head._HEADS.clear()
+    clear_all()
     assert isinstance(open_head(uri, 1), TableHead)
     with pytest.raises(HistoryUnavailable, match="version 0"):
         open_head(uri, 0)

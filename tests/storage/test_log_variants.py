@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from pyroaring import BitMap64
 
 from backfill_assets.storage.delta import dv, log_head
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows import change_range
 from backfill_assets.storage.rows.change_feed import read_change_range
 from backfill_assets.storage.rows.scan import file_rows
@@ -171,12 +171,12 @@ def test_every_version_and_its_changes_match_the_history(tmp_path_factory, histo
             continue
         log.commit(actions)
         states.append(log.live_rows())
-    snap = Snapshot.load(root)
+    snap = TableVersion.load(root)
     assert snap.version == log.version == len(states)
     logical = log.rows_schema()
     physical = {c: snap.physical_names.get(c, c) for c in ("id", "v")}
     for version in range(1, log.version + 1):
-        at = Snapshot.load(root, version)
+        at = TableVersion.load(root, version)
         read = pa.concat_tables([logical.empty_table()] + [
             file_rows(at.file_uri(f.path), {}, physical, logical,
                       deleted=dv.load(root, f.deletion_vector, {}),

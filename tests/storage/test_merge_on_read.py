@@ -25,13 +25,13 @@ from backfill_assets.core.names import OP
 from backfill_assets.storage import (
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     apply_changes,
     apply_keyed,
     ensure_mor_table,
 )
-from backfill_assets.storage.rows import commit as commit_mod
-from backfill_assets.storage.rows.scan import read_snapshot
+from backfill_assets.storage.rows import commit
+from backfill_assets.storage.rows.scan import read_table_version
 from backfill_assets.storage.writes import maintain
 from backfill_assets.storage.writes.maintain import collect_dv_garbage, compact
 
@@ -90,19 +90,19 @@ def _apply(spark, uri, model, ops, fresh, step, file_rows, engine):
         after = [(k, n, v) for k, n, v, op in changes if op == "upsert"]
         after += [(k, "new", k % 4) for k in inserts]
         rows = KeyedRows(_arrow(before), _arrow(after))
-        return apply_keyed(Snapshot.load(uri), ["id"], intent, rows,
+        return apply_keyed(TableVersion.load(uri), ["id"], intent, rows,
                            file_rows=file_rows), expected
     ins = spark.createDataFrame([(k, "new", k % 4) for k in inserts], SPARK_SCHEMA) \
         if inserts else None
     if engine == "combined":
         after = [(k, n, v) for k, n, v, op in changes if op == "upsert"]
         chunk = ins.coalesce(1).sortWithinPartitions("vnode", "id") if ins else None
-        return apply_keyed(Snapshot.load(uri), ["id"], intent,
+        return apply_keyed(TableVersion.load(uri), ["id"], intent,
                            KeyedRows(_arrow(before), _arrow(after)), inserts=chunk,
                            rows_hint=len(inserts), file_rows=file_rows,
                            clustered_inserts=True), expected
     ch = spark.createDataFrame(changes, SPARK_SCHEMA + f", {OP} string") if changes else None
-    applied = apply_changes(spark, Snapshot.load(uri), ["id"], intent,
+    applied = apply_changes(spark, TableVersion.load(uri), ["id"], intent,
                             changes=ch, inserts=ins, rows_hint=len(changes) + len(inserts),
                             file_rows=file_rows)
     return applied, expected
@@ -123,14 +123,14 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
     ones, keyed rows + Spark inserts for chunked ones) against the same model; the final
     compaction on the same engine (a compaction of more than DRIVER_COMPACT_ROWS rows runs in
     Spark)."""
-    monkeypatch.setattr(commit_mod, "CHECKPOINT_INTERVAL", 3)
+    monkeypatch.setattr(commit, "CHECKPOINT_INTERVAL", 3)
     monkeypatch.setattr(maintain, "DRIVER_COMPACT_ROWS",
                         0 if engine == "spark" else maintain.DRIVER_COMPACT_ROWS_DEFAULT)
     uri = str(tmp_path_factory.mktemp("mor") / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     model = {k: "seed" for k in range(0, 30, 2)}
     seed = spark.createDataFrame([(k, "seed", k % 4) for k in model], SPARK_SCHEMA)
-    apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/mv/0": 0}), inserts=seed,
+    apply_changes(spark, TableVersion.load(uri), ["id"], Intent({"t/mv/0": 0}), inserts=seed,
                   rows_hint=len(model), file_rows=file_rows)
     for step, (ops, fresh) in enumerate(batches, start=1):
         applied, expected = _apply(spark, uri, model, ops, fresh, step, file_rows, engine)
@@ -139,15 +139,16 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
         query = QueryBuilder().register("t", dt).execute("select * from t").read_all()
         assert _rows(pa.table(query)) == _model_rows(model)
         assert _rows(pl.read_delta(uri).to_arrow()) == _model_rows(model)
-        assert _rows(read_snapshot(spark, Snapshot.load(uri)).toArrow()) == _model_rows(model)
+        read = read_table_version(spark, TableVersion.load(uri))
+        assert _rows(read.toArrow()) == _model_rows(model)
         feed = pa.table(dt.load_cdf(starting_version=applied.version,
                                     ending_version=applied.version))
         got = Counter((r["id"], r["name"], r["_change_type"]) for r in feed.to_pylist())
         assert got == Counter(expected), f"change feed of commit {step}"
-    compact(spark, Snapshot.load(uri), ["id"], force=True)
-    snap = Snapshot.load(uri)
+    compact(spark, TableVersion.load(uri), ["id"], force=True)
+    snap = TableVersion.load(uri)
     assert not any(f.deletion_vector for f in snap.files)
-    assert _rows(read_snapshot(spark, snap).toArrow()) == _model_rows(model)
+    assert _rows(read_table_version(spark, snap).toArrow()) == _model_rows(model)
     collect_dv_garbage(snap, keep_versions=0, min_age_seconds=0)
     assert _rows(pl.read_delta(uri).to_arrow()) == _model_rows(model)
 
@@ -159,8 +160,8 @@ def test_two_writers_sharing_a_file_are_rebased_and_a_same_vnode_race_is_fenced(
     uri = str(tmp_path / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True)
     rows = spark.createDataFrame([(k, "x", k % 4) for k in range(8)], SPARK_SCHEMA)
-    apply_changes(spark, Snapshot.load(uri), ["id"], Intent(), inserts=rows, rows_hint=8)
-    planned = Snapshot.load(uri)  # both writers plan on this version: one file, vnodes 0..3
+    apply_changes(spark, TableVersion.load(uri), ["id"], Intent(), inserts=rows, rows_hint=8)
+    planned = TableVersion.load(uri)  # both writers plan on this version: one file, vnodes 0..3
     assert len(planned.files) == 1
 
     def delete(key: int, app: str):
@@ -187,7 +188,7 @@ def test_keyed_changes_beside_spark_inserts_make_one_exact_commit(spark, tmp_pat
     uri = str(tmp_path / "t")
     ensure_mor_table(uri, SCHEMA, None, cdf=True, configuration={"backfill.vnodeCount": "4"})
     seed = spark.createDataFrame([(k, "seed", k % 4) for k in range(20)], SPARK_SCHEMA)
-    apply_changes(spark, Snapshot.load(uri), ["id"], Intent({"t/mv/0": 0}), inserts=seed,
+    apply_changes(spark, TableVersion.load(uri), ["id"], Intent({"t/mv/0": 0}), inserts=seed,
                   rows_hint=20, file_rows=4)
 
     def chunk(keys):
@@ -196,7 +197,7 @@ def test_keyed_changes_beside_spark_inserts_make_one_exact_commit(spark, tmp_pat
 
     def commit(step, before, after, keys):
         points = []
-        applied = apply_keyed(Snapshot.load(uri), ["id"], Intent({"t/mv/0": step}),
+        applied = apply_keyed(TableVersion.load(uri), ["id"], Intent({"t/mv/0": step}),
                               KeyedRows(_arrow(before), _arrow(after)),
                               inserts=chunk(keys), rows_hint=len(keys), file_rows=4,
                               clustered_inserts=True, hook=points.append)
@@ -209,7 +210,7 @@ def test_keyed_changes_beside_spark_inserts_make_one_exact_commit(spark, tmp_pat
     applied, points, got = commit(1, [(2, "seed", 2), (4, "seed", 0), (6, "seed", 2)],
                                   [(2, "x", 2), (6, "seed", 2), (31, "ins", 3)],
                                   range(100, 105))
-    assert applied.version == Snapshot.load(uri).version and applied.rows_deleted == 2
+    assert applied.version == TableVersion.load(uri).version and applied.rows_deleted == 2
     assert points == ["data_files_written", "change_files_written", "dv_file_written"]
     assert got == Counter([(2, "seed", "update_preimage"), (2, "x", "update_postimage"),
                            (4, "seed", "delete"), (31, "ins", "insert"),
@@ -224,8 +225,8 @@ def test_keyed_changes_beside_spark_inserts_make_one_exact_commit(spark, tmp_pat
                            (201, "chunk", "insert")])
     # the table does not hold what the feed says it holds: refused, nothing written
     files = {str(p) for p in tmp_path.rglob("*") if p.is_file()}
-    version = Snapshot.load(uri).version
+    version = TableVersion.load(uri).version
     with pytest.raises(StorageMismatch, match="does not hold"):
         commit(3, [(55, "seed", 3)], [(55, "y", 3)], range(300, 302))
-    assert Snapshot.load(uri).version == version
+    assert TableVersion.load(uri).version == version
     assert {str(p) for p in tmp_path.rglob("*") if p.is_file()} == files

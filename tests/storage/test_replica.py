@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 
 from backfill_assets.core.keys import KeyColumn, KeyOrder
 from backfill_assets.core.positions import chunk_window, rows_to_see
-from backfill_assets.storage import Intent, Snapshot, chunk_files, chunk_tasks, ensure_mor_table
+from backfill_assets.storage import Intent, TableVersion, chunk_files, chunk_tasks, ensure_mor_table
 from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
-from backfill_assets.storage.rows import replica as R
+from backfill_assets.storage.rows import replica
 from backfill_assets.storage.rows.commit import Change, commit
 from backfill_assets.storage.rows.write import write_table
 
@@ -69,24 +69,24 @@ def histories(draw, key_order: KeyOrder = KEYS):
 
 def _build(uri: str, base: dict, key_order: KeyOrder = KEYS, exact: bool = False,
            file_rows: int = FILE_ROWS) -> None:
-    ensure_mor_table(uri, R.table_schema(DATA), {}, cdf=False,
+    ensure_mor_table(uri, replica.table_schema(DATA), {}, cdf=False,
                      configuration={SEEK_ROWS_PROPERTY: str(file_rows)})
     adds = []
     for vnode, rows in base.items():
         ordered = sorted(rows, key=key_order.sort_key)
         table = pa.Table.from_pylist([_row(vnode, k, rows[k]) for k in ordered], DATA)
-        adds += write_table(R.tagged(table, 1), uri, {}, R.table_schema(DATA),
+        adds += write_table(replica.tagged(table, 1), uri, {}, replica.table_schema(DATA),
                             max_rows_per_file=file_rows, key_sort=[
                                 (c.name, "descending" if c.descending else "ascending")
                                 for c in key_order.columns] if exact else None)
-    commit(Snapshot.load(uri, None, {}), Change(adds=adds), Intent())
+    commit(TableVersion.load(uri, None, {}), Change(adds=adds), Intent())
 
 
 def _append(uri: str, batch: dict, version: int) -> None:
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     after = [_row(v, k, val) for (v, k), val in batch.items() if val is not None]
     gone = [_row(v, k, 0) for (v, k), val in batch.items() if val is None]
-    R.append_changes(snap, R.change_rows(pa.Table.from_pylist(after, DATA),
+    replica.append_changes(snap, replica.change_rows(pa.Table.from_pylist(after, DATA),
                                          pa.Table.from_pylist(gone, DATA), version,
                                          snap.arrow_schema), Intent())
 
@@ -100,10 +100,10 @@ def _read(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS, tai
 def _read_cut(uri: str, positions: dict, limit: int, key_order: KeyOrder = KEYS,
               tail: int = 0) -> tuple[dict[int, list[dict]], set[int]]:
     """One chunk read and the vnodes it exhausted."""
-    snap = Snapshot.load(uri, None, {})
-    changes = R.read_changes(snap, positions)
-    picked = chunk_files(R.base_files(snap), key_order, positions, rows_to_see(limit, tail),
-                         False, R.tombstones(changes))
+    snap = TableVersion.load(uri, None, {})
+    changes = replica.read_changes(snap, positions)
+    picked = chunk_files(replica.base_files(snap), key_order, positions, rows_to_see(limit, tail),
+                         False, replica.tombstones(changes))
     tasks, reader = chunk_tasks(snap, DATA.names, key_order, positions, limit, picked, False,
                                 changes, tail=tail)
     out: dict[int, list[dict]] = {}
@@ -155,11 +155,11 @@ def test_chunk_reads_of_base_plus_changes_equal_the_model(tmp_path_factory, hist
     rest = _model(base, batches, positions, key_order)
     got, exhausted = _read_cut(uri, positions, limit, key_order, tail)
     _check_chunks(got, exhausted, rest, limit, tail, positions)
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     assert not any(f.deletion_vector for f in snap.files)  # the base is never rewritten
-    if R.merge_changes(snap, key_order, Intent()):
-        folded = Snapshot.load(uri, None, {})
-        assert len(R.change_files(folded)) == 1
+    if replica.merge_changes(snap, key_order, Intent()):
+        folded = TableVersion.load(uri, None, {})
+        assert len(replica.change_files(folded)) == 1
         assert _read_cut(uri, positions, limit, key_order, tail) == (got, exhausted)
 
 
@@ -229,19 +229,19 @@ def test_the_copys_first_chunk_ends_where_the_first_replica_file_ends():
 def test_change_files_are_folded_past_the_limit(tmp_path):
     uri = str(tmp_path / "t")
     _build(uri, {v: {(1, "x"): 1} for v in range(VNODES)})
-    for version in range(2, R.MAX_CHANGE_FILES + 3):
+    for version in range(2, replica.MAX_CHANGE_FILES + 3):
         _append(uri, {(0, (version, "y")): version, (1, (1, "x")): None}, version)
-    snap = Snapshot.load(uri, None, {})
-    assert len(R.change_files(snap)) == R.MAX_CHANGE_FILES + 1
-    assert R.merge_changes(snap, KEYS, Intent())
-    after = Snapshot.load(uri, None, {})
-    changes = R.read_changes(after)
-    assert len(R.change_files(after)) == 1
-    assert changes.num_rows == R.MAX_CHANGE_FILES + 2  # one row per key: the newest
-    assert R.tombstones(changes) == {1: 1}
+    snap = TableVersion.load(uri, None, {})
+    assert len(replica.change_files(snap)) == replica.MAX_CHANGE_FILES + 1
+    assert replica.merge_changes(snap, KEYS, Intent())
+    after = TableVersion.load(uri, None, {})
+    changes = replica.read_changes(after)
+    assert len(replica.change_files(after)) == 1
+    assert changes.num_rows == replica.MAX_CHANGE_FILES + 2  # one row per key: the newest
+    assert replica.tombstones(changes) == {1: 1}
     read = _read(uri, dict.fromkeys(range(VNODES)), 100)
     assert 1 not in read  # its one key deleted (again and again)
-    assert [r["a"] for r in read[0]] == [1, *range(2, R.MAX_CHANGE_FILES + 3)]
+    assert [r["a"] for r in read[0]] == [1, *range(2, replica.MAX_CHANGE_FILES + 3)]
 
 
 def test_a_replica_from_before_the_version_columns_is_given_them(tmp_path):
@@ -251,9 +251,9 @@ def test_a_replica_from_before_the_version_columns_is_given_them(tmp_path):
     table = ensure_mor_table(uri, DATA, {}, cdf=False,
                              configuration={SEEK_ROWS_PROPERTY: str(FILE_ROWS)})
     old = pa.Table.from_pylist([_row(0, (k, "x"), k) for k in range(5)], DATA)
-    commit(Snapshot.load(uri, None, {}), Change(adds=write_table(old, uri, {}, DATA)), Intent())
+    commit(TableVersion.load(uri, None, {}), Change(adds=write_table(old, uri, {}, DATA)), Intent())
     table.update_incremental()
-    R.with_version_columns(table)
+    replica.with_version_columns(table)
     _append(uri, {(0, (1, "x")): None, (0, (2, "x")): 20, (0, (9, "x")): 9}, 7)
     got = _read(uri, dict.fromkeys(range(VNODES)), 10)
     assert [(r["a"], r["val"]) for r in got[0]] == [(0, 0), (2, 20), (3, 3), (4, 4), (9, 9)]
@@ -266,13 +266,13 @@ def test_exact_key_bounds_reach_the_log_and_narrow_a_composite_seek(tmp_path):
     uri = str(tmp_path / "t")
     rows = {(a, b): a for a in range(12) for b in ("x", "y")}
     _build(uri, {0: rows, 1: {}, 2: {}, 3: {}}, KEYS, exact=True)
-    snap = Snapshot.load(uri, None, {})
+    snap = TableVersion.load(uri, None, {})
     tags = [json.loads(f.add_action["tags"]["backfill.keyBounds"]) for f in snap.files]
     assert sorted(tags) == sorted([list(map(list, [k[0], k[-1]])) for k in (
         sorted(rows, key=KEYS.sort_key)[i:i + FILE_ROWS]
         for i in range(0, len(rows), FILE_ROWS))])
     positions = {0: (4, "x"), 1: None, 2: None, 3: None}
-    picked = chunk_files(R.base_files(snap), KEYS, positions, 2, False)
+    picked = chunk_files(replica.base_files(snap), KEYS, positions, 2, False)
     assert len(picked.groups[(0,)]) <= 2
     assert _read(uri, positions, 2)[0] == [_row(0, k, k[0]) for k in [(5, "y"), (5, "x")]]
 
@@ -298,15 +298,15 @@ def test_a_fold_that_loses_the_race_leaves_nothing(tmp_path):
     commit is refused, its file deleted, and the winner's fold reads the same."""
     uri = str(tmp_path / "t")
     _build(uri, {v: {(1, "x"): 1} for v in range(VNODES)})
-    for version in range(2, R.MAX_CHANGE_FILES + 3):
+    for version in range(2, replica.MAX_CHANGE_FILES + 3):
         _append(uri, {(version % VNODES, (version, "y")): version}, version)
-    stale = Snapshot.load(uri, None, {})
+    stale = TableVersion.load(uri, None, {})
     want = _read(uri, dict.fromkeys(range(VNODES)), 100)
-    assert R.merge_changes(Snapshot.load(uri, None, {}), KEYS, Intent())
-    assert not R.merge_changes(stale, KEYS, Intent())
-    after = Snapshot.load(uri, None, {})
-    assert len(R.change_files(after)) == 1
+    assert replica.merge_changes(TableVersion.load(uri, None, {}), KEYS, Intent())
+    assert not replica.merge_changes(stale, KEYS, Intent())
+    after = TableVersion.load(uri, None, {})
+    assert len(replica.change_files(after)) == 1
     on_disk = {p.name for p in (tmp_path / "t").glob("change-*.parquet")}
     live = {f.path for f in after.files}
-    assert on_disk - live <= {f.path for f in R.change_files(stale)}  # only the folded ones
+    assert on_disk - live <= {f.path for f in replica.change_files(stale)}  # only the folded ones
     assert _read(uri, dict.fromkeys(range(VNODES)), 100) == want

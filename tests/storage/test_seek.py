@@ -1,4 +1,4 @@
-"""Chunk reads seek (issue 14, item 3): the files a chunk needs come from the log's stats,
+"""Chunk reads seek: the files a chunk needs come from the log's stats,
 and the rows kept are the ones a sort of everything would keep. No Spark here: the file pick
 and the in-task chunk are plain functions; tests/test_chunk_seek.py runs them on tables.
 """

@@ -26,7 +26,7 @@ from backfill_assets.storage import (
     HeldChunk,
     Intent,
     KeyedRows,
-    Snapshot,
+    TableVersion,
     apply_keyed,
     chunk_files,
     chunk_tasks,
@@ -86,16 +86,16 @@ def test_the_cut_is_the_limit_th_live_key_after_the_position_in_the_run(case):
         ensure_mor_table(uri, SCHEMA, None, cdf=True,
                          configuration={"backfill.vnodeCount": str(VNODES)})
         if layout == "keyed":  # (vnode, key)-sorted files, their exact bounds tagged
-            apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 0}),
+            apply_keyed(TableVersion.load(uri), names, Intent({"t/up/0": 0}),
                         KeyedRows(_rows([]), _rows(keys)), file_rows=file_rows)
         else:  # files as an upstream appends them: stats only, a box per file
             ordered = sorted(keys, key=lambda k: k[1]) if layout == "by_id" else keys
             for i in range(0, len(ordered), file_rows):
                 write_deltalake(uri, _rows(ordered[i:i + file_rows]), mode="append")
         if deleted:  # deletion vectors on the files that hold them
-            apply_keyed(Snapshot.load(uri), names, Intent({"t/up/0": 1}),
+            apply_keyed(TableVersion.load(uri), names, Intent({"t/up/0": 1}),
                         KeyedRows(_rows(deleted), _rows([])))
-        snap = Snapshot.load(uri)
+        snap = TableVersion.load(uri)
         start = None if pos is None else key(pos)
         positions = {v: start for v in run}
         picked = chunk_files(snap.files, key_order, positions, limit, shared=True)
@@ -149,7 +149,7 @@ def test_the_one_read_cut_keeps_every_row_at_its_bound(tmp_path):
                      configuration={"backfill.vnodeCount": str(VNODES)})
     write_deltalake(uri, _rows([*(("a", i) for i in range(1, 11)), ("a", 5)]), mode="append")
     write_deltalake(uri, _rows([("a", i) for i in range(11, 21)]), mode="append")
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     key_order = KeyOrder((KeyColumn("id", "bigint"),))
     run = list(range(VNODES))
     positions = dict.fromkeys(run)
@@ -174,7 +174,7 @@ def test_the_cut_reports_every_file_it_read_not_only_those_holding_the_chunk(tmp
                      configuration={"backfill.vnodeCount": str(VNODES)})
     write_deltalake(uri, _rows([("a", 1), ("a", 2)]), mode="append")
     write_deltalake(uri, _rows([("a", 50), ("b", 1)]), mode="append")
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     key_order = KeyOrder((KeyColumn("region", "string"), KeyColumn("id", "bigint")))
     run = list(range(VNODES))
     picked = chunk_files(snap.files, key_order, dict.fromkeys(run), 1, shared=True)
@@ -200,7 +200,7 @@ def test_a_first_bound_estimated_too_tight_is_read_again_without_it(tmp_path):
         low = [("a", 9)] if region == "c" else [("a", base + 19)]
         write_deltalake(uri, _rows([*(("a", base + i) for i in range(19)), *low, (region, 0)]),
                         mode="append")
-    snap = Snapshot.load(uri)
+    snap = TableVersion.load(uri)
     key_order = KeyOrder((KeyColumn("region", "string"), KeyColumn("id", "bigint")))
     run = list(range(VNODES))
     picked = chunk_files(snap.files, key_order, dict.fromkeys(run), 15, shared=True)
@@ -242,7 +242,7 @@ def test_a_cut_over_files_of_one_floor_is_exact_with_or_without_its_cap(case):
                          configuration={"backfill.vnodeCount": str(VNODES)})
         for part in parts:
             write_deltalake(uri, _rows([("a", i) for i in part]), mode="append")
-        snap = Snapshot.load(uri)
+        snap = TableVersion.load(uri)
         run = list(range(VNODES))
         start = ("a", pos)
         picked = chunk_files(snap.files, key_order, dict.fromkeys(run, start), limit,

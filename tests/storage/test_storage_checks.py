@@ -10,18 +10,24 @@ import pytest
 from pyspark.errors import PythonException
 
 from backfill_assets.core.errors import StorageMismatch
-from backfill_assets.storage import Intent, Snapshot, append, ensure_mor_table, read_snapshot
+from backfill_assets.storage import (
+    Intent,
+    TableVersion,
+    append,
+    ensure_mor_table,
+    read_table_version,
+)
 from backfill_assets.storage.rows.write import NewFile, check_written
 
 SCHEMA = pa.schema([("id", pa.int64()), ("vnode", pa.int32())])
 pytestmark = [pytest.mark.spark]
 
 
-def _table(spark, uri: str, rows: int = 10) -> Snapshot:
+def _table(spark, uri: str, rows: int = 10) -> TableVersion:
     ensure_mor_table(uri, SCHEMA, None, cdf=False)
     df = spark.createDataFrame([(i, i % 2) for i in range(rows)], "id long, vnode int")
-    append(spark, Snapshot.load(uri), df, ["id"], Intent(), rows)
-    return Snapshot.load(uri)
+    append(spark, TableVersion.load(uri), df, ["id"], Intent(), rows)
+    return TableVersion.load(uri)
 
 
 def test_a_file_with_other_rows_than_the_log_records_fails_the_read(spark, tmp_path):
@@ -30,7 +36,7 @@ def test_a_file_with_other_rows_than_the_log_records_fails_the_read(spark, tmp_p
     pq.write_table(pa.table({"id": pa.array([1], pa.int64()),
                              "vnode": pa.array([0], pa.int32())}), path)
     with pytest.raises(PythonException, match="StorageMismatch|records 10"):
-        read_snapshot(spark, snap).collect()
+        read_table_version(spark, snap).collect()
 
 
 def test_a_written_file_the_driver_cannot_see_is_never_committed(tmp_path):
@@ -39,4 +45,4 @@ def test_a_written_file_the_driver_cannot_see_is_never_committed(tmp_path):
     ghost = NewFile("part-on-an-executor-disk.parquet", 1234, 10, "{}")
     with pytest.raises(StorageMismatch, match="executors and driver do not share"):
         check_written(uri, {}, [ghost])
-    assert Snapshot.load(uri).files == []
+    assert TableVersion.load(uri).files == []

@@ -19,19 +19,16 @@ from pyspark.sql import functions as F
 from backfill_assets import storage
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import OP
+from backfill_assets.core.names import OP, VNODE
 from backfill_assets.core.positions import PerVnodePositions
-from backfill_assets.engine import netting as spark_ops
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.engine import netting
+from backfill_assets.mv import owned_tables
 from backfill_assets.step.key_checks import check_snapshot_keys
 from backfill_assets.step.request import Hook, Mode
 from backfill_assets.step.seek_chunk import replica_schema, seek_chunk, write_seek_chunk
 from backfill_assets.step.source_context import SeekRead, SourceContext
-from backfill_assets.storage.rows import replica
-from backfill_assets.storage.rows.spark_types import col
-from backfill_assets.upstream.layout import same_vnodes
-
-VNODE = "vnode"
+from backfill_assets.storage import col, replica
+from backfill_assets.upstream import same_vnodes
 
 
 class ReplicaSource:
@@ -47,14 +44,14 @@ class ReplicaSource:
         if not replicate_from:  # every vnode finished: the replica is not read again
             hook("after_replica_commit")
             return 0
-        table = mv_store.ensure_data_table(
+        table = owned_tables.ensure_data_table(
             ctx.tables.replica, replica.table_schema(replica_schema(ctx.upstream_schema)),
             ctx.tables.storage_options, cdf=False, key_names=ctx.key_names,
             vnode_count=ctx.vnode_count,
             layout={storage.SEEK_ROWS_PROPERTY: str(storage.seek_file_rows(ctx.chunk_limit))},
         )
         table = replica.with_version_columns(table)
-        done = mv_store.txn_versions(table, ctx.mv_name, "replica", replicate_from)
+        done = owned_tables.txn_versions(table, ctx.mv_name, "replica", replicate_from)
         fresh = sorted(v for v, d in done.items() if d is None)
         behind = {v: d for v, d in done.items() if d is not None and d < ctx.v_new}
         written = 0
@@ -71,9 +68,9 @@ class ReplicaSource:
         alone when the upstream is arranged by the MV's vnodes (each reads a vnode range,
         sorts it by key and writes one-vnode files), else through Spark."""
         so = ctx.tables.storage_options
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
-        intent = mv_store.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
-        target = storage.Snapshot(ctx.tables.replica, so, table)
+        snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, so)
+        intent = owned_tables.intent(ctx.mv_name, "replica", vnodes, ctx.v_new)
+        target = storage.TableVersion(ctx.tables.replica, so, table)
         seek_rows = int(target.configuration.get(storage.SEEK_ROWS_PROPERTY)
                         or storage.seek_file_rows(ctx.chunk_limit))
         data = replica_schema(ctx.upstream_schema)
@@ -93,14 +90,14 @@ class ReplicaSource:
                                              split_column=VNODE, key_bounds=True)
             if written.bad_keys:
                 written.discard()
-                check_snapshot_keys(ctx.with_vnode(storage.read_snapshot(
+                check_snapshot_keys(ctx.with_vnode(storage.read_table_version(
                     ctx.spark, snap, ctx.upstream_schema.names)).where(
-                    mv_store.vnode_in(vnodes)), ctx.key_names, ctx.tables.upstream, ctx.v_new)
+                    owned_tables.vnode_in(vnodes)), ctx.key_names, ctx.tables.upstream, ctx.v_new)
                 raise AssertionError("the replica's tasks flagged a pk the key check did not find")
             storage.commit_written(target, intent, written)
             return sum(f.rows for f in written.files)
-        up = storage.read_snapshot(ctx.spark, snap, ctx.upstream_schema.names)
-        up = ctx.with_vnode(up).where(mv_store.vnode_in(vnodes))
+        up = storage.read_table_version(ctx.spark, snap, ctx.upstream_schema.names)
+        up = ctx.with_vnode(up).where(owned_tables.vnode_in(vnodes))
         up = up.withColumn(replica.VERSION, F.lit(ctx.v_new).cast("long")).withColumn(
             replica.DELETED, F.lit(False))
         estimate = snap.live_rows * len(vnodes) // ctx.vnode_count
@@ -111,8 +108,8 @@ class ReplicaSource:
                    changes: DataFrame | pa.Table) -> int:
         """Append the change chunk (d_k, v_new] of every vnode k, netted per key, as change
         rows as of v_new (few change rows: netted in Arrow on the driver; else in Spark)."""
-        intent = mv_store.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
-        target = storage.Snapshot(ctx.tables.replica, ctx.tables.storage_options, table)
+        intent = owned_tables.intent(ctx.mv_name, "replica", sorted(behind), ctx.v_new)
+        target = storage.TableVersion(ctx.tables.replica, ctx.tables.storage_options, table)
         schema = target.arrow_schema
         if isinstance(changes, pa.Table):
             from backfill_assets.arrow.netting import net_with_prior, newer_than
@@ -124,12 +121,12 @@ class ReplicaSource:
         else:
             from backfill_assets.engine.projection import with_vnode_versions
 
-            netted = spark_ops.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
+            netted = netting.net_changes(with_vnode_versions(changes, behind), ctx.key_names)
             rows = netted.select(*[col(c) for c in replica.data_columns(schema)],
                                  F.lit(ctx.v_new).cast("long").alias(replica.VERSION),
                                  (F.col(OP) == "delete").alias(replica.DELETED))
         written = replica.append_changes(target, rows, intent)
-        replica.merge_changes(storage.Snapshot.load(target.uri, None, target.storage_options),
+        replica.merge_changes(storage.TableVersion.load(target.uri, None, target.storage_options),
                               ctx.key_order, storage.Intent())
         return written
 
@@ -138,7 +135,7 @@ class ReplicaSource:
         return seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, shared)
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.TableVersion,
                     tail: int = 0, shared: bool = False
                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
         return write_seek_chunk(ctx, ctx.tables.replica, None, positions, key_order, limit, d,

@@ -17,12 +17,11 @@ from backfill_assets.core.errors import NoShuffleLayoutMismatch
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.positions import SharedPosition
-from backfill_assets.mv.tables import MVTables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook, Mode
 from backfill_assets.step.seek_chunk import seek_chunk, write_seek_chunk
 from backfill_assets.step.source_context import SeekRead, SourceContext
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.storage import arrow_schema
 
 
 class UpstreamSource:
@@ -33,7 +32,7 @@ class UpstreamSource:
 
     def prepare(self, ctx: SourceContext, replicate_from: Mapping[int, int | None],
                 changes: DataFrame | pa.Table | None, hook: Hook) -> int:
-        # the layout was checked before anything was written (upstream_check)
+        # the layout was checked before anything was written (step/preflight.py)
         hook("after_replica_commit")
         return 0
 
@@ -43,7 +42,7 @@ class UpstreamSource:
                           shared)
 
     def write_chunk(self, ctx: SourceContext, positions: Mapping[int, Key | None],
-                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.Snapshot,
+                    key_order: KeyOrder, limit: int, d: MVDefinition, mv: storage.TableVersion,
                     tail: int = 0, shared: bool = False
                     ) -> tuple[storage.BulkWritten, SeekRead] | None:
         return write_seek_chunk(ctx, ctx.tables.upstream, ctx.v_new, positions, key_order,
@@ -56,12 +55,12 @@ def check_layout(table, d: MVDefinition, key_order: KeyOrder,
     upstream or an MV of the platform records its pk and vnode count in its configuration)."""
     config = table.metadata().configuration
     try:
-        pk = [str(k) for k in json.loads(config[delta_store.PK_PROPERTY])]
-        count = int(config[delta_store.VNODE_COUNT_PROPERTY])
+        pk = [str(k) for k in json.loads(config[storage.PK_PROPERTY])]
+        count = int(config[storage.VNODE_COUNT_PROPERTY])
     except (KeyError, TypeError, ValueError) as exc:
         raise NoShuffleLayoutMismatch(
             f"{tables.upstream} is not arranged by the platform's vnodes (no recorded primary "
-            f"key and vnode count: {delta_store.PK_PROPERTY}, {delta_store.VNODE_COUNT_PROPERTY}"
+            f"key and vnode count: {storage.PK_PROPERTY}, {storage.VNODE_COUNT_PROPERTY}"
             "); no_shuffle mode needs a platform upstream or another MV: use mode 'arrangement'"
         ) from exc
     if "vnode" not in arrow_schema(table).names:

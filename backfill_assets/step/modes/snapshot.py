@@ -1,14 +1,14 @@
 """Snapshot mode (the default for a new MV): one bulk read at a pinned version, committed in
 vnode-range slices, then catch-up from the change feed.
 
-A barrier in snapshot mode is a short sequence of ordinary steps (`step.run_step`, the one step
+A barrier in snapshot mode is a short sequence of ordinary steps (`step.loop.run_step`, the one step
 loop) at ONE upstream version v (the barrier's, pinned for all of them):
 1. the vnodes already Completed forward the change feed (v_k, v] (a first catch-up coalesces
    every version since the snapshot), in steps over vnode ranges of at most
    `catch_up_rows` estimated change rows each (default 16,384; an upstream arranged by the MV's
    vnodes; each step reads only its vnodes' files), so the driver holds a bounded part of
    the writer's volume at a time;
-2. the others are read in bulk (`core.snapshot.BulkPositions`, `snapshot_read`) one slice at a
+2. the others are read in bulk (`core.snapshot.BulkPositions`, `step.bulk_read`) one slice at a
    time: a slice is a contiguous vnode range of about `slice_rows` rows (estimated from the
    upstream's Delta file statistics) and one step, so each slice commit carries its progress
    (app transactions per vnode + the step metadata) and recovery works as for every mode; a
@@ -43,6 +43,7 @@ from backfill_assets.arrow.expressions import NotExact
 from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.core.keys import Key, KeyOrder
 from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.core.names import VNODE
 from backfill_assets.core.progress import NotStarted
 from backfill_assets.core.snapshot import (
     BULK_LIMIT,
@@ -54,9 +55,8 @@ from backfill_assets.core.snapshot import (
     plan_slices,
     slice_summary,
 )
-from backfill_assets.engine import netting as spark_ops
 from backfill_assets.engine.projection import exact_projection
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.recovery import recover_state
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes.arrangement import ARRANGEMENT
@@ -64,12 +64,10 @@ from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.step.request import Hook, Mode, StepReport, StepRequest
 from backfill_assets.step.seek_chunk import replica_schema
 from backfill_assets.step.source_context import SourceContext
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.upstream.layout import same_vnodes
+from backfill_assets.upstream import same_vnodes
 
 MAX_CATCH_UP_ROUNDS = 8
 CHUNKED_PATH = ARRANGEMENT  # a rate limit or a pause: arrangement's steps
-VNODE = "vnode"
 
 
 def run_snapshot_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> StepReport:
@@ -81,18 +79,18 @@ def run_snapshot_barrier(spark: SparkSession, req: StepRequest, hook: Hook) -> S
         return report
     so = req.tables.storage_options
     version = req.v_new if req.v_new is not None else \
-        delta_store.latest_version(req.tables.upstream, so)
+        storage.latest_version(req.tables.upstream, so)
     run = _Run(spark, req, hook)
     run.barrier(version)
     if req.v_new is None:  # catch up until within one barrier of the upstream
         for _ in range(MAX_CATCH_UP_ROUNDS):
-            latest = delta_store.latest_version(req.tables.upstream, so)
+            latest = storage.latest_version(req.tables.upstream, so)
             lag = catch_up_lag(latest, run.version)
             if not more_catch_up(lag, run.covered):
                 break
             run.catch_up_rounds += 1
             run.barrier(latest)
-    run.lag = catch_up_lag(delta_store.latest_version(req.tables.upstream, so), run.version)
+    run.lag = catch_up_lag(storage.latest_version(req.tables.upstream, so), run.version)
     return run.report()
 
 
@@ -132,7 +130,7 @@ class _Run:
         self.estimates.update(estimate_rows(self.req, version, pending))
         slices = plan_slices({v: self.estimates[v] for v in pending},
                              self.req.definition.slice_rows)
-        config = delta_store.table_configuration(self.req.tables.upstream, version,
+        config = storage.table_configuration(self.req.tables.upstream, version,
                                                  self.req.tables.storage_options)
         safety = history_safety(sum(self.estimates[v] for v in pending), config)
         self.history, self.history_safe = safety.message(), safety.safe
@@ -237,8 +235,8 @@ def recovered_progress(req: StepRequest, version: int) -> dict:
     the MV's tables do not exist yet)."""
     key_order = checked_upstream(req.tables, req.definition, version).key_order
     so = req.tables.storage_options
-    progress_table = mv_store.open_table(req.tables.progress, so)
-    mv = mv_store.open_table(req.tables.mv, so)
+    progress_table = owned_tables.open_if_exists(req.tables.progress, so)
+    mv = owned_tables.open_if_exists(req.tables.mv, so)
     if progress_table is None or mv is None:
         return {v: (NotStarted(), None) for v in req.vnodes}
     state, _ = recover_state(req.definition.name, key_order, sorted(req.vnodes),
@@ -250,7 +248,7 @@ def estimate_rows(req: StepRequest, version: int, vnodes: tuple[int, ...]) -> di
     """Rows per vnode from the upstream's Delta file statistics: exact per vnode when the
     upstream is arranged by the same vnodes, else its total spread evenly (the hash is)."""
     d, so = req.definition, req.tables.storage_options
-    table = mv_store.open_table(req.tables.upstream, so, version)
+    table = owned_tables.open_if_exists(req.tables.upstream, so, version)
     files = pa.table(table.get_add_actions(flatten=True))
     counts = [n or 0 for n in files.column("num_records").to_pylist()]
     key_names = [c.name for c in d.primary_key]
@@ -293,18 +291,18 @@ class BulkSource:
         if key_only:
             schema = pa.schema([schema.field(c) for c in (*ctx.key_names, VNODE)])
         if same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
-            return spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
+            return storage.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new, schema,
                                           vnodes=vnodes, storage_options=so,
                                           cluster_keys=ctx.key_names), True
-        up = spark_ops.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
+        up = storage.read_version(ctx.spark, ctx.tables.upstream, ctx.v_new,
                                     pa.schema([f for f in schema if f.name != VNODE]),
                                     storage_options=so)
-        return ctx.with_vnode(up).where(mv_store.vnode_in(vnodes)), False
+        return ctx.with_vnode(up).where(owned_tables.vnode_in(vnodes)), False
 
     def arrow_rows(self, ctx: SourceContext, vnodes: Sequence[int], d: MVDefinition,
                    key_order: KeyOrder) -> storage.BulkRows | None:
         """The vnodes' whole rows projected by Python tasks alone (no row through the JVM),
-        when the definition compiles to Arrow with Spark's meaning (`mv_spark.
+        when the definition compiles to Arrow with Spark's meaning (`engine.projection.
         exact_projection`) and the upstream is arranged by the MV's vnodes (each task then
         reads one vnode range); None otherwise (the Spark path)."""
         so = ctx.tables.storage_options
@@ -313,7 +311,7 @@ class BulkSource:
         projection = exact_projection(ctx.spark, d, ctx.upstream_schema)
         if projection is None:
             return None
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, so)
         return storage.BulkRows(snap, tuple(vnodes), tuple(snap.arrow_schema.names),
                                 projection, key_order, NotExact)
 
@@ -329,7 +327,7 @@ class BulkSource:
         so = ctx.tables.storage_options
         if not same_vnodes(ctx.tables.upstream, ctx.v_new, ctx.key_names, ctx.vnode_count, so):
             return None
-        snap = storage.Snapshot.load(ctx.tables.upstream, ctx.v_new, so)
+        snap = storage.TableVersion.load(ctx.tables.upstream, ctx.v_new, so)
         single = key_order.columns[0]
         if unique_keys and len(key_order.columns) == 1 and not single.descending \
                 and single.type in ("int", "bigint") \
@@ -340,5 +338,5 @@ class BulkSource:
         return storage.vnode_key_stats(ctx.spark, snap, key_order, positions)
 
 
-SNAPSHOT = Mode("snapshot", BulkPositions, BulkSource(), run_barrier=run_snapshot_barrier,
+SNAPSHOT = Mode("snapshot", BulkPositions, BulkSource(), barrier_steps=run_snapshot_barrier,
                 throttled_path=CHUNKED_PATH)

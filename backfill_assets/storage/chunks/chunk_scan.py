@@ -41,7 +41,7 @@ from backfill_assets.storage.chunks.row_order import by_lower_key
 from backfill_assets.storage.chunks.seek import ChunkFiles
 from backfill_assets.storage.chunks.shared_cut import SharedCut
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import files_in_vnodes, vnode_span
 from backfill_assets.storage.rows import replica
 from backfill_assets.storage.rows.scan import (
@@ -60,7 +60,7 @@ TASK_ROWS = 262144  # rows a task reads, about: a chunk of a few thousand rows i
 MAX_TASKS = 64
 
 
-def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
+def read_chunk(spark: SparkSession, snap: TableVersion, columns: Sequence[str], key_order: KeyOrder,
                positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
                shared: bool, changes: pa.Table | None = None) -> DataFrame:
     """The chunk's candidate rows (``columns`` + RN + BAD_KEY), clustered by vnode range and
@@ -74,14 +74,14 @@ def read_chunk(spark: SparkSession, snap: Snapshot, columns: Sequence[str], key_
                                                            spark_schema(reader.out_schema))
 
 
-def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
+def chunk_tasks(snap: TableVersion, columns: Sequence[str], key_order: KeyOrder,
                 positions: Mapping[int, Key | None], limit: int, picked: ChunkFiles,
                 shared: bool, changes: pa.Table | None = None, slots: int | None = None,
                 tail: int = 0, cut: SharedCut | None = None) -> tuple[list[str], ChunkReader]:
     """A chunk read's tasks (JSON) and the task side that reads one: see ``read_chunk``.
     ``slots``: the cores the tasks run on; tasks then hold at least the rows read / slots
-    (a Python task that also writes costs ~50 ms to start, and more tasks than cores only
-    queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
+    (a Python task that also writes costs a start of its own, and more tasks than cores
+    only queue). ``tail``: rows beyond ``limit`` a vnode keeps when they are all it has left
     (``core.positions.keep_rows``; per-vnode reads only). ``cut``: a shared read whose cut
     the driver knows (storage/chunks/shared_cut.py): each vnode's rows up to it, nothing ranked
     across the tasks."""
@@ -105,7 +105,7 @@ def chunk_tasks(snap: Snapshot, columns: Sequence[str], key_order: KeyOrder,
     return tasks, reader
 
 
-def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
+def vnode_key_stats(spark: SparkSession, snap: TableVersion, key_order: KeyOrder,
                     positions: Mapping[int, Key | None]) -> dict[int, tuple[int, Key, bool]]:
     """Per vnode of ``positions`` that has rows after its position: (rows, last key in key
     order, whether a pk is null or repeated), for a table whose files each hold one vnode's
@@ -116,7 +116,7 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
     schema = snap.arrow_schema
     base = exchange_schema(pa.schema([schema.field(c) for c in columns]))
     out = base.append(pa.field(RN, pa.int64())).append(pa.field(BAD_KEY, pa.bool_()))
-    # key columns only: tasks of ~4M rows (a Python task costs ~50 ms to start)
+    # key columns only: tasks of about 4M rows (each Python task costs a start of its own)
     tasks = whole_vnode_tasks(snap, positions, columns, out, 4 * READ_TASK_ROWS,
                               parallelism(spark))
     if not tasks:
@@ -133,7 +133,7 @@ def vnode_key_stats(spark: SparkSession, snap: Snapshot, key_order: KeyOrder,
     return stats
 
 
-def whole_vnode_tasks(snap: Snapshot, vnodes: Iterable[int], columns: Sequence[str],
+def whole_vnode_tasks(snap: TableVersion, vnodes: Iterable[int], columns: Sequence[str],
                       out: pa.Schema, task_rows: int, min_tasks: int,
                       key_order: KeyOrder | None = None) -> list[str]:
     """Tasks (JSON) reading every row of ``vnodes``: contiguous vnode ranges of about
@@ -156,7 +156,7 @@ def whole_vnode_tasks(snap: Snapshot, vnodes: Iterable[int], columns: Sequence[s
                   task_rows=task_rows, min_tasks=min_tasks)
 
 
-def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
+def _tasks(snap: TableVersion, picked: ChunkFiles, parts: list[str], out: pa.Schema,
            task_rows: int = TASK_ROWS, min_tasks: int = 1,
            changes: pa.Table | None = None) -> list[str]:
     """Contiguous vnode ranges of about ``task_rows`` rows read (at least ``min_tasks`` of
@@ -176,8 +176,8 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
     target = total / count
     ranges: list[list[int]] = [[]]
     held = 0.0  # estimated rows of the ranges so far: range k closes near (k + 1) targets,
-    # so the ranges come out about equal (closing a range only past 1.5 targets made
-    # three tasks of 1.4, 1.4 and 0.8 s for two cores at 20M rows, round 13)
+    # so the ranges come out about equal (closing a range only past 1.5 targets leaves a
+    # short last range, and two cores then wait on two long ones)
     for v in sorted(per_vnode):
         if ranges[-1] and held + estimate[v] / 2 > target * len(ranges) \
                 and len(ranges) < count:
@@ -207,14 +207,14 @@ def _tasks(snap: Snapshot, picked: ChunkFiles, parts: list[str], out: pa.Schema,
     return tasks
 
 
-def _entry(snap: Snapshot, f: DataFile, parts: list[str], out: pa.Schema) -> dict:
+def _entry(snap: TableVersion, f: DataFile, parts: list[str], out: pa.Schema) -> dict:
     """A task's entry for one file (what ``chunk_task.file_table`` reads)."""
     return {"path": f.path, "uri": snap.file_uri(f.path), "rows": f.num_records,
             "dv": f.deletion_vector, "one": _one_vnode(f),
             "parts": b64(partition_row(f, parts, out))}
 
 
-def file_reader(snap: Snapshot, columns: Sequence[str]) -> Callable[[DataFile], pa.Table]:
+def file_reader(snap: TableVersion, columns: Sequence[str]) -> Callable[[DataFile], pa.Table]:
     """One file's live rows of ``columns``, as a chunk task reads them (exchange types, DVs
     applied, row count checked, partition values from the log): what a one-read shared cut
     holds (storage/chunks/shared_cut.py)."""

@@ -12,7 +12,7 @@ Why a chunk may end at a file's end (``core.positions.chunk_cut``): the replica 
 vnode's rows into files of a chunk's rows (``seek.seek_file_rows``), so a chunk that ends
 where a file ends lets the next one read exactly the next file. Chunks of exactly ``limit``
 rows drift off the files at the first deleted or inserted row and then decode two files per
-chunk (2.5 chunks of rows, round 13's profile: the largest cost of a chunk task).
+chunk (about 2.5 chunks of rows for one: decoding is the largest cost of a chunk task).
 """
 
 from __future__ import annotations
@@ -183,8 +183,7 @@ def read_task_rows(table_uri: str, options: Mapping[str, str], physical: Mapping
 
     Each file is filtered at most once, by one mask, and not at all when it holds only the
     task's vnode and no ``keep``: a filter copies every column, and three of them (vnodes,
-    position, cut) cost as much as decoding the file (2.2 s of a 20M-row no_shuffle barrier
-    that read its files in 2.1 s, round 18)."""
+    position, cut) cost as much as decoding the file."""
     wanted = pa.array(task["vnodes"], base.field(VNODE).type)
     tables = []
     for f in task["files"]:

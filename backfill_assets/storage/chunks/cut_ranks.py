@@ -4,8 +4,8 @@ position among those read so far, folded as more files are read, and what a cut 
 Memory: at most about ``FOLD * limit`` keys (``FOLD_ROWS`` when whole rows are held). Time:
 after a fold, a file's keys past the largest kept are dropped before they are held. A single
 integer key folds by ``numpy.partition`` (linear); other keys by a partition of packed ranks
-(``packed_ranks``), else an Arrow sort. Sorting two chunks' keys at every fold cost 4-6 s of a
-20M-row barrier (round 17).
+(``packed_ranks``), else an Arrow sort: sorting two chunks' keys at every fold would cost more
+than the read itself on a large table.
 """
 
 from __future__ import annotations
@@ -120,8 +120,8 @@ class SortedRanks:
         """Cap the rows held by an estimate, from the first file read, of the key below which
         ``CAP`` chunks lie: over files of one floor (each spans the key range) the chunk's
         share of that file's rows after the position is its share of all of them. Without a
-        cap every row after the position is held until folds tighten the bound (about five
-        chunks of rows and four folds a barrier at 20M rows, round 22)."""
+        cap every row after the position is held until folds tighten the bound (several
+        chunks of rows and several folds a barrier on a large table)."""
         after_pos = first.num_rows
         expected = after_pos / max(1, file_rows) * floor_rows  # rows after it, all files
         k = math.ceil(self.cap * self.limit * after_pos / max(1.0, expected))

@@ -3,18 +3,18 @@ barrier's version by the change feed.
 
 Why. Over an upstream whose files are not clustered by its pk (a copy-on-write writer's merges
 leave every file spanning the key range), each no_shuffle barrier decodes about the whole table
-to take one chunk: the rows read grow as the table times the barriers (20x the table at 20M
-rows and 1M-row chunks, round 22), so time per row grows with the table. Caching files does
-not help: the writer rewrites about two thirds of them a version. But the rows themselves are
-known without reading them again: they are the rows of the version read, changed by what the
-change feed says changed since.
+to take one chunk: the rows read grow as the table times the barriers (table rows / chunk
+rows barriers, each reading about the table), so time per row grows with the table. Caching
+files does not help: the writer rewrites about two thirds of them a version. But the rows
+themselves are known without reading them again: they are the rows of the version read, changed
+by what the change feed says changed since.
 
 How. A window holds the run's rows after its position ``lo`` up to a bound ``hi``, as of
 ``version``: ``WINDOW_CHUNKS`` chunks, read once (storage/chunks/window_scan.py when every file
 must be read, else a shared cut with that many rows as its limit, storage/chunks/shared_cut.py)
 and sorted by key (``key_ranks``). A later barrier at version
 ``v`` reads the feed of (``version``, v], keeps the change rows of the run's vnodes in
-(position, ``hi``], nets them per key (``arrow_changes.net_with_prior``: the last change wins)
+(position, ``hi``], nets them per key (``netting.net_with_prior``: the last change wins)
 and takes its chunk: the window's next rows, without the keys that changed, plus the rows those
 keys hold at ``v``. A barrier whose chunk would pass ``hi`` reads a new window. That is exact
 because the window held every row of the version read in (``lo``, ``hi``], and the feed names
@@ -47,7 +47,7 @@ from backfill_assets.storage.chunks.key_search import after, key_at, within
 from backfill_assets.storage.chunks.shared_cut import SharedCut, shared_cut
 from backfill_assets.storage.chunks.window_scan import WINDOW_CAP, read_all
 from backfill_assets.storage.delta.change_log import change_log
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.rows.change_feed import metadata_changed, read_change_range
 from backfill_assets.storage.store.lru import LRU
 
@@ -77,10 +77,10 @@ class _Window:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-_WINDOWS: LRU[tuple, _Window] = LRU(_KEPT)
+_WINDOWS: LRU[tuple, _Window] = LRU(_KEPT, name="shared-cut windows")
 
 
-def windowed_cut(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
+def windowed_cut(snap: TableVersion, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
                  limit: int, pick: Callable[[int], tuple[Sequence[DataFile], dict]],
                  read_rows: Callable[[DataFile], pa.Table], columns: Sequence[str]) -> SharedCut:
     """The shared cut of the first ``limit`` rows after ``pos`` (as ``shared_cut`` with
@@ -136,7 +136,7 @@ def _new_window(version: int, vnodes: tuple[int, ...], lo: Key | None,
                    read.held_ranks[order], trimmed=lo)
 
 
-def _take_from(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
+def _take_from(w: _Window, snap: TableVersion, key_order: KeyOrder, pos: Key | None,
                limit: int) -> SharedCut | None:
     """This barrier's chunk from ``w`` brought to ``snap``'s version, or None when ``w``
     cannot give it (the module docstring lists when)."""
@@ -182,7 +182,7 @@ def _covers(w: _Window, key_order: KeyOrder, pos: Key | None) -> bool:
     return w.hi is None or key_order.compare(pos, w.hi) < 0
 
 
-def _advance(w: _Window, snap: Snapshot, key_order: KeyOrder, pos: Key | None,
+def _advance(w: _Window, snap: TableVersion, key_order: KeyOrder, pos: Key | None,
              limit: int) -> bool:
     """Add the feed's rows of (``w.version``, ``snap.version``] inside the window; False when
     the window must be read again instead."""

@@ -43,6 +43,7 @@ from backfill_assets.core.keys import Key, KeyOrder, normalize_value
 from backfill_assets.storage.delta.log import DataFile
 from backfill_assets.storage.delta.prune import VNODE, _bound, files_in_vnodes, vnode_span
 from backfill_assets.storage.rows.write import KEY_BOUNDS
+from backfill_assets.storage.store.lru import LRU
 
 SEEK_ROWS_PROPERTY = "backfill.seekFileRows"
 MIN_SEEK_ROWS = 4096  # smaller files cost more in per-file overhead than they save in rows
@@ -144,9 +145,8 @@ class _Bounds:
             box = _box(f, key_order)
             exact = _exact(f, key_order)
             lower, upper = exact or (_whole(key_order, box[0]), _whole(key_order, box[1]))
-            known = _BOUNDS[key] = (lower, upper, _span(f), box, exact is not None)
-            if len(_BOUNDS) > 1_000_000:
-                _BOUNDS.pop(next(iter(_BOUNDS)))
+            known = (lower, upper, _span(f), box, exact is not None)
+            _BOUNDS.put(key, known)
         self.lower, self.upper, self.span, self.box, self.exact = known
 
     def floor(self, key_order: KeyOrder, pos: Key | None) -> Floor | None:
@@ -154,7 +154,8 @@ class _Bounds:
         return floor_after(key_order, *self.box, pos, self.lower if self.exact else None)
 
 
-_BOUNDS: dict[tuple, tuple] = {}  # (path, size, key order) -> (lower, upper, span, box, exact)
+# (path, size, key order) -> (lower, upper, span, box, exact)
+_BOUNDS: LRU[tuple, tuple] = LRU(1_000_000, name="file key bounds")
 
 
 def _span(f: DataFile) -> tuple[int, int] | None:

@@ -2,7 +2,7 @@
 
 A no_shuffle run's vnodes share one position, so its chunk is the first ``limit`` rows after it
 across all of them. Cutting that from the read tasks' candidates takes a top-k over every
-column in Spark (11.7 s of a 1M-row chunk's 28 s, round 16). Only the keys are needed
+column in Spark, which moves every column of every candidate row. Only the keys are needed
 to rank the rows. The driver reads the candidate files' key columns (a few threads, DVs applied),
 keeps the keys after the position, and folds them into the ``limit`` smallest whenever more
 than ``FOLD`` chunks' worth are held (cut_ranks.py). The ``limit``-th key of them all is the
@@ -14,13 +14,13 @@ Which files it reads: the run's files in the order of the least key each can hol
 position (its floor, core/key_floor.py), until the ``limit`` smallest keys held all sort before
 the next file's floor; no file after that can hold a key of the chunk. Over an upstream whose
 files each span a leading column's values but a narrow range of the next (regions x ingested
-ids), that is the files of the ids the chunk covers, not every file (round 19). The cut also
+ids), that is the files of the ids the chunk covers, not every file. The cut also
 names the files that hold a row of the chunk, so the tasks read only those.
 
 One read, when the chunk's tasks run in this process (``read_rows``, storage/writes/bulk.py:
 a local master). Over a writer's copy-on-write layout every file holds rows of every chunk, so
-the key read above and the tasks' read of every column are two whole-table reads a barrier
-(round 21: 1.2 s and 1.6 s of a 3.2 s barrier at 20M rows, composite pk). Given a reader of
+the key read above and the tasks' read of every column would be two whole-table reads a
+barrier, most of its cost. Given a reader of
 whole rows, the cut holds the candidate rows themselves, folded as the keys are (every row at
 the bound kept: a repeated pk must still reach the chunk's key check), and ``SharedCut.held``
 is the chunk: each vnode's rows in (position, cut]. A cluster's tasks cannot share what the
@@ -50,7 +50,7 @@ from backfill_assets.storage.chunks.cut_ranks import (
     one_integer,
 )
 from backfill_assets.storage.chunks.ordered import in_order
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import VNODE, vnode_span
 from backfill_assets.storage.rows.keyed import read_keys
 
@@ -59,7 +59,7 @@ _AHEAD = 32  # files read ahead of the fold
 _AHEAD_ROWS = 8  # the same when whole rows are held (they weigh more)
 
 
-def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
+def shared_cut(snap: TableVersion, files: Sequence[DataFile], key_order: KeyOrder,
                vnodes: Sequence[int], pos: Key | None, limit: int,
                floors: Mapping[str, Floor] | None = None,
                read_rows: Callable[[DataFile], pa.Table] | None = None,
@@ -96,7 +96,7 @@ def shared_cut(snap: Snapshot, files: Sequence[DataFile], key_order: KeyOrder,
     return SharedCut(cut.key, cut.rows, files=frozenset(held), rows_read=rows_read)
 
 
-def _candidates(snap: Snapshot, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
+def _candidates(snap: TableVersion, key_order: KeyOrder, vnodes: Sequence[int], pos: Key | None,
                 rank: IntRanks | SortedRanks,
                 read_rows: Callable[[DataFile], pa.Table] | None
                 ) -> Callable[[DataFile], tuple[pa.Table, Key | None] | None]:

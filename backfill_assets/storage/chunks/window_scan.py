@@ -1,9 +1,9 @@
 """How no_shuffle's window (storage/chunks/cut_window.py) is read when every file must be read.
 
-Over a writer's copy-on-write layout each file spans the key range, so every file can hold a
-row of the window and there is nothing to seek. A shared cut (storage/chunks/shared_cut.py) would
-still hold rows until folds tighten its bound: at 20M rows its folds of whole rows (packed
-ranks over six to eight million rows, then a filter) took 2-3 s of a 5 s window read. Here the
+Over a writer's copy-on-write layout each file spans the key range, so every file can hold a row
+of the window and there is nothing to seek. A shared cut (storage/chunks/shared_cut.py) would
+still hold rows until folds tighten its bound: on a large table its folds of whole rows (packed
+ranks over several windows of rows, then a filter) cost about half of a window read. Here the
 bound is estimated up front from a sample of the files (the largest), and each file keeps its
 rows in (position, bound] as the readers read it. The rows held are then ranked once.
 
@@ -38,7 +38,7 @@ _THREADS = 4  # parquet reads and compute kernels release the GIL
 _MOST = 3  # windows of rows held at most while reading (a bound estimated too loose)
 _AHEAD = 16  # files read ahead of the one being kept
 # a rest this many windows past the bound is read with it: a last window of a few rows would
-# cost a read of every file (at 20M rows, 1.75 s for the last million)
+# cost a read of every file for a few rows
 _TAIL = 0.5
 
 
@@ -48,8 +48,8 @@ def read_all(files: Sequence[DataFile], key_order: KeyOrder, vnodes: Sequence[in
     """A window read when every file must be read anyway (each can hold a row of it: the
     writer's layout): the bound is estimated up front from a sample of files, and each file
     keeps its rows in (``pos``, bound] as it is read, in the readers' threads. No fold, no
-    second pass: a shared cut's folds of whole rows cost 2-3 s of a 5 s window read at 20M
-    rows. None when the estimate left fewer than ``limit`` rows (the exact cut then reads)."""
+    second pass (a shared cut's folds of whole rows cost about half of a window read). None when
+    the estimate left fewer than ``limit`` rows (the exact cut then reads)."""
     run = set(vnodes)
     wanted = pa.array(sorted(run), pa.int32())
 

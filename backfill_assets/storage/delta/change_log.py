@@ -1,12 +1,12 @@
 """A table's commits as the change-feed reader uses them, parsed once per process.
 
 A commit file never changes, and a snapshot-mode catch-up in steps reads the same commits once
-per step: at 20M rows, 16 steps over 20 commits of ~700 actions each spent 4.7 s parsing them
-again. Kept per commit: its change actions reduced to the fields the reader uses, whether it
-changes the metadata, its timestamp, and its change rows by its operation metrics. A commit
-with change files (``cdc``) is read from them alone (the protocol's rule for the change feed),
-so its ``add`` and ``remove`` lines, each with its file statistics, are not parsed: a small
-barrier's upstream commit of 256 partitions has ~500 of them (~3 ms of JSON).
+per step: parsing them again would cost steps x commits x actions. Kept per commit: its change
+actions reduced to the fields the reader uses, whether it changes the metadata, its timestamp,
+and its change rows by its operation metrics. A commit with change files (``cdc``) is read from
+them alone (the protocol's rule for the change feed), so its ``add`` and ``remove`` lines, each
+with its file statistics, are not parsed: a small barrier's upstream commit of 256 partitions
+has hundreds of them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backfill_assets.core.errors import HistoryUnavailable, StorageMismatch
-from backfill_assets.storage.delta.log import Snapshot, commit_uri, unquote
+from backfill_assets.storage.delta.log import TableVersion, commit_uri, unquote
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.lru import LRU
 
@@ -31,7 +31,7 @@ class ChangeLog:
     rows: int | None
 
 
-def actions_of(snap: Snapshot, v: int) -> list[dict]:
+def actions_of(snap: TableVersion, v: int) -> list[dict]:
     """Commit ``v``'s change actions, partition values keyed by logical column names.
 
     Why translated here: under column mapping the log keys ``partitionValues`` by physical
@@ -52,7 +52,7 @@ def actions_of(snap: Snapshot, v: int) -> list[dict]:
              else body for kind, body in a.items()} for a in actions]
 
 
-def _removes_with_partitions(snap: Snapshot, v: int, actions: list[dict]) -> list[dict]:
+def _removes_with_partitions(snap: TableVersion, v: int, actions: list[dict]) -> list[dict]:
     """``actions`` with each ``remove`` that names no partition values given its file's."""
     bare = {unquote(a["remove"]["path"]) for a in actions
             if "remove" in a and not a["remove"].get("partitionValues")}
@@ -62,7 +62,7 @@ def _removes_with_partitions(snap: Snapshot, v: int, actions: list[dict]) -> lis
              if "add" in a and unquote(a["add"]["path"]) in bare
              and a["add"].get("partitionValues")}
     if bare - set(known):
-        before = Snapshot.load(snap.uri, v - 1, snap.storage_options).add_actions
+        before = TableVersion.load(snap.uri, v - 1, snap.storage_options).add_actions
         for path in bare - set(known):
             if not (before.get(path) or {}).get("partitionValues"):
                 raise StorageMismatch(
@@ -81,10 +81,10 @@ def _logical_partitions(action: dict, logical: Mapping[str, str]) -> dict:
     return {**action, "partitionValues": {logical.get(k, k): v for k, v in values.items()}}
 
 
-def change_log(snap: Snapshot, v: int) -> ChangeLog:
+def change_log(snap: TableVersion, v: int) -> ChangeLog:
     """Commit ``v`` parsed once per process: a catch-up in steps reads the same commits once
-    per step (at 20M rows, 16 steps over 20 commits of 700 actions each spent 4.7 s parsing
-    them again). Keyed by the table's id: a table recreated at the same uri is read afresh."""
+    per step, which would otherwise parse each of them again. Keyed by the table's id: a table
+    recreated at the same uri is read afresh."""
     if snap.table is None:  # no table id to key on (a bare look at the log): not kept
         return _parsed(snap, v)
     key = (snap.uri, snap.table.metadata().id, v)
@@ -95,11 +95,11 @@ def change_log(snap: Snapshot, v: int) -> ChangeLog:
     return found
 
 
-_LOGS: LRU[tuple, ChangeLog] = LRU(64)
+_LOGS: LRU[tuple, ChangeLog] = LRU(64, name="parsed change logs")
 _KEPT_FIELDS = ("path", "partitionValues", "size", "deletionVector", "dataChange")
 
 
-def _parsed(snap: Snapshot, v: int) -> ChangeLog:
+def _parsed(snap: TableVersion, v: int) -> ChangeLog:
     actions = []
     rows = None
     timestamp = None
@@ -141,7 +141,7 @@ _METRICS = ((1, ("numtargetrowsinserted", "numaddedrows")),
             (2, ("numtargetrowsupdated", "numupdatedrows")))
 
 
-def _raw_actions(snap: Snapshot, v: int) -> list[dict]:
+def _raw_actions(snap: TableVersion, v: int) -> list[dict]:
     """The commit's actions; without its ``add`` and ``remove`` lines when it has change files
     (see the module docstring). An action line is an object of one key, its kind."""
     try:

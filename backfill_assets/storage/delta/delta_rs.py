@@ -31,13 +31,13 @@ from backfill_assets.core.errors import (
     HistoryUnavailable,
     TableNotFound,
 )
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.store import conditional, objects
 from backfill_assets.storage.store.lru import LRU
 
 CDF_PROPERTY = "delta.enableChangeDataFeed"
 PK_PROPERTY = "backfill.primaryKey"  # JSON list of the primary-key columns
 VNODE_COUNT_PROPERTY = "backfill.vnodeCount"
-VNODE_COLUMN = "vnode"
 CDF_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 
 StorageOptions = Mapping[str, str] | None
@@ -57,7 +57,7 @@ def open_table(uri: str, version: int | None = None,
                storage_options: StorageOptions = None) -> DeltaTable:
     """The Delta table at ``uri`` (at ``version`` if given); TableNotFound / HistoryUnavailable
     instead of delta-rs errors. A pinned version is loaded once per process (`_pinned`):
-    a barrier opens the upstream at its version half a dozen times, ~40 ms each at 5M rows.
+    a barrier opens the upstream at its version half a dozen times, each a full log load.
     Callers must not write through a table opened at a version."""
     if version is not None:
         return _pinned(uri, version, storage_options)
@@ -86,12 +86,13 @@ def _pinned(uri: str, version: int, storage_options: StorageOptions) -> DeltaTab
 
 
 # (uri, version, options, commit file identity) -> (table, its live files), least recently
-# used first out: delta-rs keeps ~1.8 KB per live file of a loaded version (23 MiB for a
-# 12,800-file table), so the cache is bounded by files as well as by tables
+# used first out: delta-rs keeps a few KB per live file of a loaded version (tens of MiB for a
+# table of many thousand files), so the cache is bounded by files as well as by tables
 _PINNED_KEPT = 16
 _PINNED_FILES = 10_000
 _PINNED: LRU[tuple, tuple[DeltaTable, int]] = LRU(
-    _PINNED_KEPT, weight=lambda pinned: pinned[1], max_weight=_PINNED_FILES, keep_at_least=2)
+    _PINNED_KEPT, name="pinned delta-rs tables", weight=lambda pinned: pinned[1],
+    max_weight=_PINNED_FILES, keep_at_least=2)
 
 
 def _load(uri: str, version: int | None, storage_options: StorageOptions) -> DeltaTable:
@@ -162,7 +163,7 @@ def check_commits_safe(uri: str, storage_options: StorageOptions = None) -> None
 
 def latest_version(uri: str, storage_options: StorageOptions = None) -> int:
     """The table's latest committed version: the newest commit file in its log (one listing;
-    loading the table costs ~40 ms at 5M rows). Commit files are published whole
+    loading the table replays its whole log). Commit files are published whole
     (put-if-absent), so the newest one is committed."""
 
     names = objects.list_names(objects.join(uri, "_delta_log"), storage_options)
@@ -210,7 +211,7 @@ def partition_columns(dt: DeltaTable) -> list[str]:
     return list(dt.metadata().partition_columns)
 
 
-def vnode_predicate(vnodes: Iterable[int], column: str = VNODE_COLUMN) -> str:
+def vnode_predicate(vnodes: Iterable[int], column: str = VNODE) -> str:
     """``vnode IN (1, 2, 3)`` with literal values (prunes partitions, keeps merges of disjoint
     vnode sets from conflicting)."""
     values = sorted({int(v) for v in vnodes})

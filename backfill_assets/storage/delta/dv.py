@@ -5,8 +5,9 @@ A DV file ``[<prefix>/]deletion_vector_<uuid>.bin`` is one version byte (1) foll
 covers magic + bitmap and the CRC too. A descriptor (the ``deletionVector`` of an ``add``)
 points at one DV: ``storageType`` 'u' (UUID-named file relative to the table, path = prefix +
 Z85 of the UUID), 'p' (absolute path) or 'i' (inline, Z85 of magic + bitmap, ``sizeInBytes``
-of any length: ``z85_decode`` reads both writers' padding). ``load`` reads one descriptor's rows
-from the store. Tests: tests/storage/test_dv_codec.py, tests/interop/test_inline_dvs.py.
+of any length: ``z85_decode`` reads both writers' padding), as the Delta protocol's "Deletion
+Vectors" section lays them out. ``load`` reads one descriptor's rows from the store. Tests:
+tests/storage/test_dv_codec.py, tests/interop/test_inline_dvs.py.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 delta-rs hands a version's add actions over as one Arrow table (``get_add_actions``): a
 column per statistic (``min.<col>``, ``max.<col>``) and per partition column. Readers need
 a few of them (the key columns and the vnode, to prune and seek); converting every statistic
-of every file to Python held about 5 KB per file (66 MiB of the driver for a 12,800-file
-table), so a statistic column is converted the first time a reader asks for it.
+of every file to Python would hold kilobytes per file (tens of MiB of the driver for a table
+of many thousand files), so a statistic column is converted the first time a reader asks for it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import cached_property, lru_cache
+from functools import cached_property
 from urllib.parse import unquote as _unquote
 
 import pyarrow as pa
@@ -35,10 +35,10 @@ from backfill_assets.storage.delta.delta_rs import (
 )
 from backfill_assets.storage.delta.file_stats import FileStats, StatColumns, partition_values
 from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.lru import LRU
+from backfill_assets.storage.store.lru import LRU, memoized
 
 # a log path decoded once per process (thousands of files, several snapshots per barrier)
-unquote = lru_cache(maxsize=1 << 20)(_unquote)
+unquote = memoized("decoded log paths", 1 << 20)(_unquote)
 
 # reader features whose meaning this layer implements (anything else is refused by name)
 SUPPORTED_READER_FEATURES = frozenset({"deletionVectors", "columnMapping", "timestampNtz",
@@ -77,7 +77,7 @@ class DataFile:
 
 
 @dataclass
-class Snapshot:
+class TableVersion:
     """One version of one table: what readers and writers of the layer work from."""
 
     uri: str
@@ -86,7 +86,7 @@ class Snapshot:
 
     @classmethod
     def load(cls, uri: str, version: int | None = None,
-             storage_options: Mapping[str, str] | None = None) -> Snapshot:
+             storage_options: Mapping[str, str] | None = None) -> TableVersion:
 
         if version is None:  # the latest version, by a listing of the log: a version is
             version = latest_version(uri, storage_options)  # loaded once per process
@@ -265,16 +265,16 @@ class Replayed:
     txns: dict[str, int]  # app id -> version
 
 
-# (table uri, storage options) -> the Snapshot of the version last loaded (``Snapshot.load``):
-# a barrier loads the replica's latest version two or three times, and each new Snapshot
-# converted its file list again (41 ms for 5,120 files); tables of more files are not kept
+# (table uri, storage options) -> the TableVersion last loaded (``TableVersion.load``):
+# a barrier loads the replica's latest version two or three times, and each new TableVersion
+# converted its file list again (a cost per file); tables of more files are not kept
 # (their file lists are what a driver's memory must not hold on to)
-_LOADED: LRU[tuple, Snapshot] = LRU(4)
+_LOADED: LRU[tuple, TableVersion] = LRU(4, name="loaded table versions")
 _LOADED_FILES = 10_000
 
 # (table uri, table id) -> the newest replay this process made (a table recreated at the same
-# uri has a new id); each Snapshot copies it, so nothing shared is ever changed
-_REPLAYS: LRU[tuple[str, str], Replayed] = LRU(32)
+# uri has a new id); each TableVersion copies it, so nothing shared is ever changed
+_REPLAYS: LRU[tuple[str, str], Replayed] = LRU(32, name="replayed logs")
 
 
 def _apply(live: dict, add: dict | None, remove: dict | None) -> None:

@@ -1,7 +1,7 @@
 """A table version's metadata, protocol and commit history without its file list.
 
-Loading a version through delta-rs replays every live file's add action (20M-row upstream,
-2,560 files: ~0.02-0.03 s per new version, a tenth of a small barrier). Most of what a
+Loading a version through delta-rs replays every live file's add action (thousands of them on
+a large upstream, a noticeable share of a small barrier per new version). Most of what a
 barrier asks of the upstream at its new version is metadata: the schema, the configuration
 (change feed on, pk, vnode count), the partition columns, the reader features, who wrote the
 recent commits. ``TableHead`` answers that from the log's metaData and protocol actions
@@ -129,7 +129,7 @@ class _Known:
     identity: tuple | None  # size and mtime of that version's commit file
 
 
-_HEADS: LRU[tuple, _Known] = LRU(32)
+_HEADS: LRU[tuple, _Known] = LRU(32, name="table heads")
 
 
 def _head(uri: str, version: int, options: dict) -> TableHead:

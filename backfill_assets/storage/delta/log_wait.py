@@ -1,8 +1,8 @@
 """Waiting for a table's next commit: the continuous path's trigger.
 
 Why: a follower that sleeps a poll interval between looks at the upstream adds half that
-interval to every commit's way into the MV (at one commit per second and a 1 s poll, the
-barrier start trails the commit by 0.47 s median, the largest part of commit-to-MV). A Delta
+interval to every commit's way into the MV on average, the largest part of commit-to-MV when
+a barrier itself is small. A Delta
 commit is one new object, `_delta_log/<version>.json`, written whole (create-only), so
 waiting on exactly that name is cheap: a stat per tick on a local disk (microseconds), one
 HEAD request per tick on an object store. The caller still re-reads the table's state (stop

@@ -15,9 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.delta.log import DataFile
-
-VNODE = "vnode"
 
 
 def files_in_vnodes(files: Sequence[DataFile], vnodes: Iterable[int]) -> list[DataFile]:

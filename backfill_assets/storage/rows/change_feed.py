@@ -27,7 +27,7 @@ from backfill_assets.core.errors import HistoryUnavailable
 from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.change_log import actions_of as _actions
 from backfill_assets.storage.delta.change_log import change_log as _change_log
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows.scan import file_rows
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.lru import LRU
@@ -38,7 +38,7 @@ ROW_BYTES = 100  # bytes of change files per change row when a commit records no
 READ_THREADS = 4  # change files read at once (a partitioned upstream: one per partition)
 
 
-def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
+def read_change_range(latest: TableVersion, start_exclusive: int, end: int,
                       columns: Sequence[str] | None = None,
                       vnodes: Iterable[int] | None = None, reuse: bool = False) -> pa.Table:
     """Change rows of versions (start_exclusive, end]: the table's columns (or ``columns``)
@@ -47,7 +47,7 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
 
     The last few ranges read are kept, and ``reuse`` takes the range from them when it is
     there: a no_shuffle barrier reads its range for the changes it forwards, then for its
-    window (storage/cut_window.py), and committed change rows never change. Other reads go
+    window (storage/chunks/cut_window.py), and committed change rows never change. Other reads go
     to the files (a vacuumed range must fail there)."""
     vnodes = None if vnodes is None else sorted({int(x) for x in vnodes})
     key = None if latest.table is None else (
@@ -63,11 +63,12 @@ def read_change_range(latest: Snapshot, start_exclusive: int, end: int,
     return table
 
 
-_RANGES: LRU[tuple, pa.Table] = LRU(4)  # change ranges kept (a barrier's worth of rows each)
+# a barrier's worth of rows each
+_RANGES: LRU[tuple, pa.Table] = LRU(4, name="change ranges")
 _RANGE_MAX_BYTES = 16 << 20  # a larger range (a long catch-up) is not kept: 64 MiB at most held
 
 
-def _read_range(latest: Snapshot, start_exclusive: int, end: int,
+def _read_range(latest: TableVersion, start_exclusive: int, end: int,
                 vnodes: list[int] | None) -> pa.Table:
     """``read_change_range``'s read: every column, the rows of ``vnodes`` (None: all)."""
     schema = latest.arrow_schema
@@ -90,7 +91,7 @@ def _read_range(latest: Snapshot, start_exclusive: int, end: int,
     return table
 
 
-def change_rows(latest: Snapshot, start_exclusive: int, end: int,
+def change_rows(latest: TableVersion, start_exclusive: int, end: int,
                 column: str | None = "vnode") -> dict[int, int] | None:
     """Estimated change rows of versions (start_exclusive, end] per value of the integer
     partition column ``column`` (None when the table is not partitioned by it; ``column``
@@ -127,7 +128,7 @@ def _change_files(actions: Sequence[Mapping]) -> list[Mapping]:
             if kind in a and a[kind].get("dataChange", True)]
 
 
-def _partitions_of(snap: Snapshot, vnodes: Iterable[int] | None) -> set[str] | None:
+def _partitions_of(snap: TableVersion, vnodes: Iterable[int] | None) -> set[str] | None:
     """The ``vnode`` partition values (as the log writes them) whose files hold ``vnodes``'
     rows; None when every file must be read (no vnodes asked for, or a table not partitioned
     by vnode)."""
@@ -142,12 +143,12 @@ def metadata_changed(uri: str, first: int, last: int,
     """Whether a commit of versions first..last changes the table's metadata (then the
     configuration of an earlier version may differ from the one at ``last``). ``table``
     (opened at ``last`` or later): the commits are parsed once per process
-    (storage/change_log.py), not at every call."""
-    snap = Snapshot(uri.rstrip("/"), dict(storage_options or {}), table)
+    (storage/delta/change_log.py), not at every call."""
+    snap = TableVersion(uri.rstrip("/"), dict(storage_options or {}), table)
     return any("metaData" in a for v in range(first, last + 1) for a in _actions(snap, v))
 
 
-def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str], out: pa.Schema,
+def _version_changes(snap: TableVersion, v: int, physical: Mapping[str, str], out: pa.Schema,
                      only: set[str] | None = None) -> list[Callable[[], pa.Table]]:
     """The reads (not yet run) that yield the change rows of version ``v``; ``only``: read just
     the files of those ``vnode`` partition values."""
@@ -191,13 +192,13 @@ def _version_changes(snap: Snapshot, v: int, physical: Mapping[str, str], out: p
     return pieces
 
 
-def _read_cdc_files(snap: Snapshot, cdc: Sequence[Mapping], out: pa.Schema,
+def _read_cdc_files(snap: TableVersion, cdc: Sequence[Mapping], out: pa.Schema,
                     consts: Mapping[str, object]) -> pa.Table:
     """The change files of one version, read together (a partitioned upstream writes one per
-    partition a commit touched: 256 files read one by one through the checked per-file path
-    cost ~0.1-0.2 s). A local disk reads them one after the other, each file's bytes whole
-    (256 small files of 9 columns: 0.025 s; 2-4 threads contend for the GIL, a dataset scan
-    takes 0.05 s: `make bench-change-floor`); a remote store in one dataset scan, whose
+    partition a commit touched: hundreds of files, each a fixed cost when read one by one
+    through the checked per-file path). A local disk reads them one after the other, each
+    file's bytes whole (threads contend for the GIL on small files, and a dataset scan costs
+    more than the bytes: `make bench-change-floor`); a remote store in one dataset scan, whose
     pre-buffering coalesces the requests. Partition values come from each file's action. A
     file whose columns or types do not fit the table's falls back to the file-by-file read
     (which checks and casts each file). The rows come back in one chunk: what nets and
@@ -227,7 +228,7 @@ class _Unfit(Exception):
     """A change file lacks a column of the table (the checked per-file read handles it)."""
 
 
-def _read_local(snap: Snapshot, cdc: Sequence[Mapping], uris: Sequence[str],
+def _read_local(snap: TableVersion, cdc: Sequence[Mapping], uris: Sequence[str],
                 fields: Sequence[pa.Field], out: pa.Schema) -> pa.Table:
     import pyarrow.parquet as pq
 
@@ -271,7 +272,7 @@ def _check_fits(schema: pa.Schema, stored: pa.Schema, uri: str) -> None:
         raise _Unfit(uri)
 
 
-def _scan_remote(snap: Snapshot, cdc: Sequence[Mapping], uris: Sequence[str],
+def _scan_remote(snap: TableVersion, cdc: Sequence[Mapping], uris: Sequence[str],
                  fields: Sequence[pa.Field], out: pa.Schema) -> pa.Table:
     import pyarrow.dataset as ds
 
@@ -298,7 +299,7 @@ def _partition_expression(values: Mapping[str, str | None], out: pa.Schema):
     return expr
 
 
-def _check_exists(snap: Snapshot, uri: str) -> None:
+def _check_exists(snap: TableVersion, uri: str) -> None:
     if not objects.exists(uri, snap.storage_options):
         raise HistoryUnavailable(
             f"changes of {snap.uri} are no longer available: {uri}, which its change feed "
@@ -306,7 +307,7 @@ def _check_exists(snap: Snapshot, uri: str) -> None:
             "longer (delta.deletedFileRetentionDuration)")
 
 
-def _read(snap: Snapshot, action: Mapping, physical: Mapping[str, str], out: pa.Schema,
+def _read(snap: TableVersion, action: Mapping, physical: Mapping[str, str], out: pa.Schema,
           consts: Mapping[str, object], **masks) -> pa.Table:
     uri = snap.file_uri(action["path"])
     _check_exists(snap, uri)

@@ -33,7 +33,7 @@ from backfill_assets.storage.delta.delta_rs import (
     is_missing_history,
     latest_version,
 )
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.delta.log_head import open_head
 from backfill_assets.storage.rows.change_feed import metadata_changed, read_change_range
 
@@ -53,7 +53,8 @@ def read_raw_changes(
     ``_commit_version`` (and ``_commit_timestamp`` unless ``columns`` is given); strings as
     ``string`` (not ``string_view``). ``vnodes`` keeps the rows of those vnodes (a platform
     table with a ``vnode`` column). Read by the storage layer from the log
-    (``storage.changes``), not by delta-rs ``load_cdf`` (it mis-encodes some partition paths).
+    (``storage.rows.change_feed``), not by delta-rs ``load_cdf`` (it mis-encodes some
+    partition paths).
     Raises UpstreamSchemaChanged when a version of the range lacks one of ``columns``,
     ChangeFeedDisabled when the change data feed is off at either end of the range,
     HistoryUnavailable when a version of the range is out of the table's history or its files
@@ -69,7 +70,7 @@ def read_raw_changes(
     if columns is not None:
         _refuse_missing_columns(uri, start_exclusive, end, columns, storage_options, dt)
     try:
-        table = read_change_range(Snapshot(uri.rstrip("/"), dict(storage_options or {}), dt),
+        table = read_change_range(TableVersion(uri.rstrip("/"), dict(storage_options or {}), dt),
                                   start_exclusive, end, wanted, vnodes)
     except (DeltaError, OSError, pa.ArrowException) as exc:
         if is_missing_history(exc):
@@ -109,7 +110,7 @@ def missing_columns(uri: str, first: int, last: int, columns: Sequence[str],
     columns; None when every version has them. Such a version's change rows lack the column
     (a column dropped or renamed away, then brought back by RESTORE or a rename): no reader
     can give them exactly, and Delta-Spark's readChangeFeed refuses such a range too."""
-    snap = Snapshot(uri.rstrip("/"), dict(storage_options or {}), table)
+    snap = TableVersion(uri.rstrip("/"), dict(storage_options or {}), table)
     wanted = {c: snap.physical_names.get(c, c) for c in columns if c in snap.physical_names}
     for v in range(first, last + 1):
         if not any("metaData" in a for a in actions_of(snap, v)):

@@ -8,8 +8,8 @@ application transactions (the same vnodes: fencing) and none of the files it rem
 both DV'd (runs over different vnodes sharing a file) are rebased: the new DV is the winner's
 OR ours. A checkpoint is written through delta-rs every CHECKPOINT_INTERVAL versions, and
 after a commit of CHECKPOINT_ACTIONS files or more: a reader replays the JSON commits since the
-last checkpoint, and the replica's copy commits one add per file with its statistics (5,120 at
-20M rows: 107 ms per load of the replica from JSON, 37 ms from a checkpoint).
+last checkpoint, and the replica's copy commits one add per file with its statistics (thousands
+of them on a large table), which a checkpoint's parquet loads several times faster than JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pyroaring import BitMap64
 
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import DataFile, Snapshot, commit_uri
+from backfill_assets.storage.delta.log import DataFile, TableVersion, commit_uri
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.write import NewFile
 from backfill_assets.storage.store import conditional, objects
@@ -67,7 +67,7 @@ def _no_hook(point: str) -> None:
     """Production default: the crash tests' kill points cost one call."""
 
 
-def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook) -> int:
+def commit(snap: TableVersion, change: Change, intent: Intent, hook: Hook = _no_hook) -> int:
     """Commit ``change`` on top of ``snap`` (the version it was planned on); the new version.
     Raises ConcurrentBackfillRun when another writer took this step's vnodes or files."""
     conditional.check_conditional_writes(snap.uri, snap.storage_options)  # once per store
@@ -80,7 +80,7 @@ def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook
                                  sync=intent.durable):
             _maybe_checkpoint(snap, target, change)
             return target
-        winner = Snapshot.load(snap.uri, None, snap.storage_options)
+        winner = TableVersion.load(snap.uri, None, snap.storage_options)
         _check_rebase(snap, winner, change, intent)
         base = winner
     raise ConcurrentBackfillRun(
@@ -88,7 +88,7 @@ def commit(snap: Snapshot, change: Change, intent: Intent, hook: Hook = _no_hook
         "nothing of this step was written: rerun it")
 
 
-def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
+def _entry(base: TableVersion, change: Change, intent: Intent) -> bytes:
     """The NDJSON of the commit against ``base`` (DVs rebased onto its files)."""
     now = int(time.time() * 1000)
     actions: list[dict] = []
@@ -131,7 +131,7 @@ def _entry(base: Snapshot, change: Change, intent: Intent) -> bytes:
     return "\n".join(json.dumps(a, separators=(",", ":")) for a in actions).encode() + b"\n"
 
 
-def existing_deleted(snap: Snapshot, f: DataFile) -> BitMap64:
+def existing_deleted(snap: TableVersion, f: DataFile) -> BitMap64:
     """The rows of ``f`` its current DV deletes (empty without one; decoded once per
     process, `key_cache`)."""
     if not f.deletion_vector:
@@ -161,7 +161,8 @@ def _with_dv(f: DataFile, descriptor: dict, now: int, data_change: bool) -> dict
     return add
 
 
-def _check_rebase(planned: Snapshot, winner: Snapshot, change: Change, intent: Intent) -> None:
+def _check_rebase(planned: TableVersion, winner: TableVersion, change: Change,
+                  intent: Intent) -> None:
     """Whether this change may still commit on top of ``winner``; raises when not."""
     ours = set(intent.txns)
     for v in range(planned.version + 1, winner.version + 1):
@@ -189,7 +190,7 @@ def _check_rebase(planned: Snapshot, winner: Snapshot, change: Change, intent: I
             f"writer (e.g. {gone[0]}: compaction?); nothing was written: rerun the step")
 
 
-def _maybe_checkpoint(snap: Snapshot, version: int, change: Change) -> None:
+def _maybe_checkpoint(snap: TableVersion, version: int, change: Change) -> None:
     files = len(change.adds) + len(change.removes) + len(change.deletes)
     if version % CHECKPOINT_INTERVAL == 0 or files >= CHECKPOINT_ACTIONS:
         DeltaTable(snap.uri, version=version,

@@ -105,10 +105,10 @@ class KeyCache:
     """Bytes-bounded LRU of ``FileKeys`` per (table, file), plus decoded DVs per unique id."""
 
     def __init__(self, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
-        self._files: LRU[tuple, FileKeys] = LRU(None, weight=lambda keys: keys.nbytes,
+        self._files: LRU[tuple, FileKeys] = LRU(None, name="file keys",
+                                                 weight=lambda keys: keys.nbytes,
                                                  max_weight=limit_bytes)
-        self._dvs: LRU[tuple, object] = LRU(_DVS_KEPT)
-        self.hits = self.misses = 0
+        self._dvs: LRU[tuple, object] = LRU(_DVS_KEPT, name="decoded deletion vectors")
 
     @property
     def limit(self) -> int:
@@ -121,11 +121,9 @@ class KeyCache:
         with self._files.lock:
             found = self._files.get(key)
             if found is not None:
-                self.hits += 1
                 return found
         entry = FileKeys.of(read())
         with self._files.lock:
-            self.misses += 1
             if entry.nbytes <= self.limit:  # kept unless another thread kept it first
                 self._files.put(key, entry, replaces=lambda _: False)
         return entry
@@ -135,9 +133,9 @@ class KeyCache:
         """Files this process just wrote to ``table`` ((path, size, rows) each, in the order
         written) and their keys (key columns of every file's rows, one file after the other,
         file order, the table's types): kept as a read of them would keep them, so the next
-        lookup reads none of them back. At 20M rows the first small barrier after the bulk
-        step read every MV file's keys: 0.23-0.28 s of a 0.37 s barrier (round 27). The
-        caller asks ``fits`` of the table's rows first, as the lookup will."""
+        lookup reads none of them back: otherwise the first small barrier after a bulk step
+        reads every MV file's keys, most of that barrier's cost. The caller asks ``fits`` of
+        the table's rows first, as the lookup will."""
         names, start = tuple(keys.column_names), 0
         for path, size, rows in files:
             entry = FileKeys.of(keys.slice(start, rows))
@@ -168,7 +166,7 @@ class KeyCache:
     def remember_deleted(self, table: str, unique_id: str, bitmap: object) -> None:
         """A DV this process just wrote: its rows, so neither the next lookup nor the next
         commit that extends it reads the DV file back (a small barrier's DVs are new for
-        every file it touched: ~0.2 ms a read, twice a file a barrier). ``bitmap`` must not
+        every file it touched, and each would be read twice a barrier). ``bitmap`` must not
         change afterwards."""
         self._dvs.put((table, unique_id), bitmap)
 
@@ -183,11 +181,15 @@ class KeyCache:
     def set_limit(self, limit_bytes: int) -> None:
         self._files.set_max_weight(limit_bytes)
 
-    def clear(self) -> None:
-        with self._files.lock:
-            self._files.clear()
-            self._dvs.clear()
-            self.hits = self.misses = 0
+    @property
+    def hits(self) -> int:
+        """Lookups of a file's keys that found them (since the last `lru.clear_all`)."""
+        return self._files.hits
+
+    @property
+    def misses(self) -> int:
+        """Lookups of a file's keys that had to read them."""
+        return self._files.misses
 
     @property
     def bytes(self) -> int:

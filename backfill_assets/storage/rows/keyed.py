@@ -29,7 +29,7 @@ from pyroaring import BitMap64
 
 from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import VNODE, keys_by_file
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, commit
@@ -73,7 +73,7 @@ class Located:
     rows_deleted: int
 
 
-def locate(snap: Snapshot, key_names: Sequence[str], rows: KeyedRows) -> Located:
+def locate(snap: TableVersion, key_names: Sequence[str], rows: KeyedRows) -> Located:
     """Where ``rows``' keys live in ``snap`` (key columns only, see the module docstring);
     ``StorageMismatch`` when the table disagrees with them. Writes nothing, so a commit that
     calls it before its first write leaves nothing behind when it refuses."""
@@ -84,20 +84,20 @@ def locate(snap: Snapshot, key_names: Sequence[str], rows: KeyedRows) -> Located
     return Located(before, after, _deletes(found), found.num_rows)
 
 
-def write_located(snap: Snapshot, key_names: Sequence[str], located: Located,
+def write_located(snap: TableVersion, key_names: Sequence[str], located: Located,
                   file_rows_max: int = NEW_FILE_ROWS) -> list:
     """The new rows of ``located`` as files clustered by (vnode, key), written here."""
     return _written(snap, key_names, located.after, file_rows_max)
 
 
-def write_located_feed(snap: Snapshot, key_names: Sequence[str], located: Located) -> list:
+def write_located_feed(snap: TableVersion, key_names: Sequence[str], located: Located) -> list:
     """The exact change-data file of ``located`` (update pre/post images, inserts, deletes)."""
     feed = _change_rows(located.before, located.after, key_names)
     return write_table(feed, snap.uri, snap.storage_options, feed.schema,
                        folder=CHANGE_FOLDER, prefix="cdc")
 
 
-def replace_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, keys: pa.Table,
+def replace_keyed(snap: TableVersion, key_names: Sequence[str], intent: Intent, keys: pa.Table,
                   rows: pa.Table, *, hook: Hook = _no_hook) -> KeyedResult:
     """One commit in which every live row whose key is in ``keys`` is replaced by ``rows``
     (whose keys are among ``keys``; a key without a row is deleted): an overwrite of a few keys
@@ -124,7 +124,7 @@ def _deletes(found: pa.Table) -> dict[str, BitMap64]:
     return deletes
 
 
-def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table,
+def _written(snap: TableVersion, key_names: Sequence[str], rows: pa.Table,
              file_rows_max: int) -> list:
     """``rows`` written as new files clustered by (vnode, key), their keys handed to the key
     cache (the next barrier's lookup would read them back)."""
@@ -140,7 +140,7 @@ def _written(snap: Snapshot, key_names: Sequence[str], rows: pa.Table,
     return files
 
 
-def _positions(snap: Snapshot, key_names: Sequence[str], before: pa.Table,
+def _positions(snap: TableVersion, key_names: Sequence[str], before: pa.Table,
                after: pa.Table) -> pa.Table:
     """(key, file, row) of every ``before`` key in the table; checks the table agrees."""
     key_cols = [VNODE, *key_names]
@@ -154,7 +154,7 @@ def _positions(snap: Snapshot, key_names: Sequence[str], before: pa.Table,
     return found
 
 
-def key_counts(snap: Snapshot, keys: pa.Table, key_names: Sequence[str]) -> pa.Table:
+def key_counts(snap: TableVersion, keys: pa.Table, key_names: Sequence[str]) -> pa.Table:
     """How many live rows of ``snap`` hold each of ``keys`` (key columns + ``count``; keys
     held nowhere are left out). Reads only the key columns of files whose statistics admit
     one of the keys: what a duplicate-key check of a few inserted keys costs."""
@@ -164,7 +164,7 @@ def key_counts(snap: Snapshot, keys: pa.Table, key_names: Sequence[str]) -> pa.T
         [(ROW_COLUMN, "count")]).rename_columns([*key_names, "count"])
 
 
-def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Table:
+def _held(snap: TableVersion, key_names: Sequence[str], wanted: pa.Table) -> pa.Table:
     """Live rows of ``snap`` whose key is in ``wanted``: key, file, row (files pruned by
     their statistics, each probed with its share of ``wanted``; files the table no longer
     holds leave the key cache first). Many files are read by a few threads (pyarrow and
@@ -190,7 +190,7 @@ def _held(snap: Snapshot, key_names: Sequence[str], wanted: pa.Table) -> pa.Tabl
     return pa.concat_tables(held) if held else _held_in_nothing(snap, key_names)
 
 
-def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
+def _held_in(snap: TableVersion, f: DataFile, key_names: Sequence[str],
              wanted: pa.Table, cached: bool = True) -> pa.Table:
     """The rows of ``f`` (live, DV applied) whose key is in ``wanted``: key, file, row. The
     file's keys come from the process's key cache (``key_cache``: read once per file), the
@@ -214,7 +214,7 @@ def _held_in(snap: Snapshot, f: DataFile, key_names: Sequence[str],
                                ).append_column(ROW_COLUMN, pa.array(rows, pa.int64()))
 
 
-def read_keys(snap: Snapshot, f: DataFile, key_names: Sequence[str], live: bool = False
+def read_keys(snap: TableVersion, f: DataFile, key_names: Sequence[str], live: bool = False
               ) -> pa.Table:
     """All key values of ``f`` in file order, its row count checked against the log; the
     rows its DV deletes dropped when ``live`` (not for the cache, which keeps what never
@@ -226,7 +226,7 @@ def read_keys(snap: Snapshot, f: DataFile, key_names: Sequence[str], live: bool 
                      rows=f.num_records, partition=partition, deleted=deleted)
 
 
-def _probe_by_row_group(snap: Snapshot, f: DataFile, key_names: Sequence[str],
+def _probe_by_row_group(snap: TableVersion, f: DataFile, key_names: Sequence[str],
                         wanted: pa.Table, types: Sequence[pa.DataType]
                         ) -> tuple[np.ndarray, pa.Table]:
     """``key_cache.probe`` of ``f``'s keys (no DV applied) a row group at a time, for a
@@ -242,7 +242,7 @@ def _probe_by_row_group(snap: Snapshot, f: DataFile, key_names: Sequence[str],
     return np.concatenate(rows), pa.concat_tables(found)
 
 
-def _key_columns(snap: Snapshot, f: DataFile, key_names: Sequence[str]):
+def _key_columns(snap: TableVersion, f: DataFile, key_names: Sequence[str]):
     """How to read ``f``'s key columns: their schema, physical names and partition values."""
     schema = snap.arrow_schema
     out = pa.schema([schema.field(k) for k in key_names])
@@ -253,7 +253,7 @@ def _key_columns(snap: Snapshot, f: DataFile, key_names: Sequence[str]):
     return out, physical, partition
 
 
-def _held_in_nothing(snap: Snapshot, key_names: Sequence[str]) -> pa.Table:
+def _held_in_nothing(snap: TableVersion, key_names: Sequence[str]) -> pa.Table:
     schema = snap.arrow_schema
     return pa.table({**{k: pa.array([], schema.field(k).type) for k in key_names},
                      FILE_COLUMN: pa.array([], pa.string()), ROW_COLUMN: pa.array([], pa.int64())})

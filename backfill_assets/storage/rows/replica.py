@@ -3,9 +3,9 @@
 Why. The replica keeps each vnode's rows in key-sorted one-vnode files with exact bounds, so a
 chunk reads only the files after its position (``seek``). Kept exact by deletion vectors,
 every barrier's changes (spread over all vnodes by a writer) put a DV on more files than
-delta-rs readers tolerate (``maintain.MAX_DV_FILES``), and every barrier rewrote most of the
-replica: 44% of a 20M-row arrangement run (docs/BENCHMARKS_HISTORY.md, round 8). A barrier should
-cost what changed.
+delta-rs readers tolerate (``maintain.MAX_DV_FILES``), and every barrier would rewrite most of
+the replica, a cost that grows with the table, not with the change. A barrier should cost
+what changed.
 
 How. Base files are written once per vnode, each row tagged ``REPLICA_VERSION`` = the upstream
 version it was copied at and ``REPLICA_DELETED`` false. A barrier's replicated changes, netted
@@ -37,7 +37,7 @@ from backfill_assets.core import names
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.rows.commit import Change, Intent, commit
 from backfill_assets.storage.rows.scan import file_rows
 from backfill_assets.storage.rows.write import write_files, write_table
@@ -78,11 +78,11 @@ def is_change_file(f: DataFile) -> bool:
     return posixpath.basename(f.path).startswith(f"{CHANGE_PREFIX}-")
 
 
-def base_files(snap: Snapshot) -> list[DataFile]:
+def base_files(snap: TableVersion) -> list[DataFile]:
     return [f for f in snap.files if not is_change_file(f)]
 
 
-def change_files(snap: Snapshot) -> list[DataFile]:
+def change_files(snap: TableVersion) -> list[DataFile]:
     return [f for f in snap.files if is_change_file(f)]
 
 
@@ -95,7 +95,7 @@ def change_rows(after: pa.Table, gone: pa.Table, version: int, schema: pa.Schema
     return pa.concat_tables([kept, dead]).cast(schema)
 
 
-def append_changes(snap: Snapshot, rows: pa.Table | DataFrame, intent: Intent) -> int:
+def append_changes(snap: TableVersion, rows: pa.Table | DataFrame, intent: Intent) -> int:
     """Commit ``rows`` (``change_rows``; a Spark frame of them when many) as change files,
     with ``intent``'s transactions (a barrier with no change still records that the replica
     is at its version). Returns the rows written."""
@@ -112,7 +112,7 @@ def append_changes(snap: Snapshot, rows: pa.Table | DataFrame, intent: Intent) -
     return sum(a.rows for a in change.adds)
 
 
-def read_changes(snap: Snapshot, vnodes: Iterable[int] | None = None) -> pa.Table:
+def read_changes(snap: TableVersion, vnodes: Iterable[int] | None = None) -> pa.Table:
     """Every change row of the replica (of ``vnodes`` when given), read on the driver."""
     schema = snap.arrow_schema
     physical = {c: snap.physical_names.get(c, c) for c in schema.names}
@@ -197,7 +197,7 @@ def overlay(base: pa.Table, changes: pa.Table, key_order: KeyOrder) -> pa.Table:
                                            key_order)])
 
 
-def merge_changes(snap: Snapshot, key_order: KeyOrder, intent: Intent) -> bool:
+def merge_changes(snap: TableVersion, key_order: KeyOrder, intent: Intent) -> bool:
     """Fold the change files into one when there are more than MAX_CHANGE_FILES (resolved,
     tombstones kept): what a read sees is unchanged. Returns whether it committed (not when
     a concurrent run over other vnodes folded the same files first: its fold holds them)."""

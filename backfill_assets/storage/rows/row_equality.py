@@ -42,8 +42,8 @@ def unchanged_dropped(before: pa.Table, after: pa.Table, key_names: Sequence[str
 def same_rows(old: pa.Table, new: pa.Table) -> np.ndarray:
     """Per row pair, whether every column is equal as Python compares values (both null is
     equal; NaN is not equal to NaN): Arrow's ``equal`` where the type has it, the Python
-    values of the column otherwise (nested types). ~2 ms less than comparing Python rows for
-    a barrier's 2,000 updates."""
+    values of the column otherwise (nested types): column at a time in Arrow, not a Python
+    comparison of every row."""
     same = np.ones(old.num_rows, dtype=bool)
     for name in old.column_names:
         x, y = old.column(name), new.column(name)

@@ -1,6 +1,6 @@
 """Reading a Delta version into Spark, the protocol honoured, without Delta jars.
 
-The driver plans from the log (``Snapshot``): which files, their typed partition values and
+The driver plans from the log (``TableVersion``): which files, their typed partition values and
 their deletion-vector descriptors. Spark tasks (``mapInArrow``) then read each file through the
 store's pyarrow filesystem, check its row count against the log, drop the rows its DV deletes,
 rename physical columns (column mapping) and add the partition values. Rows never pass through
@@ -22,31 +22,32 @@ from pyspark.sql import DataFrame, SparkSession
 
 from backfill_assets.core import names
 from backfill_assets.core.errors import StorageMismatch
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.delta import dv
-from backfill_assets.storage.delta.log import DataFile, Snapshot
+from backfill_assets.storage.delta.log import DataFile, TableVersion
 from backfill_assets.storage.delta.prune import vnode_span
 from backfill_assets.storage.rows.spark_types import col, exchange_schema, spark_schema
 from backfill_assets.storage.store import objects
 
 FILE_COLUMN = names.FILE  # the file a row was read from (path as in the log)
 ROW_COLUMN = names.ROW  # its physical row index in that file
-VNODE = "vnode"
 MAX_READ_TASKS = 512
-# rows a read task holds, about: a Python task costs ~50 ms to start, so one task per small file
-# (the 256-file upstream of a vnode-partitioned writer) made reads 6-10x slower than Spark's
-# own parquet scan, while a few large tasks read faster than it (benchmarks, round 6)
+# rows a read task holds, about: a Python task's start costs more than reading a small file,
+# so one task per small file (the many files of a vnode-partitioned writer) would read far
+# slower than Spark's own parquet scan, while a few large tasks read faster than it
 READ_TASK_ROWS = 1 << 20
 
 
-def read_snapshot(spark: SparkSession, snap: Snapshot, columns: Sequence[str] | None = None,
-                  files: Sequence[DataFile] | None = None, *, row_ids: bool = False,
-                  cluster_keys: Sequence[str] | None = None) -> DataFrame:
+def read_table_version(spark: SparkSession, snap: TableVersion,
+                       columns: Sequence[str] | None = None,
+                       files: Sequence[DataFile] | None = None, *, row_ids: bool = False,
+                       cluster_keys: Sequence[str] | None = None) -> DataFrame:
     """The live rows of ``files`` (default: every file) of ``snap``, ``columns`` (default all).
     ``cluster_keys``: each Spark partition holds the files of one contiguous vnode range,
     its rows sorted by (vnode, *cluster_keys) (files of one vnode each, as in a
     vnode-partitioned table, then give partitions of disjoint vnode ranges in the MV's
     layout: a writer needs no shuffle). The sort is Spark's, inside each partition (no
-    exchange): an Arrow sort in the read task cost 1-2 s more at 5M rows (round 9).
+    exchange): an Arrow sort in the read task costs more.
     Raises UnsupportedTableFeature for what the layer cannot honour, StorageMismatch (in the
     Spark job) when a file does not hold the rows its log entry records."""
     snap.check_readable()
@@ -123,8 +124,8 @@ def parallelism(spark: SparkSession) -> int:
 def tasks_run_here(spark: SparkSession) -> bool:
     """Whether Spark's tasks run on this machine, beside this process: a classic session on a
     local master. Its Python workers then compete for the same cores as threads here would,
-    so work sized to a few tasks is cheaper run here than through a job (a chunk's job cost
-    0.25-0.3 s more than the same tasks on two threads at 5M rows, round 21). A Connect
+    so work sized to a few tasks is cheaper run here than through a job, whose start and
+    workers cost more than the same tasks on threads here. A Connect
     session (no SparkContext here) and a cluster run their tasks elsewhere. A lazy session
     not started yet (``resources.spark.LazySession``) says where it will run, so asking
     starts no JVM."""

@@ -182,8 +182,8 @@ class _OpenFile:
         if objects.is_local(uri):
             fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         self.stream = fs.open_output_stream(path)
-        # plain encoding: dictionary pages made a task's write ~3x slower for files no
-        # smaller once snappy has compressed them (a 5M-row upstream's rows, round 11)
+        # plain encoding: dictionary pages make a task's write several times slower for
+        # files no smaller once snappy has compressed them
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy",
                                        use_dictionary=False)
         self.fs, self.fs_path, self.rows = fs, path, 0

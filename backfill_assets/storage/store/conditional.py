@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 from backfill_assets.core.errors import ConditionalWritesUnsupported
 from backfill_assets.storage.store import objects
+from backfill_assets.storage.store.lru import LRU
 from backfill_assets.storage.store.objects import StorageOptions
 
 
@@ -37,10 +38,10 @@ def check_conditional_writes(root: str, storage_options: StorageOptions = None) 
         if store in _PROBED:
             return
         _probe(loc.bucket, loc.key, options)
-        _PROBED.add(store)
+        _PROBED.put(store, True)
 
 
-_PROBED: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+_PROBED: LRU[tuple[str, tuple[tuple[str, str], ...]], bool] = LRU(64, name="probed stores")
 _PROBE_LOCK = threading.Lock()
 
 

@@ -1,22 +1,32 @@
-"""The one in-process cache the storage layer (and mv/) keeps things in: least recently used
-first out, bounded by entries and optionally by a weight (bytes, files), thread-safe.
+"""Every in-process cache of the package goes through here: `LRU` (least recently used first
+out, bounded by entries and optionally by a weight, thread-safe) or, for a pure function on a
+hot path, `memoized` (functools' C cache, registered); `clear_all` empties them all.
 
 Why one helper: each cache (loaded versions, replayed logs, parsed commits, table heads,
-change ranges, shared-cut windows, file keys) is a few lines of bookkeeping that are easy to
-get subtly wrong (a lookup that forgets to mark its entry used, a weight that drifts from its
-entries); here they are written and tested once. The lock is re-entrant and public, so a
-caller whose read-modify-write must not interleave with another's holds it around the steps.
+change ranges, shared-cut windows, file keys, recoveries, compiled projections, paces) is a
+few lines of bookkeeping that are easy to get subtly wrong (a lookup that forgets to mark its
+entry used, a weight that drifts from its entries, a dict that is never bounded); here they
+are written and tested once, each has a bound, and a test that needs a cold process calls
+`clear_all` instead of reaching into one module's dict. The lock is re-entrant and public, so
+a caller whose read-modify-write must not interleave with another's holds it around the
+steps. docs/ARCHITECTURE.md ("Process caches") lists every cache and what bounds it.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+F = TypeVar("F", bound=Callable)
+
+_LIVE: weakref.WeakSet[LRU] = weakref.WeakSet()  # every LRU of the process, for clear_all
+_MEMOIZED: dict[str, Callable] = {}  # name -> the memoized function (its cache_clear)
 
 
 class LRU(Generic[K, V]):
@@ -24,14 +34,20 @@ class LRU(Generic[K, V]):
     ``max_weight`` of their total weight, of which the ``keep_at_least`` most recent are
     never evicted for weight alone."""
 
-    def __init__(self, max_entries: int | None, *, weight: Callable[[V], int] | None = None,
-                 max_weight: int | None = None, keep_at_least: int = 0) -> None:
+    def __init__(self, max_entries: int | None, *, name: str = "",
+                 weight: Callable[[V], int] | None = None, max_weight: int | None = None,
+                 keep_at_least: int = 0) -> None:
+        if max_entries is None and (weight is None or max_weight is None):
+            raise ValueError("an LRU needs a bound: max_entries, or a weight and max_weight")
+        self.name = name  # what it holds, as ARCHITECTURE's table of caches names it
         self.max_entries, self.max_weight, self.keep_at_least = (max_entries, max_weight,
                                                                  keep_at_least)
         self._weigh = weight
         self._entries: OrderedDict[K, V] = OrderedDict()
         self._weight = 0
+        self.hits = self.misses = 0  # lookups (``touch``) that found / did not find an entry
         self.lock = threading.RLock()
+        _LIVE.add(self)
 
     def get(self, key: K, *, touch: bool = True,
             valid: Callable[[V], bool] | None = None) -> V | None:
@@ -40,8 +56,10 @@ class LRU(Generic[K, V]):
         with self.lock:
             found = self._entries.get(key)
             if found is None or (valid is not None and not valid(found)):
+                self.misses += touch
                 return None
             if touch:
+                self.hits += 1
                 self._entries.move_to_end(key)
             return found
 
@@ -83,11 +101,19 @@ class LRU(Generic[K, V]):
         with self.lock:
             self._entries.clear()
             self._weight = 0
+            self.hits = self.misses = 0
 
     def keys(self) -> list[K]:
         """The keys, least recently used first (a copy)."""
         with self.lock:
             return list(self._entries)
+
+    def bound(self) -> str:
+        """What bounds it, in words: `32 entries`, `512 MiB of weight`, or both."""
+        parts = [] if self.max_entries is None else [f"{self.max_entries} entries"]
+        if self.max_weight is not None:
+            parts.append(f"weight {self.max_weight}")
+        return ", ".join(parts)
 
     @property
     def weight(self) -> int:
@@ -108,3 +134,31 @@ class LRU(Generic[K, V]):
                 or (self.max_weight is not None and len(self._entries) > self.keep_at_least
                     and self._weight > self.max_weight)):
             self._weight -= self._weight_of(self._entries.popitem(last=False)[1])
+
+
+def memoized(name: str, max_entries: int) -> Callable[[F], F]:
+    """A pure function's results kept by functools' C cache (no lock or OrderedDict on a path
+    taken per file), registered under ``name`` so `clear_all` empties it too."""
+
+    def wrap(function: F) -> F:
+        cached = functools.lru_cache(maxsize=max_entries)(function)
+        _MEMOIZED[name] = cached
+        return cached  # type: ignore[return-value]
+
+    return wrap
+
+
+def clear_all() -> None:
+    """Empty every cache of the process (`LRU`s and `memoized` functions): what a test calls
+    to start cold, as a new process would, without knowing which module keeps what."""
+    for cache in list(_LIVE):
+        cache.clear()
+    for function in _MEMOIZED.values():
+        function.cache_clear()
+
+
+def registered() -> dict[str, str]:
+    """Every named cache alive in the process -> its bound, in words (the docs' table)."""
+    found = {c.name: c.bound() for c in list(_LIVE) if c.name}
+    found.update({name: f"{f.cache_info().maxsize} entries" for name, f in _MEMOIZED.items()})
+    return found

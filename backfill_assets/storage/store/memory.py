@@ -4,12 +4,10 @@ A barrier's driver work (change reads, netting, key lookups, commits) runs in Ar
 memory pool) and in delta-rs (a jemalloc of its own). Both allocators keep freed pages for
 reuse: pyarrow's default mimalloc per thread, jemalloc for a while per arena. A large
 catch-up then adds each phase's transient peak to the process's resident size instead of
-reusing the last one's. Measured on a 100M-row catch-up of three DML versions (33K change
-rows, a fresh process; ``benchmarks/memory_trace.py``'s per-phase RSS): the driver peaked at
-484 MiB; 368 MiB with both allocators returning pages at once, 390 MiB with a 0.1 s decay.
-Python's own objects stayed under 40 MiB (tracemalloc): the rest was allocator retention.
-A decay of 0 costs time (a pyarrow copy of 5M rows: 4.0 s against 1.85 s), 0.1 s little
-(2.0 s).
+reusing the last one's: most of a large catch-up's driver peak is allocator retention, not
+Python's objects (``benchmarks/memory_trace.py`` shows it per phase). Returning pages at once
+(a decay of 0) costs time on every large copy; a short decay returns nearly as much for
+little time.
 
 Both allocators read their settings when they load, so the package's ``__init__`` sets them
 (Arrow's pool: jemalloc; delta-rs: a 0.1 s decay) before any module loads either library.
@@ -22,7 +20,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-DRIVER_DECAY_MS = 100  # freed pages kept this long: 0 made a pyarrow copy 2.2x slower
+DRIVER_DECAY_MS = 100  # freed pages kept this long: 0 would slow every large Arrow copy
 
 
 def settle_driver_memory() -> str:

@@ -28,7 +28,6 @@ provider, ``AWS_S3_ALLOW_UNSAFE_RENAME``, ...) are left to deltalake and ignored
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import tempfile
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from backfill_assets.storage.store.lru import memoized
 from backfill_assets.storage.store.uris import (
     LOCAL,
     OPTION_ALIASES,
@@ -71,7 +71,7 @@ def _true(value: str | None) -> bool:
     return str(value).strip().lower() in {"1", "true", "yes", "on"}
 
 
-@functools.lru_cache(maxsize=16)
+@memoized("S3 filesystems", 16)
 def _s3_filesystem(options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
     opts = dict(options)
     kwargs: dict[str, object] = {"region": opts.get("region", _DEFAULT_REGION)}
@@ -92,7 +92,7 @@ def _s3_filesystem(options: tuple[tuple[str, str], ...]) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kwargs)
 
 
-@functools.lru_cache(maxsize=16)
+@memoized("S3 stores", 16)
 def _s3_store(bucket: str, options: tuple[tuple[str, str], ...]):
     """An obstore S3 store for conditional writes (pyarrow has no create-only PUT)."""
     from obstore.store import S3Store  # imported here: local-only setups never load it

@@ -84,6 +84,14 @@ def join(uri: str, *parts: str) -> str:
     return out
 
 
+def table_uri(root: str, name: str) -> str:
+    """A table's URI from a name in the settings: the name itself when it is a URI or an
+    absolute path, else the name under ``root`` (the warehouse)."""
+    if "://" in name or name.startswith("/"):
+        return name
+    return join(root, name)
+
+
 def canonical_options(storage_options: StorageOptions) -> tuple[tuple[str, str], ...]:
     """The options this module uses, by canonical name (hashable: the cache key)."""
     given = {str(k).lower(): str(v) for k, v in (storage_options or {}).items() if v is not None}

@@ -2,20 +2,20 @@
 
 A snapshot-mode bulk step reads every row of its vnodes, projects them through the MV
 definition and writes them. Through Spark that is two crossings between the JVM and Python
-per row plus Spark's own row format in between (round 8: the bulk barrier at 1.8-2.2x a
-clustered refresh). When the transform is exact in Arrow (``arrow_expr``: the MV definition
-compiled with Spark's semantics), each task here reads a contiguous vnode range (DVs applied,
-partition values from the log, row counts checked: ``read.file_rows``), applies the
-transform, sorts its rows by (vnode, key) and writes them as the MV's files with their
-statistics (``write.FileWriter``): Spark only schedules the tasks and collects the manifest,
-or on a local master threads here run them. A task reads each vnode's files in the order of
-their lower key bound, and skips the sort when its rows are already in order
-(``chunks/row_order.py``).
+per row plus Spark's own row format in between, which made a bulk barrier cost about twice a
+plain clustered refresh of the same rows. When the transform is exact in Arrow
+(``arrow.expressions``: the MV definition compiled with Spark's semantics), each task here reads a
+contiguous vnode range (DVs applied, partition values from the log, row counts checked:
+``read.file_rows``), applies the transform, sorts its rows by (vnode, key) and writes them as
+the MV's files with their statistics (``write.FileWriter``): Spark only schedules the tasks and
+collects the manifest, or on a local master threads here run them. A task reads each vnode's
+files in the order of their lower key bound, and skips the sort when its rows are already in
+order (``chunks/row_order.py``).
 
 The write is the first phase of a two-phase commit: each task also reports, per vnode it read,
 the rows read, the last key in key order, whether a pk is null or repeated and whether the
 vnode's rest was all read: the progress the MV commit carries, from the rows it already holds
-(a separate pass over the keys was 1.21 s of a 4.62 s backfill, round 9). The caller then
+(a separate pass over the keys would read every row a second time). The caller then
 commits ``BulkWritten.files`` with that progress, or ``discard``s them.
 
 A transform may refuse a batch (its ``refusal`` exception: a value whose Arrow result is not
@@ -41,6 +41,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets.core.keys import Key, KeyOrder
+from backfill_assets.core.names import VNODE
 from backfill_assets.storage.chunks.chunk_scan import (
     BAD_KEY,
     RN,
@@ -51,7 +52,7 @@ from backfill_assets.storage.chunks.chunk_scan import (
 )
 from backfill_assets.storage.chunks.chunk_task import ranked
 from backfill_assets.storage.chunks.row_order import in_sort_order, sorted_rows
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.scan import (
     READ_TASK_ROWS,
@@ -63,7 +64,6 @@ from backfill_assets.storage.rows.spark_types import exchange_schema
 from backfill_assets.storage.rows.write import MANIFEST, FileWriter, NewFile, check_written
 from backfill_assets.storage.store import objects
 
-VNODE = "vnode"
 LOCAL_READ_ROWS = 1 << 19  # a chunk read of at most this many rows runs in the driver
 LOCAL_THREADS = 2
 BULK_ROWS_HERE = 1 << 19  # rows a bulk task reads when it runs in a thread here
@@ -94,7 +94,7 @@ class BulkRows:
     columns), sorted by (vnode, key in ``key_order``). ``refusal``: the exception type by
     which the transform refuses rows."""
 
-    snap: Snapshot
+    snap: TableVersion
     vnodes: tuple[int, ...]
     columns: tuple[str, ...]
     transform: BulkTransform
@@ -168,8 +168,8 @@ def run_tasks(spark: SparkSession, tasks: list[str], task, threads: int | None) 
 def bulk_threads(spark: SparkSession) -> int | None:
     """Threads of this process that may run a bulk write's tasks, or None: Spark tasks (a
     cluster, a Connect session). On a local master Spark's Python workers use the cores
-    threads here would, and the job costs its own: the 5M-row bulk barrier 3.72 s as Spark
-    tasks (the JVM spent 1.4 CPU s serving them), 2.22 s in two threads (round 25)."""
+    threads here would, and the job costs its own on top (the JVM spends CPU serving the
+    workers), so a bulk barrier runs faster in threads here than as Spark tasks."""
     if not tasks_run_here(spark):
         return None
     return max(LOCAL_THREADS, min(parallelism(spark), os.cpu_count() or 1))
@@ -179,12 +179,12 @@ def write_chunk(spark: SparkSession, tasks: list[str], reader, transform: Callab
                 refusal: type[Exception], table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, max_rows_per_file: int, rows_read: int | None = None,
                 threads: int | None = None) -> BulkWritten:
-    """A chunked barrier's snapshot chunk (``chunk_read.chunk_tasks``: the rows after each
+    """A chunked barrier's snapshot chunk (``chunks.chunk_scan.chunk_tasks``: the rows after each
     position, the first ``limit`` per vnode) through ``transform`` into new files of the
     table at ``table_uri``, as ``write_bulk`` does for whole vnodes; the stats are those of
     the chunk's rows (read, last key, pk flags). ``rows_read``: the rows of the files the
     tasks may read, which decide where they run (``local_threads``); ``threads``: run them in
-    this process on that many (a reader holding its rows, ``chunk_read.HeldChunk``)."""
+    this process on that many (a reader holding its rows, ``chunks.chunk_scan.HeldChunk``)."""
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file)
     task = _ChunkTask(reader, transform, refusal, writer)
@@ -212,7 +212,7 @@ def _manifest(spark: SparkSession, tasks: list[str], task) -> list:
 
 def _local_manifest(tasks: list[str], task, threads: int = LOCAL_THREADS) -> list[dict]:
     """The tasks run here, ``threads`` at a time (parquet and Arrow release the GIL): a Spark
-    job costs 0.2-0.3 s to start and run its Python workers, more than reading the last few
+    job's start and its Python workers cost more than reading the last few
     thousand rows of each vnode takes (a run's final barrier, a throttled run's chunks)."""
     def run(text: str) -> list[dict]:
         batch = pa.record_batch([pa.array([text], pa.string())], names=["task"])

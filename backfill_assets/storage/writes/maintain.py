@@ -29,10 +29,10 @@ from pyspark.sql import SparkSession
 from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
-from backfill_assets.storage.delta.log import DataFile, Snapshot, commit_uri
+from backfill_assets.storage.delta.log import DataFile, TableVersion, commit_uri
 from backfill_assets.storage.delta.prune import VNODE, files_within_vnodes
 from backfill_assets.storage.rows.commit import Change, Intent, commit
-from backfill_assets.storage.rows.scan import file_rows, read_snapshot
+from backfill_assets.storage.rows.scan import file_rows, read_table_version
 from backfill_assets.storage.rows.write import NewFile, write_files, write_table
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.writes.merge import FILE_ROWS, Applied, clustered, file_rows_for
@@ -75,12 +75,13 @@ def files_to_compact(files: Sequence[DataFile], seek_layout: bool = False) -> li
     return list(pick.values())
 
 
-def compaction_due(before: Snapshot, applied: Applied, vnodes: Iterable[int]) -> bool:
+def compaction_due(before: TableVersion, applied: Applied, vnodes: Iterable[int]) -> bool:
     """Whether ``compact`` would rewrite files of ``vnodes``' span in the version ``applied``
     committed on top of ``before``, judged from ``before``'s files and the change alone: a
     small barrier then loads no version to learn that nothing is due (a fresh load of the
-    new version costs ~10 ms). True (load and look) when the commit was not the next version
-    of ``before`` (it was rebased over another writer's) or removed files whole."""
+    new version would be a large share of its cost). True (load and look) when the commit was
+    not the next version of ``before`` (it was rebased over another writer's) or removed files
+    whole."""
     change = applied.change
     if applied.version is None or change is None or change.removes \
             or applied.version != before.version + 1:
@@ -117,7 +118,7 @@ def _one_vnode(f: DataFile) -> bool:
     return lo is not None and lo == hi
 
 
-def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
+def compact(spark: SparkSession, snap: TableVersion, key_names: Sequence[str],
             vnodes: Iterable[int] | None = None, *, force: bool = False) -> MaintenanceReport:
     """Rewrite what ``files_to_compact`` picks (all files of the span with ``force``) among
     the files inside ``vnodes``' span (all files when None) into clustered files."""
@@ -132,7 +133,7 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
         adds = _rewrite_on_driver(snap, chosen, key_names, per_file)
     else:
         vnode_count = snap.configuration.get(VNODE_COUNT_PROPERTY)
-        rows = read_snapshot(spark, snap, snap.arrow_schema.names, chosen)
+        rows = read_table_version(spark, snap, snap.arrow_schema.names, chosen)
         shaped = clustered(rows, key_names, live, int(vnode_count) if vnode_count else None,
                            per_file)
         adds = write_files(shaped, snap.uri, snap.storage_options, snap.arrow_schema,
@@ -146,7 +147,7 @@ def compact(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
     return MaintenanceReport(compacted_files=len(chosen), rewritten_rows=written)
 
 
-def _rewrite_on_driver(snap: Snapshot, files: Sequence[DataFile], key_names: Sequence[str],
+def _rewrite_on_driver(snap: TableVersion, files: Sequence[DataFile], key_names: Sequence[str],
                        per_file: int) -> list:
     """A small compaction (the files a few barriers left) in Arrow on the driver: the files'
     live rows read, sorted by (vnode, key) and written, without the fixed cost of Spark jobs
@@ -163,7 +164,7 @@ def _rewrite_on_driver(snap: Snapshot, files: Sequence[DataFile], key_names: Seq
     return write_table(rows, snap.uri, snap.storage_options, schema, max_rows_per_file=per_file)
 
 
-def collect_dv_garbage(snap: Snapshot, keep_versions: int = DV_KEEP_VERSIONS,
+def collect_dv_garbage(snap: TableVersion, keep_versions: int = DV_KEEP_VERSIONS,
                        min_age_seconds: float = DV_MIN_AGE_SECONDS) -> int:
     """Delete DV files that neither this version nor a reader of the last ``keep_versions``
     versions needs (a DV live at version w is live now or was removed after w)."""
@@ -195,9 +196,9 @@ def maintain(spark: SparkSession, uri: str, key_names: Sequence[str],
              dv_keep_versions: int = DV_KEEP_VERSIONS,
              dv_min_age_seconds: float = DV_MIN_AGE_SECONDS) -> MaintenanceReport:
     """The documented maintenance of a platform table (the ``maintain_job``)."""
-    snap = Snapshot.load(uri, None, storage_options)
+    snap = TableVersion.load(uri, None, storage_options)
     report = compact(spark, snap, key_names)
-    snap = Snapshot.load(uri, None, storage_options)
+    snap = TableVersion.load(uri, None, storage_options)
     report.dv_files_deleted = collect_dv_garbage(snap, dv_keep_versions, dv_min_age_seconds)
     table = DeltaTable(uri, storage_options=dict(storage_options or {}) or None)
     report.vacuumed_files = len(table.vacuum(retention_hours=int(retention_hours),

@@ -34,12 +34,12 @@ from pyspark.sql import functions as F
 from backfill_assets.core import names
 from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
-from backfill_assets.storage.delta.log import Snapshot
+from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.delta.prune import VNODE, files_holding
-from backfill_assets.storage.rows import keyed as keyed_mod
+from backfill_assets.storage.rows import keyed
 from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.rows.keyed import NEW_FILE_ROWS, KeyedRows
-from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, read_snapshot
+from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, read_table_version
 from backfill_assets.storage.rows.spark_types import col
 from backfill_assets.storage.rows.write import write_files
 from backfill_assets.storage.writes.bulk import BulkWritten
@@ -86,14 +86,14 @@ def clustered(df: DataFrame, key_names: Sequence[str], rows: int, vnode_count: i
     return shaped.sortWithinPartitions(*order)
 
 
-def append(spark: SparkSession, snap: Snapshot, rows: DataFrame, key_names: Sequence[str],
+def append(spark: SparkSession, snap: TableVersion, rows: DataFrame, key_names: Sequence[str],
            intent: Intent, rows_hint: int, *, file_rows: int | None = None) -> Applied:
     """Commit ``rows`` (keys not in the table yet) as new clustered files."""
     return apply_changes(spark, snap, key_names, intent, inserts=rows, rows_hint=rows_hint,
                          file_rows=file_rows)
 
 
-def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
+def apply_changes(spark: SparkSession, snap: TableVersion, key_names: Sequence[str],
                   intent: Intent, changes: DataFrame | None = None, *,
                   inserts: DataFrame | None = None, rows_hint: int = 0,
                   file_rows: int | None = None, clustered_inserts: bool = False,
@@ -125,7 +125,7 @@ def apply_changes(spark: SparkSession, snap: Snapshot, key_names: Sequence[str],
             matched.unpersist()
 
 
-def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
+def apply_keyed(snap: TableVersion, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
                 *, inserts: DataFrame | None = None, rows_hint: int = 0,
                 file_rows: int | None = None,
                 clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
@@ -136,19 +136,19 @@ def apply_keyed(snap: Snapshot, key_names: Sequence[str], intent: Intent, rows: 
     rows. A side the table disagrees with raises ``StorageMismatch`` before anything is
     written."""
     _refuse_written(inserts)
-    located = keyed_mod.locate(snap, key_names, rows)
+    located = keyed.locate(snap, key_names, rows)
     side = _SparkSide.of(snap, key_names, rows_hint, file_rows)
     side.add_inserts(inserts, clustered_inserts)
-    adds = side.write() + keyed_mod.write_located(snap, key_names, located,
+    adds = side.write() + keyed.write_located(snap, key_names, located,
                                                   min(side.file_rows, NEW_FILE_ROWS))
     # the keyed side's change rows are few and written here; a chunk's inserts keep their
     # tasks (one vnode range each) instead of funnelling through one
     return _published(snap, intent, adds, dict(located.deletes), bool(side.laid_out),
                       lambda: _feed_files(snap, side.cdc_parts, one_file=False)
-                      + keyed_mod.write_located_feed(snap, key_names, located), hook)
+                      + keyed.write_located_feed(snap, key_names, located), hook)
 
 
-def commit_written(snap: Snapshot, intent: Intent, written: BulkWritten, *,
+def commit_written(snap: TableVersion, intent: Intent, written: BulkWritten, *,
                    hook: Hook = _no_hook) -> Applied:
     """One commit of the files `write_bulk` (or `write_chunk`) left uncommitted. They are
     committed alone: inserts only, they have no change rows for a change file."""
@@ -161,7 +161,7 @@ class _SparkSide:
     ``merged`` (rows clustered together into files of ``file_rows``), and their exact change
     rows (``cdc_parts``)."""
 
-    snap: Snapshot
+    snap: TableVersion
     key_names: Sequence[str]
     rows_hint: int
     file_rows: int
@@ -170,7 +170,7 @@ class _SparkSide:
     cdc_parts: list[DataFrame] = field(default_factory=list)
 
     @classmethod
-    def of(cls, snap: Snapshot, key_names: Sequence[str], rows_hint: int,
+    def of(cls, snap: TableVersion, key_names: Sequence[str], rows_hint: int,
            file_rows: int | None) -> _SparkSide:
         return cls(snap, key_names, rows_hint,
                    file_rows or file_rows_for(snap.live_rows + rows_hint))
@@ -232,7 +232,7 @@ def _refuse_written(inserts: object) -> None:
                          "rows for a change file")
 
 
-def _published(snap: Snapshot, intent: Intent, adds: list, deletes: dict[str, BitMap64],
+def _published(snap: TableVersion, intent: Intent, adds: list, deletes: dict[str, BitMap64],
                wrote: bool, feed: Callable[[], list], hook: Hook) -> Applied:
     """The commit of ``adds`` and ``deletes`` (DV bits), with the change files ``feed``
     writes when the table has a change feed and the commit deletes anything (``wrote``: a
@@ -251,7 +251,7 @@ def _published(snap: Snapshot, intent: Intent, adds: list, deletes: dict[str, Bi
                    change)
 
 
-def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame], one_file: bool) -> list:
+def _feed_files(snap: TableVersion, cdc_parts: list[DataFrame], one_file: bool) -> list:
     """The Spark side's exact change rows (matched changes, inserts as ``insert``) as
     ``_change_data`` files (``one_file``: through one task, so the many small partitions of
     a merge's union make one file); none when that side has none."""
@@ -265,7 +265,7 @@ def _feed_files(snap: Snapshot, cdc_parts: list[DataFrame], one_file: bool) -> l
                        cdc_schema, folder=CHANGE_FOLDER, prefix="cdc")
 
 
-def _match(spark: SparkSession, snap: Snapshot, changes: DataFrame,
+def _match(spark: SparkSession, snap: TableVersion, changes: DataFrame,
            key_names: Sequence[str], cols: Sequence[str]) -> DataFrame:
     """Every change with the row the table holds for its key (``__bf_old``, its file and
     row), and whether the upsert equals it (``__bf_same``)."""
@@ -274,7 +274,7 @@ def _match(spark: SparkSession, snap: Snapshot, changes: DataFrame,
     keys = changes.select(col(VNODE), *[col(k) for k in key_names]).toArrow()
     touched = files_holding(snap.files, keys, key_names)
     if touched:
-        old = read_snapshot(spark, snap, cols, touched, row_ids=True).select(
+        old = read_table_version(spark, snap, cols, touched, row_ids=True).select(
             *[col(k) for k in key_names], F.struct(*[col(c) for c in cols]).alias(_OLD),
             col(FILE_COLUMN), col(ROW_COLUMN))
         both = new.join(old, on=list(key_names), how="left")

@@ -4,7 +4,7 @@ pass over them, not a copy and then a read back of the chunk (``FirstChunk``).
 
 Why a module of its own: the copy is the one bulk write with two outputs (the replica's
 one-vnode files with exact key bounds, and the MV's first chunk), and its task and manifest
-handling are its own; the rest of the bulk machinery is shared with ``bulk_write``.
+handling are its own; the rest of the bulk machinery is shared with ``bulk.py``.
 """
 
 from __future__ import annotations

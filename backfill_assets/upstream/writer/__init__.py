@@ -17,7 +17,7 @@ from __future__ import annotations
 from backfill_assets.upstream.spec import (
     COLUMN_TYPES,
     PK_PROPERTY,
-    VNODE_COLUMN,
+    VNODE,
     VNODE_COUNT_PROPERTY,
     UpstreamSpec,
     create_upstream,
@@ -33,8 +33,10 @@ from backfill_assets.upstream.writer.dml import (
     prepare_batch,
     row_count,
 )
+from backfill_assets.upstream.writer.load_generator import OPS, LoadParams, run_load
 
-__all__ = ["COLUMN_TYPES", "PK_PROPERTY", "VNODE_COLUMN", "VNODE_COUNT_PROPERTY", "DmlBatch",
+__all__ = ["COLUMN_TYPES", "OPS", "PK_PROPERTY", "VNODE", "VNODE_COUNT_PROPERTY", "DmlBatch",
+           "LoadParams", "run_load",
            "UpstreamSpec", "apply_dml", "check_value", "conform_rows", "create_upstream",
            "existing_keys", "insert_rows", "keys_of", "prepare_batch", "read_upstream_spec",
            "row_count"]

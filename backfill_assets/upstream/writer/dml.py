@@ -25,11 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import write_deltalake
 
+from backfill_assets import storage
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.errors import DuplicatePrimaryKey, MissingPrimaryKey, WrongColumnType
 from backfill_assets.core.vnode import canonical_key_text
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.upstream.spec import VNODE_COLUMN, UpstreamSpec, read_upstream_spec
+from backfill_assets.upstream.spec import VNODE, UpstreamSpec, read_upstream_spec
 from backfill_assets.upstream.values import RowChecker, conform_rows
 
 
@@ -123,8 +123,8 @@ def existing_keys(uri: str, spec: UpstreamSpec, keys: Sequence[tuple],
     if not keys:
         return []
     vnodes = {spec.vnode_of(k) for k in keys}
-    current = delta_store.read_table(uri, version, columns=list(spec.primary_key),
-                                     predicate=delta_store.vnode_predicate(vnodes),
+    current = storage.read_table(uri, version, columns=list(spec.primary_key),
+                                     predicate=storage.vnode_predicate(vnodes),
                                      storage_options=storage_options)
     found = [False] * len(keys)
     if current.num_rows == 0:
@@ -165,7 +165,7 @@ def _source_table(spec: UpstreamSpec, changes: list[_Change]) -> pa.Table:
     cols["_op"] = pa.array([ch.op for ch in changes], pa.string())
     for c, typ in spec.columns.items():
         cols[c] = pa.array([(ch.row or {}).get(c) for ch in changes], arrow_type(typ))
-    cols[VNODE_COLUMN] = pa.array(
+    cols[VNODE] = pa.array(
         [spec.vnode_of(tuple(ch.row[k] for k in spec.primary_key)) if ch.row else None
          for ch in changes], pa.int32())
     for c in spec.value_columns:
@@ -181,29 +181,29 @@ def apply_dml(uri: str, batch: DmlBatch, *, spec: UpstreamSpec | None = None,
     nothing and returns the current version. Rejected batches raise before writing."""
     spec = spec or read_upstream_spec(uri, storage_options)
     changes = prepare_batch(spec, batch)
-    table = delta_store.open_table(uri, storage_options=storage_options)
+    table = storage.open_table(uri, storage_options=storage_options)
     if not changes:
         return table.version()
     _check_against_table(uri, spec, changes, storage_options, table.version())
-    delta_store.check_commits_safe(uri, storage_options)
+    storage.check_commits_safe(uri, storage_options)
 
     source = _source_table(spec, changes)
     vnodes = sorted(set(source.column("_m_vnode").to_pylist()))
     on = " AND ".join(
-        [delta_store.vnode_predicate(vnodes, f"t.{VNODE_COLUMN}"), f"t.{VNODE_COLUMN} = s._m_vnode"]
+        [storage.vnode_predicate(vnodes, f"t.{VNODE}"), f"t.{VNODE} = s._m_vnode"]
         + [f"t.{k} = s._m_{k}" for k in spec.primary_key]
     )
     updates = {k: f"s.{k}" for k in spec.primary_key}
     updates.update({c: f"CASE WHEN s._set_{c} THEN s.{c} ELSE t.{c} END"
                     for c in spec.value_columns})
-    updates[VNODE_COLUMN] = f"s.{VNODE_COLUMN}"
-    inserts = {c: f"s.{c}" for c in [*spec.columns, VNODE_COLUMN]}
+    updates[VNODE] = f"s.{VNODE}"
+    inserts = {c: f"s.{c}" for c in [*spec.columns, VNODE]}
     counts = {op: sum(1 for ch in changes if ch.op == op)
               for op in ("insert", "update", "delete", "upsert", "pk_change")}
     meta = {"backfill.dml": counts, **(commit_metadata or {})}
     (
         table.merge(source, on, source_alias="s", target_alias="t", streamed_exec=False,
-                    commit_properties=delta_store.commit_properties(meta))
+                    commit_properties=storage.commit_properties(meta))
         .when_matched_delete("s._op = 'delete'")
         .when_matched_update(updates, "s._op IN ('update', 'upsert', 'pk_change')")
         .when_not_matched_insert(inserts, "s._op IN ('insert', 'upsert')")
@@ -223,7 +223,7 @@ def insert_rows(uri: str, rows: pa.Table, *, spec: UpstreamSpec | None = None,
     spec = spec or read_upstream_spec(uri, storage_options)
     data = conform_rows(spec, rows)
     if data.num_rows == 0:
-        return delta_store.latest_version(uri, storage_options)
+        return storage.latest_version(uri, storage_options)
     if check_existing:
         keys = list(zip(*(data.column(k).to_pylist() for k in spec.primary_key), strict=True))
         found = existing_keys(uri, spec, keys, storage_options)
@@ -232,21 +232,21 @@ def insert_rows(uri: str, rows: pa.Table, *, spec: UpstreamSpec | None = None,
             raise DuplicatePrimaryKey(
                 f"{sum(found)} inserted key(s) already exist in {spec.name!r}, e.g. {dup!r}"
             )
-    delta_store.check_commits_safe(uri, storage_options)
+    storage.check_commits_safe(uri, storage_options)
     write_deltalake(uri, data, mode="append", storage_options=storage_options,
-                    commit_properties=delta_store.commit_properties(
+                    commit_properties=storage.commit_properties(
                         {"backfill.dml": {"insert": data.num_rows}, **(commit_metadata or {})}))
-    return delta_store.latest_version(uri, storage_options)
+    return storage.latest_version(uri, storage_options)
 
 
 def row_count(uri: str, version: int | None = None, storage_options=None) -> int:
     """Rows of a version (from the files' statistics)."""
-    table = delta_store.open_table(uri, version, storage_options)
+    table = storage.open_table(uri, version, storage_options)
     actions = pa.table(table.get_add_actions(flatten=True))
     if actions.num_rows == 0:
         return 0
     counts = actions.column("num_records")
     if counts.null_count:
-        return delta_store.read_table(uri, version, columns=list(read_upstream_spec(
+        return storage.read_table(uri, version, columns=list(read_upstream_spec(
             uri, storage_options).primary_key)[:1], storage_options=storage_options).num_rows
     return int(pc.sum(counts).as_py())

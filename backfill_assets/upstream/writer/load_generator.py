@@ -22,15 +22,9 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backfill_assets.storage.delta import delta_rs as delta_store
-from backfill_assets.upstream.writer import (
-    DmlBatch,
-    UpstreamSpec,
-    apply_dml,
-    create_upstream,
-    insert_rows,
-    read_upstream_spec,
-)
+from backfill_assets import storage
+from backfill_assets.upstream.spec import UpstreamSpec, create_upstream, read_upstream_spec
+from backfill_assets.upstream.writer.dml import DmlBatch, apply_dml, insert_rows
 
 REGIONS = ("eu", "us", "apac", "latam", "mea")
 _EPOCH_2020 = dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc)
@@ -228,7 +222,7 @@ class Generator:
 
 
 def _live_keys(uri: str, storage_options) -> tuple[list[tuple[str, int]], int]:
-    rows = delta_store.read_table(uri, columns=["region", "id"], storage_options=storage_options)
+    rows = storage.read_table(uri, columns=["region", "id"], storage_options=storage_options)
     regions = rows.column("region").to_pylist()
     ids = rows.column("id").to_pylist()
     keys = sorted(zip(regions, ids, strict=True), key=lambda k: (k[1], k[0]))
@@ -252,10 +246,10 @@ def run_load(
     started = time.monotonic()
     weights = params.weights()  # refused before anything is written
     spec, created = _opened(uri, name, vnode_count, composite_key, storage_options, log)
-    first_version = delta_store.latest_version(uri, storage_options)
+    first_version = storage.latest_version(uri, storage_options)
     rows_initial = _initial_load(uri, spec, params, storage_options, log) if created else 0
     version, counts = _write_versions(uri, spec, params, weights, storage_options, log, sleep)
-    from backfill_assets.upstream.writer import row_count
+    from backfill_assets.upstream.writer.dml import row_count
 
     return LoadSummary(
         table_uri=uri, created=created, first_version=first_version, last_version=version,
@@ -269,7 +263,7 @@ def _opened(uri: str, name: str, vnode_count: int, composite_key: bool, storage_
             log: Callable[[str], None]) -> tuple[UpstreamSpec, bool]:
     """The generated upstream's spec, and whether it was created now (refusing a table the
     generator did not make)."""
-    if not delta_store.table_exists(uri, storage_options):
+    if not storage.table_exists(uri, storage_options):
         spec = demo_spec(name, vnode_count, composite_key)
         create_upstream(uri, spec, storage_options)
         log(f"created upstream table {uri} (key {', '.join(spec.primary_key)}, "
@@ -306,7 +300,7 @@ def _write_versions(uri: str, spec: UpstreamSpec, params: LoadParams, weights: l
     live, next_id = _live_keys(uri, storage_options)
     gen = Generator(spec, params.seed, live, next_id)
     counts = dict.fromkeys(OPS, 0)
-    version = delta_store.latest_version(uri, storage_options)
+    version = storage.latest_version(uri, storage_options)
     for i in range(params.versions):
         t0 = time.monotonic()
         batch = gen.batch(version + 1, params.changes_per_version, weights)
@@ -325,9 +319,9 @@ def _write_versions(uri: str, spec: UpstreamSpec, params: LoadParams, weights: l
 
 def versions_summary(uri: str, storage_options=None, limit: int = 20) -> Iterator[dict]:
     """Per version (newest first, at most ``limit``): operation, row count, DML counts."""
-    from backfill_assets.upstream.writer import row_count
+    from backfill_assets.upstream.writer.dml import row_count
 
-    table = delta_store.open_table(uri, storage_options=storage_options)
+    table = storage.open_table(uri, storage_options=storage_options)
     for h in table.history(limit):
         v = int(h["version"])
         yield {"version": v, "operation": h.get("operation"),

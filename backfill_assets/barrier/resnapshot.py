@@ -11,7 +11,7 @@ mode's MV: the vnodes are read by snapshot mode's bulk read, and finished vnodes
 of their mode afterwards (they only forward the change feed).
 
 `resnapshot_steps` is those steps at a given version: a barrier that chooses by cost to
-re-read its finished vnodes instead of applying its changes (step/cost_choice.py) runs them
+re-read its finished vnodes instead of applying its changes (barrier/by_cost.py) runs them
 at the barrier's version.
 """
 
@@ -22,17 +22,16 @@ from dataclasses import replace
 
 from pyspark.sql import SparkSession
 
+from backfill_assets import storage
 from backfill_assets.core.errors import ResnapshotRefused
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.snapshot import plan_slices
 from backfill_assets.mv.controls import read_controls
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes.snapshot import SNAPSHOT, estimate_rows
-from backfill_assets.step.pacing import merged
-from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
-from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets.step.request import Hook, StepReport, StepRequest, merged, no_hook
 
 FINISHED = "finished"
 
@@ -54,7 +53,7 @@ def resnapshot(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: S
             f"MV {d.name!r}: vnodes {_span(unfinished)} are not finished; a re-snapshot "
             "re-reads finished vnodes (an unfinished one reads the latest version anyway: let "
             "its backfill finish, or reset_mv_job to start the MV over)")
-    version = delta_store.latest_version(tables.upstream, tables.storage_options)
+    version = storage.latest_version(tables.upstream, tables.storage_options)
     chunk = read_controls(tables).chunk_size or d.chunk_size
     req = StepRequest(d, SNAPSHOT, tables, vnodes, chunk, None, version)
     report = resnapshot_steps(spark, req, hook)

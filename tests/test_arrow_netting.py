@@ -1,5 +1,5 @@
-"""The driver's visibility filter (`arrow_changes.visible`) keeps exactly the rows of the
-Spark path's (`mv_spark.visible_rows`): a chunked barrier forwards the same changes whichever
+"""The driver's visibility filter (`arrow.netting.visible`) keeps exactly the rows of the Spark
+path's (`engine.projection.visible_rows`): a chunked barrier forwards the same changes whichever
 engine nets them. Composite keys with a descending column and strings (byte order), a single
 integer key both ways (the vectorised comparison), every progress state (Completed, InProgress
 at a key or at the empty vnode's placeholder, NotStarted)."""
@@ -11,12 +11,12 @@ import random
 import pyarrow as pa
 import pytest
 
-from backfill_assets.arrow import netting as arrow_changes
+from backfill_assets.arrow import netting
 from backfill_assets.core.key_types import KeyColumn
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import Completed, InProgress, NotStarted
-from backfill_assets.engine.netting import spark_schema
 from backfill_assets.engine.projection import visible_rows
+from backfill_assets.storage import spark_schema
 
 REGIONS = ["a", "b", "ä", "B", "ab"]
 ORDERS = {
@@ -49,7 +49,7 @@ def test_visible_on_the_driver_equals_the_spark_filter(spark, seed, shape):
     progress = {0: Completed(_key(order, rng), 10), 1: InProgress(_key(order, rng), 4),
                 2: InProgress(_key(order, rng), 4), 3: InProgress(order.placeholder(), 0),
                 4: NotStarted(), 5: InProgress(_key(order, rng), 1)}
-    driver = arrow_changes.visible(rows, progress, order)
+    driver = netting.visible(rows, progress, order)
     df = spark.createDataFrame(rows, schema=spark_schema(rows.schema))
     on_spark = visible_rows(df, progress, order).toArrow()
 

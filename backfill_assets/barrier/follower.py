@@ -1,9 +1,9 @@
 """Continuous mode: one long-running loop per MV (or vnode range) on a warm Spark session.
 
-Why: a run per barrier pays a Dagster launch and a JVM start (~10 s) before any work, so an
-upstream commit reaches the MV tens of seconds later. The follower stays inside one run and
-loops: wait for the upstream's next log entry (a stat per 10 ms, storage/delta/log_wait.py),
-run the barrier (`barrier.run_barrier`, the very step `backfill_job` runs) over every version
+Why: a run per barrier pays a Dagster launch and a JVM start before any work, so an upstream
+commit reaches the MV only after both. The follower stays inside one run and loops: wait for
+the upstream's next log entry (a cheap stat of the next commit file, storage/delta/log_wait.py),
+run the barrier (`runner.run_barrier`, the very path `backfill_job` runs) over every version
 that arrived since (coalesced), record it, repeat. Exactly once, recovery and fencing are the
 step's: a follower killed anywhere is repaired by the next barrier of the next follower.
 
@@ -12,7 +12,7 @@ run termination, Ctrl-C) ends the loop after the barrier in flight has committed
 interrupt abandons it at once (its commits are atomic and recoverable, nothing is
 half-visible). A stop request stays in force until `clear_stop` (`start_follower_job`), so the
 barrier sensor does not restart a follower someone stopped. It is a small document beside the
-MV's tables (`storage.documents`), so it works the same on a local folder and an object store.
+MV's tables (`storage.store.documents`), so it works the same on a local folder and an object store.
 """
 
 from __future__ import annotations
@@ -27,17 +27,15 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import read_controls
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.barrier import controls_in_force, figures, run_barrier
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook, StepReport, no_hook
-from backfill_assets.storage.delta.log_wait import wait_for_commit
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.documents import read_json, write_json
+from backfill_assets.storage import objects, read_json, wait_for_commit, write_json
 
 DEFAULT_POLL_SECONDS = 1.0
 MAX_CONFLICTS = 3  # consecutive ConcurrentBackfillRun before the follower gives the vnodes up
@@ -93,7 +91,7 @@ def stop_request(tables: MVTables) -> dict | None:
 
 def upstream_version(tables: MVTables) -> int | None:
     """The upstream's latest version (a log read, milliseconds), None before it exists."""
-    table = mv_store.open_table(tables.upstream, tables.storage_options)
+    table = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
     return None if table is None else table.version()
 
 
@@ -144,7 +142,7 @@ def follow(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Seque
 def _record(d: MVDefinition, tables: MVTables, number: int, report: StepReport,
             first_new: int | None) -> BarrierRecord:
     """Figures, lag and commit-to-MV time of a barrier (a few log reads)."""
-    upstream = mv_store.open_table(tables.upstream, tables.storage_options)
+    upstream = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
     latest = upstream.version()
     wanted = [v for v in (first_new, report.v_new + 1) if v is not None and v <= latest]
     times = _commit_times(upstream, min(wanted)) if wanted else {}

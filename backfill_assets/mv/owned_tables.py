@@ -24,14 +24,17 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from backfill_assets.arrow.types import normalize_schema
 from backfill_assets.core.errors import ConcurrentBackfillRun, TableNotFound, WarehouseNotWritable
-from backfill_assets.storage import Intent, Snapshot, ensure_mor_table, replace_keyed
-from backfill_assets.storage.delta.delta_rs import (
+from backfill_assets.storage import (
+    LRU,
+    Intent,
+    TableVersion,
     arrangement_properties,
     arrow_schema,
+    ensure_mor_table,
     latest_version,
+    objects,
+    replace_keyed,
 )
-from backfill_assets.storage.store import objects
-from backfill_assets.storage.store.lru import LRU
 
 STEP_METADATA_KEY = "backfill.step"
 
@@ -78,13 +81,14 @@ def vnode_in(vnodes: Iterable[int], alias: str = "") -> str:
     return f"{prefix}vnode IN ({', '.join(str(v) for v in sorted(vnodes))})"
 
 
-def open_table(uri: str, storage_options: Mapping[str, str], version: int | None = None
-               ) -> DeltaTable | None:
-    """The table at `version` (latest when None), or None when it does not exist yet. The
+def open_if_exists(uri: str, storage_options: Mapping[str, str], version: int | None = None
+                   ) -> DeltaTable | None:
+    """The table at `version` (latest when None), or None when it does not exist yet (where
+    `storage.open_table` raises TableNotFound: a backfill's own tables may not exist yet). The
     latest is kept per process and brought forward with `update_incremental` (a barrier
-    opens the progress table and the MV about eight times: ~5 ms each as a fresh load, ~1 ms
-    as a listing of the log plus a stat), while the commit file of the version it holds is
-    still the one it was loaded from (a table dropped and recreated is loaded afresh)."""
+    opens the progress table and the MV about eight times: a fresh load replays the log, a
+    warm one only lists the log and stats one file), while the commit file of the version it
+    holds is still the one it was loaded from (a table dropped and recreated is loaded afresh)."""
     if version is None:
         return _latest(uri, storage_options)
     try:
@@ -96,7 +100,7 @@ def open_table(uri: str, storage_options: Mapping[str, str], version: int | None
 # (uri, options) -> (the table, the version it held when kept and that version's commit file
 # identity); the lock is held around a whole lookup, which may bring the table forward in
 # place (update_incremental)
-_LATEST: LRU[tuple, tuple[DeltaTable, int, tuple | None]] = LRU(32)
+_LATEST: LRU[tuple, tuple[DeltaTable, int, tuple | None]] = LRU(32, name="latest tables")
 
 
 def _latest(uri: str, storage_options: Mapping[str, str]) -> DeltaTable | None:
@@ -133,8 +137,9 @@ def ensure_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str]
                  cdf: bool, description: str | None = None) -> DeltaTable:
     """Open the progress table, creating it empty when missing: a merge-on-read table of one
     row per vnode (not partitioned: a barrier's progress commit then writes one small file,
-    not one per vnode). Tables made before round 7 are vnode-partitioned and stay so."""
-    table = open_table(uri, storage_options)
+    not one per vnode). A progress table partitioned by vnode (the platform's earlier layout,
+    still readable) is kept as it is: re-laying it out would be a write no barrier needs."""
+    table = open_if_exists(uri, storage_options)
     if table is not None and ("vnode" in table.metadata().partition_columns
                               or "deletionVectors" in (table.protocol().reader_features or [])):
         return table
@@ -169,15 +174,15 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
                  vnodes: Iterable[int], storage_options: Mapping[str, str] | None = None
                  ) -> dict[int, int | None]:
     """Per vnode, the upstream version the last commit of `phase` was made at: every app id
-    from one replay of the log (`storage.Snapshot.txn_versions`, incremental in a warm
-    process) instead of one delta-rs lookup per vnode (256 lookups cost ~0.1 s). A remote
+    from one replay of the log (`storage.TableVersion.txn_versions`, incremental in a warm
+    process) instead of one delta-rs lookup per vnode (a cost per vnode, 256 by default). A remote
     table without its storage options is asked through delta-rs."""
     if table is None:
         return {v: None for v in vnodes}
     uri = _local(table.table_uri)
     if storage_options is None and not objects.is_local(uri):
         return {v: table.transaction_version(txn_id(mv_name, phase, v)) for v in vnodes}
-    txns = Snapshot(uri, dict(storage_options or {}), table).txn_versions
+    txns = TableVersion(uri, dict(storage_options or {}), table).txn_versions
     return {v: txns.get(txn_id(mv_name, phase, v)) for v in vnodes}
 
 
@@ -193,7 +198,7 @@ def ensure_data_table(uri: str, schema: pa.Schema, storage_options: Mapping[str,
     """The MV or the replica (merge-on-read, created when missing), recording its primary key
     and vnode count like a platform upstream, so another MV can be built on it; ``layout``:
     storage layout properties fixed at creation (the replica's ``backfill.seekFileRows``)."""
-    table = open_table(uri, storage_options)
+    table = open_if_exists(uri, storage_options)
     if table is not None and "deletionVectors" in (table.protocol().reader_features or []):
         return table
     if "://" not in uri:
@@ -218,7 +223,7 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
     """Replace the rows of `vnodes` in `table` with `rows` in one commit (app transactions
     `{mv}/{phase}/{vnode}` at `version`); the new table version."""
     if "vnode" not in table.metadata().partition_columns:
-        snap = Snapshot(_local(table.table_uri), dict(storage_options or {}), table)
+        snap = TableVersion(_local(table.table_uri), dict(storage_options or {}), table)
         keys = pa.table({"vnode": pa.array(sorted(vnodes), rows.schema.field("vnode").type)})
         # a progress commit is not fsynced: the MV commit before it carries the same
         # progress (recovery completes a lost progress commit from it)
@@ -226,7 +231,7 @@ def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: 
                                                       durable=phase != "progress"), keys, rows)
         table.update_incremental()  # like a delta-rs write: the object sees its own commit
         return done.version if done.version is not None else table.version()
-    # a progress table made before round 7: one vnode partition per vnode, overwritten
+    # a vnode-partitioned progress table (the earlier layout): its vnodes' partitions overwritten
     props = commit_properties(mv_name, phase, vnodes, version)
     try:
         write_deltalake(table, rows.cast(arrow_schema(table)), mode="overwrite",

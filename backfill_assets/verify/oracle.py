@@ -14,7 +14,7 @@ failure, not an equal-looking value).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -25,12 +25,11 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import ROW_ID, VNODE
 from backfill_assets.core.progress import Completed, InProgress
 from backfill_assets.core.vnode import vnode_of
-from backfill_assets.engine.netting import spark_schema
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import read_progress
-from backfill_assets.mv.tables import MVTables
 from backfill_assets.step.preflight import checked_upstream
-from backfill_assets.storage.delta.delta_rs import arrow_schema
+from backfill_assets.storage import arrow_schema, spark_schema
 
 
 @dataclass
@@ -65,34 +64,39 @@ class Verdict:
 
 
 def verify(spark: SparkSession, d: MVDefinition, tables: MVTables,
-           vnodes: Sequence[int] | None = None, progress: dict | None = None) -> Verdict:
+           vnodes: Sequence[int] | None = None, progress: dict | None = None,
+           say: Callable[[str], None] = lambda _: None) -> Verdict:
     """Compare every vnode of the MV with f(upstream@v_k, key <= current_pos_k).
 
     `progress` (vnode -> (progress, version)) defaults to the progress table; the crash tests
-    pass the progress a rerun would recover instead.
+    pass the progress a rerun would recover instead. `say` hears each stage as it ends (a
+    verification of a large MV takes minutes: verify_job logs them).
     """
     vnodes = list(range(d.vnode_count)) if vnodes is None else list(vnodes)
     upstream = checked_upstream(tables, d, None)
     so = tables.storage_options
     if progress is None:
-        progress_table = mv_store.open_table(tables.progress, so)
+        progress_table = owned_tables.open_if_exists(tables.progress, so)
         progress = (read_progress(progress_table, upstream.key_order, vnodes)
                     if progress_table else {})
-    mv = mv_store.open_table(tables.mv, so)
+    mv = owned_tables.open_if_exists(tables.mv, so)
     verdict = Verdict()
     if mv is not None:
         verdict.type_problems = _type_problems(spark, d, upstream.schema, arrow_schema(mv))
-    actual_rows = mv_store.read_rows(mv, vnodes).to_pylist() if mv else []
+    actual_rows = owned_tables.read_rows(mv, vnodes).to_pylist() if mv else []
     actual = defaultdict(Counter)
     for row in actual_rows:
         actual[row["vnode"]][_frozen(row)] += 1
+    say(f"read the MV: {len(actual_rows)} rows of {len(vnodes)} vnodes")
     by_version = defaultdict(list)
     for vnode, (_, version) in progress.items():
         by_version[version].append(vnode)
     expected = defaultdict(Counter)
-    for version, group in by_version.items():
+    for done, (version, group) in enumerate(by_version.items(), 1):
         for row in _expected_rows(spark, d, tables, upstream, version, group, progress):
             expected[row["vnode"]][_frozen(row)] += 1
+        say(f"recomputed {len(group)} vnodes at upstream v{version} ({done}/{len(by_version)} "
+            "versions)")
     for vnode in vnodes:
         exp, act = expected[vnode], actual[vnode]
         verdict.vnodes.append(VnodeVerdict(
@@ -105,9 +109,9 @@ def _expected_rows(spark, d: MVDefinition, tables: MVTables, upstream, version: 
                    vnodes: list[int], progress: dict) -> list[dict]:
     """f(upstream@version restricted to `vnodes` and key <= each vnode's position)."""
     key_order = upstream.key_order
-    table = mv_store.open_table(tables.upstream, tables.storage_options, version)
+    table = owned_tables.open_if_exists(tables.upstream, tables.storage_options, version)
     names = [f.name for f in upstream.schema]
-    rows = mv_store.read_rows(table, None, names).to_pylist()
+    rows = owned_tables.read_rows(table, None, names).to_pylist()
     wanted = set(vnodes)
     kept = []
     for row in rows:

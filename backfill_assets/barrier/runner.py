@@ -1,4 +1,4 @@
-"""One barrier as the platform runs it: controls in force, the step, and progress figures.
+"""One barrier as the platform runs it: controls in force, the path it takes, and figures.
 
 Dagster assets, the demo and the benchmarks all call `run_barrier`; only the step does work.
 The figures are read back from the tables (progress rows, Delta commit times), so every run
@@ -12,18 +12,16 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
+from backfill_assets.barrier.by_cost import by_cost
+from backfill_assets.barrier.pacing import paced
 from backfill_assets.core import codec
 from backfill_assets.core.figures import MVFigures, RateSample, recent_rate
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls, read_controls
-from backfill_assets.mv.recovery import vnode_states as vnode_states  # the jobs read it here
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.reset import nothing_left_on_refusal
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.cost_choice import by_cost
-from backfill_assets.step.loop import run_step
 from backfill_assets.step.modes import mode_named
-from backfill_assets.step.pacing import paced
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 
 RATE_WINDOW_COMMITS = 6  # progress commits the rows/s figure (and so the ETA) looks back over
@@ -48,23 +46,15 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     """Run one barrier for `vnodes` with the controls in force right now; a refusal (a named
     error) leaves none of the MV's state that the barrier would have created. Under a rate
     limit the barrier steps at that rate for `pace_seconds` (0: one step; a Dagster run gives
-    `pacing.BARRIER_SECONDS`; step/pacing.py)."""
+    `pacing.BARRIER_SECONDS`; barrier/pacing.py); otherwise a barrier over finished vnodes
+    applies its changes or re-reads them, whichever costs less (barrier/by_cost.py)."""
     with nothing_left_on_refusal(tables):
-        return _run_barrier(spark, d, tables, vnodes, version, overrides, hook, pace_seconds)
-
-
-def _run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
-                 version: int | None, overrides: Controls | None, hook: Hook,
-                 pace_seconds: float) -> StepReport:
-    controls = controls_in_force(d, tables, overrides)
-    mode = mode_named(d.mode)
-    request = StepRequest(d, mode, tables, tuple(vnodes), controls.chunk_size,
-                          controls.rate_limit, version)
-    run = mode.run_barrier or run_step  # snapshot: a bulk read in slices, then catch-up
-    if controls.rate_limit:  # a rate limit, kept over time: steps paced to it
-        return paced(spark, request, run, hook, pace_seconds)
-    # finished vnodes: apply the changes, or re-snapshot them when that costs less
-    return by_cost(spark, request, run, hook, controls.barrier_choice)
+        controls = controls_in_force(d, tables, overrides)
+        request = StepRequest(d, mode_named(d.mode), tables, tuple(vnodes),
+                              controls.chunk_size, controls.rate_limit, version)
+        if controls.rate_limit:
+            return paced(spark, request, hook, pace_seconds)
+        return by_cost(spark, request, hook, controls.barrier_choice)
 
 
 def figures(d: MVDefinition, tables: MVTables, controls: Controls,
@@ -73,16 +63,16 @@ def figures(d: MVDefinition, tables: MVTables, controls: Controls,
     rows/s over the last progress commits (wall clock), ETA, and lag behind the upstream's
     latest version; None before the first barrier."""
     so = tables.storage_options
-    progress = mv_store.open_table(tables.progress, so)
+    progress = owned_tables.open_if_exists(tables.progress, so)
     if progress is None:
         return None
-    rows = mv_store.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
+    rows = owned_tables.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
     finished = sum(1 for f in rows[codec.FINISHED].to_pylist() if f)
     versions = [v for v in rows[codec.VERSION].to_pylist() if v is not None]
-    counted = mv_store.open_table(tables.upstream, so, version)
+    counted = owned_tables.open_if_exists(tables.upstream, so, version)
     upstream_rows = sum(n or 0 for n in
                         counted.get_add_actions(flatten=True).column("num_records").to_pylist())
-    upstream = mv_store.open_table(tables.upstream, so)
+    upstream = owned_tables.open_if_exists(tables.upstream, so)
     mv_version = min(versions) if versions else None
     return MVFigures(
         snapshot_rows_done=_rows_done(rows), upstream_rows=upstream_rows,
@@ -104,8 +94,9 @@ def _rate_samples(progress, tables: MVTables) -> list[RateSample]:
         return []
     samples = []
     for commit in (history[0], history[-1]):
-        table = mv_store.open_table(tables.progress, tables.storage_options, commit["version"])
-        rows = mv_store.read_rows(table, None, [codec.ROW_COUNT])
+        table = owned_tables.open_if_exists(tables.progress, tables.storage_options,
+                                            commit["version"])
+        rows = owned_tables.read_rows(table, None, [codec.ROW_COUNT])
         samples.append(RateSample(commit["timestamp"] / 1000.0, _rows_done(rows)))
     return samples
 

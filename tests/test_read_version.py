@@ -10,7 +10,7 @@ import dagster as dg
 import pytest
 from dagster_pyspark import LazyPySparkResource
 
-from backfill_assets.storage.delta import delta_rs as delta_store
+from backfill_assets import storage
 from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
 pytestmark = pytest.mark.spark
@@ -33,22 +33,20 @@ def table(warehouse) -> str:
 
 
 def test_read_version_matches_delta(spark, table):
-    from backfill_assets.engine.netting import read_version
+    from backfill_assets.storage import read_version
 
     for version in (1, 2, None):
         got = _rows(read_version(spark, table, version))
-        want = sorted(delta_store.read_table(table, version).to_pylist(), key=lambda r: r["id"])
+        want = sorted(storage.read_table(table, version).to_pylist(), key=lambda r: r["id"])
         assert got == want
     assert len(_rows(read_version(spark, table, 1))) == 40
     assert len(_rows(read_version(spark, table, 2))) == 30
 
 
 def test_read_version_prunes_vnodes(spark, table):
-    from backfill_assets.engine.netting import read_version
-    from backfill_assets.storage import Snapshot
-    from backfill_assets.storage.delta.prune import files_in_vnodes
+    from backfill_assets.storage import TableVersion, files_in_vnodes, read_version
 
-    files_all = Snapshot.load(table, 2).files
+    files_all = TableVersion.load(table, 2).files
     files_some = files_in_vnodes(files_all, [1, 2])
     assert 0 < len(files_some) < len(files_all)
     rows = _rows(read_version(spark, table, 2, vnodes=[1, 2]))
@@ -58,7 +56,7 @@ def test_read_version_prunes_vnodes(spark, table):
 
 
 def test_empty_version_has_the_schema(spark, table):
-    from backfill_assets.engine.netting import read_version
+    from backfill_assets.storage import read_version
 
     df = read_version(spark, table, 0)
     assert df.count() == 0
@@ -69,7 +67,8 @@ def test_empty_version_has_the_schema(spark, table):
 
 def test_with_vnode_recomputes(spark, table):
     from backfill_assets.core.vnode import vnode_of
-    from backfill_assets.engine.netting import read_version, with_vnode
+    from backfill_assets.engine.netting import with_vnode
+    from backfill_assets.storage import read_version
 
     df = with_vnode(read_version(spark, table, None), ["id"], ["bigint"], 3)
     assert all(r["vnode"] == vnode_of((r["id"],), ["bigint"], 3) for r in _rows(df))

@@ -1,17 +1,20 @@
 """A rate limit of R snapshot rows per second, kept over minutes, not per step (a token bucket).
 
-Why: a step under a rate limit used to read at most one second's worth (R rows) and sleep out
-the second; with a Dagster run per barrier (a launch and a JVM start, ~30 s apart) that
-delivered 234 rows/s against a limit of 20,000. Here the rows a rate-limited barrier may read
-are the rate times the time since the rows already read were due (the pace's *anchor*), at
-most MAX_CREDIT_SECONDS of it and at least one second of it (the step waits for that):
+Why: a step that read at most one second's worth (R rows) and slept out the second would,
+with a Dagster run per barrier (a launch and a JVM start between barriers), deliver a small
+fraction of R: the time between steps would count against the rate. Here the rows a
+rate-limited barrier may read are the rate times the time since the rows already read were
+due (the pace's *anchor*), at most MAX_CREDIT_SECONDS of it and at least one second of it
+(the step waits for that). The bucket holds at most MAX_CREDIT_SECONDS of credit, a fifth of
+a minute, so no 60 s window reads more than 1.2 times its share: time nobody read in (a
+stall, the gap between two runs) is lost beyond that, never repaid in a burst.
 - within a barrier, step after step for `BARRIER_SECONDS` (a Dagster run: launching one costs
   seconds, so one run reads about a minute's worth before the next barrier's run), each step
   reading what came due while the previous one ran;
 - across barriers, the anchor is where the pace left it in this process (the follower runs its
-  barriers in one process), else the progress table's latest commit (a new run: the time
-  between runs is credited, so a sensor-driven backfill delivers R too), never before the
-  controls' last change (a resume or a new rate does not spend credit from before it).
+  barriers in one process), else the progress table's latest commit (a new run: the gap
+  since the previous run is credited up to the bucket's size), never before the controls'
+  last change (a resume or a new rate does not spend credit from before it).
 R per step is still a ceiling per vnode too: a step reads at most `chunk_size` rows per vnode,
 so a chunk size below R / unfinished vnodes bounds the rate instead.
 """
@@ -19,22 +22,20 @@ so a chunk size below R / unfinished vnodes bounds the rate instead.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
-from backfill_assets.mv import tables as mv_store
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at
-from backfill_assets.mv.tables import MVTables
-from backfill_assets.step.request import Hook, StepReport, StepRequest
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.step.modes import run_mode_barrier
+from backfill_assets.step.request import Hook, StepReport, StepRequest, merged
+from backfill_assets.storage import LRU
 
-MAX_CREDIT_SECONDS = 60.0  # the most a pace lets accumulate (after a stall, a long gap)
+MAX_CREDIT_SECONDS = 12.0  # the bucket: a fifth of a 60 s window (see the module docstring)
 MIN_CREDIT_SECONDS = 1.0  # a step waits for at least a second's worth
 BARRIER_SECONDS = 60.0  # how long a rate-limited barrier of a Dagster run keeps stepping
-
-Run = Callable[[SparkSession, StepRequest, Hook], StepReport]
-
 
 @dataclass
 class Pace:
@@ -51,7 +52,8 @@ class Pace:
         self.anchor = max(self.anchor, now - MAX_CREDIT_SECONDS) + rows / self.rate
 
 
-_PACES: dict[tuple[str, tuple[int, ...]], Pace] = {}  # this process's, per (MV, vnode range)
+# this process's, per (MV, vnode range)
+_PACES: LRU[tuple[str, tuple[int, ...]], Pace] = LRU(1024, name="rate-limit paces")
 
 
 def pace_for(tables: MVTables, vnodes: tuple[int, ...], rate: int) -> Pace:
@@ -64,15 +66,17 @@ def pace_for(tables: MVTables, vnodes: tuple[int, ...], rate: int) -> Pace:
         known = [t for t in (_last_commit(tables), since) if t is not None]
         anchor = min(max(known), now - MIN_CREDIT_SECONDS) if known else \
             now - MIN_CREDIT_SECONDS
-        pace = _PACES[key] = Pace(rate, since, anchor)
+        pace = Pace(rate, since, anchor)
+        _PACES.put(key, pace)
     return pace
 
 
-def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
+def paced(spark: SparkSession, req: StepRequest, hook: Hook,
           seconds: float = BARRIER_SECONDS) -> StepReport:
-    """A barrier under the rate limit `req.rate_limit`: steps of `run`, each reading what came
-    due (`req.rate_limit` becomes that step's row budget), for `seconds` (0: one step) or
-    until every vnode is finished or a step reads nothing; one report for all of them."""
+    """A barrier under the rate limit `req.rate_limit`: barriers of the request's mode, each
+    reading what came due (`req.rate_limit` becomes that step's row budget), for `seconds`
+    (0: one step) or until every vnode is finished or a step reads nothing; one report for
+    all of them."""
     rate = req.rate_limit
     assert rate, "paced() is for a positive rate limit"
     pace = pace_for(req.tables, req.vnodes, rate)
@@ -82,7 +86,9 @@ def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
         if wait > 0:
             time.sleep(wait)
         budget = max(1, int(rate * pace.credit(time.time())))
-        report = run(spark, replace(req, rate_limit=budget), hook)
+        step_started = time.monotonic()
+        report = run_mode_barrier(spark, replace(req, rate_limit=budget), hook)
+        throttle(budget, report.snapshot_rows, step_started)
         pace.spend(report.snapshot_rows, time.time())
         reports.append(report)
         if report.finished or not report.snapshot_rows or \
@@ -96,26 +102,17 @@ def paced(spark: SparkSession, req: StepRequest, run: Run, hook: Hook,
     return out
 
 
-def merged(reports: list[StepReport]) -> StepReport:
-    """Steps of one barrier (over the same vnodes, or over slices of them) as one report: the
-    sums of what they did, each vnode's last state (and the last step's extra figures)."""
-    last = reports[-1]
-    out = replace(last, progress={}, versions={}, extra=dict(last.extra), recovered=[])
-    for r in reports:
-        out.recovered += [v for v in r.recovered if v not in out.recovered]
-        out.progress.update(r.progress)
-        out.versions.update(r.versions)
-    out.vnodes = tuple(sorted(out.progress))
-    out.snapshot_rows = sum(r.snapshot_rows for r in reports)
-    out.forwarded_rows = sum(r.forwarded_rows for r in reports)
-    out.replicated_rows = sum(r.replicated_rows for r in reports)
-    out.seconds = sum(r.seconds for r in reports)
-    return out
+def throttle(rate_limit: int | None, rows: int, started: float) -> None:
+    """Sleep so a step that read `rows` at a budget of `rate_limit` rows per second lasts at
+    least the time those rows are worth (`started`: its monotonic start): a barrier's last
+    step, which no next step waits behind, keeps the rate too."""
+    if rate_limit and rows:
+        time.sleep(max(0.0, rows / rate_limit - (time.monotonic() - started)))
 
 
 def _last_commit(tables: MVTables) -> float | None:
     """When the progress table last committed (s), None before its first commit."""
-    progress = mv_store.open_table(tables.progress, tables.storage_options)
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     if progress is None:
         return None
     history = progress.history(1)

@@ -20,12 +20,12 @@ snapshot mode re-reads the vnodes whose feed is gone, the others refuse by name)
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage
+from backfill_assets.barrier.resnapshot import resnapshot_steps
 from backfill_assets.core.cost_choice import (
     APPLY,
     AUTO,
@@ -36,14 +36,10 @@ from backfill_assets.core.cost_choice import (
     vnode_rows_needed,
 )
 from backfill_assets.core.errors import ChangeFeedDisabled, HistoryUnavailable
-from backfill_assets.mv.unit_costs import read_unit_costs, record_barrier
+from backfill_assets.mv.unit_costs import read_unit_costs, record_cost
+from backfill_assets.step.modes import run_mode_barrier
 from backfill_assets.step.modes.snapshot import estimate_rows, recovered_progress
-from backfill_assets.step.pacing import merged
-from backfill_assets.step.request import Hook, StepReport, StepRequest
-from backfill_assets.step.resnapshot import resnapshot_steps
-from backfill_assets.storage.delta import delta_rs as delta_store
-
-RunBarrier = Callable[[SparkSession, StepRequest, Hook], StepReport]
+from backfill_assets.step.request import Hook, StepReport, StepRequest, merged
 
 
 @dataclass(frozen=True)
@@ -57,37 +53,37 @@ class _Sized:
     costs: UnitCosts
 
 
-def by_cost(spark: SparkSession, req: StepRequest, run: RunBarrier, hook: Hook,
+def by_cost(spark: SparkSession, req: StepRequest, hook: Hook,
             control: str | None) -> StepReport:
-    """The barrier `run` would run, or, when its vnodes are all finished and re-reading them
+    """The barrier of the request's mode, or, when its vnodes are all finished and re-reading them
     costs less (or `control` forces it), their re-snapshot at the barrier's version; the
     choice, its reason and both estimates go in the report's `extra`."""
     control = control or AUTO
     if req.rate_limit is not None:  # throttled or paused: snapshot rows are limited
-        return run(spark, req, hook)
+        return run_mode_barrier(spark, req, hook)
     sized = _sized(req, control)
     if sized is None:
-        return run(spark, req, hook)
+        return run_mode_barrier(spark, req, hook)
     total = None if sized.vnode_rows is None else sum(sized.vnode_rows.values())
     decision = choose(sized.change_rows, total, sized.behind, sized.version, sized.costs,
                       control)
     started = time.monotonic()
     if decision.resnapshot:
-        report = _resnapshot(spark, replace(req, v_new=sized.version), run, hook, sized)
+        report = _resnapshot(spark, replace(req, v_new=sized.version), hook, sized)
     else:
-        report = run(spark, req, hook)
+        report = run_mode_barrier(spark, req, hook)
     seconds = time.monotonic() - started
     _record(req, decision, report, seconds)
     return report
 
 
-def _resnapshot(spark: SparkSession, req: StepRequest, run: RunBarrier, hook: Hook,
-                sized: _Sized) -> StepReport:
+def _resnapshot(spark: SparkSession, req: StepRequest, hook: Hook, sized: _Sized
+                ) -> StepReport:
     """Re-read the vnodes behind at the barrier's version. Vnodes already there (a rerun after
     a crash in the middle of a re-snapshot: its committed slices) run the barrier's own path,
     which has nothing to read and only completes a progress commit the crash left undone."""
     there = tuple(v for v in sorted(req.vnodes) if v not in sized.behind)
-    reports = [run(spark, replace(req, vnodes=there), hook)] if there else []
+    reports = [run_mode_barrier(spark, replace(req, vnodes=there), hook)] if there else []
     reports.append(resnapshot_steps(spark, replace(req, vnodes=sized.behind), hook,
                                     sized.vnode_rows))
     return merged(reports)
@@ -98,7 +94,7 @@ def _sized(req: StepRequest, control: str) -> _Sized | None:
     to apply (every vnode already at the version), or a change range that is not readable."""
     so = req.tables.storage_options
     version = req.v_new if req.v_new is not None else \
-        delta_store.latest_version(req.tables.upstream, so)
+        storage.latest_version(req.tables.upstream, so)
     progress = recovered_progress(req, version)
     if not progress or any(not p.finished or at is None for p, at in progress.values()):
         return None
@@ -130,6 +126,6 @@ def _record(req: StepRequest, decision: Decision, report: StepReport, seconds: f
     if report.v_new != decision.version or report.recovered:
         return
     if decision.resnapshot:
-        record_barrier(req.tables, RESNAPSHOT, decision.vnode_rows or 0, seconds)
+        record_cost(req.tables, RESNAPSHOT, decision.vnode_rows or 0, seconds)
     else:
-        record_barrier(req.tables, APPLY, decision.change_rows, seconds)
+        record_cost(req.tables, APPLY, decision.change_rows, seconds)

@@ -1,0 +1,304 @@
+"""The aggregate algebra over Arrow tables: the state tables' schemas, and one batch of signed
+change rows turned into state, kept-input and MV upserts and deletes.
+
+Why Arrow: a barrier's cost must follow its changed rows and touched groups, so the O(changes)
+part (netting signed rows per group, per (group, pk) of the kept input, min/max/count(DISTINCT)
+over the touched groups' input) runs as Arrow hash aggregations; only the O(touched groups)
+finish of integer/decimal sum and avg goes through the pure reference (core/aggregates.py),
+whose exact rounding it shares, and float sums, added per touched group from the kept input
+with the reference's correctly rounded `float_sum` (the same value in both, whatever order
+the rows are in). Running sums are added as decimal256 and must fit decimal(38) when stored.
+Null group keys are a group like any other: everything here
+groups (Arrow's hash group-by treats null as a value) and never joins on group keys.
+
+Tables (docs/AGGREGATES.md), each keyed and vnode-partitioned by the group key:
+- state: group columns, `ROWS`, per aggregate with an argument its non-null count, per running
+  sum/avg its exact sum as decimal(38, input scale), `vnode`;
+- input (only when an aggregate keeps input): group columns, upstream pk, per kept aggregate
+  its argument value, `vnode` (key: group columns + pk);
+- changes in: `SIGN` (+1/-1), group columns, pk, per aggregate with an argument its value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backfill_assets.arrow.types import arrow_type
+from backfill_assets.core.aggregates import (
+    AggregatePlan,
+    exact_value,
+    float_sum,
+    group_vnode,
+    unscaled,
+)
+from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
+from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
+
+SIGN = f"{INTERNAL_PREFIX}sign"
+ROWS = f"{INTERNAL_PREFIX}rows"
+_OLD = f"{INTERNAL_PREFIX}old_rows"
+_TOUCH = f"{INTERNAL_PREFIX}touched"
+
+
+def count_column(i: int) -> str:
+    return f"{INTERNAL_PREFIX}count_{i}"
+
+
+def sum_column(i: int) -> str:
+    return f"{INTERNAL_PREFIX}sum_{i}"
+
+
+def value_column(i: int) -> str:
+    return f"{INTERNAL_PREFIX}value_{i}"
+
+
+@dataclass
+class AggregateUpdate:
+    """One batch's writes: upserts are whole rows, deletes the keys (with `vnode`)."""
+
+    state_upserts: pa.Table
+    state_deletes: pa.Table
+    input_upserts: pa.Table
+    input_deletes: pa.Table
+    mv_upserts: pa.Table
+    mv_deletes: pa.Table
+
+
+class AggregateTables:
+    """An aggregate MV's table schemas and its batch function, for a plan, the upstream's pk
+    (name, type name) and the MV's vnode count."""
+
+    def __init__(self, plan: AggregatePlan, pk: Sequence[tuple[str, str]], vnode_count: int):
+        self.plan, self.pk, self.vnode_count = plan, tuple(pk), vnode_count
+        self.group = [pa.field(n, arrow_type(t)) for n, t in zip(plan.group_names,
+                                                                plan.group_types, strict=True)]
+        self.args = [i for i, a in enumerate(plan.aggregates) if a.arg is not None]
+        self.running = [i for i in self.args if not plan.kept[i]
+                        and plan.aggregates[i].function in ("sum", "avg")]
+        self.kept = [i for i, k in enumerate(plan.kept) if k]
+        vnode = pa.field(VNODE, pa.int32())
+        self.state_schema = pa.schema([*self.group, pa.field(ROWS, pa.int64()),
+                                       *(pa.field(count_column(i), pa.int64()) for i in self.args),
+                                       *(pa.field(sum_column(i), self._sum_type(i))
+                                         for i in self.running), vnode])
+        pk_fields = [pa.field(n, arrow_type(t)) for n, t in self.pk]
+        self.input_schema = pa.schema([*self.group, *pk_fields, *(
+            pa.field(value_column(i), self._input_type(i)) for i in self.kept), vnode])
+        self.change_schema = pa.schema([pa.field(SIGN, pa.int8()), *self.group, *pk_fields, *(
+            pa.field(value_column(i), self._input_type(i)) for i in self.args)])
+        self.mv_schema = pa.schema([*self.group, *(
+            pa.field(a.name, arrow_type(t)) for a, t in zip(plan.aggregates, plan.result_types,
+                                                            strict=True)), vnode])
+
+    def _input_type(self, i: int) -> pa.DataType:
+        return arrow_type(self.plan.input_types[i])
+
+    def _sum_type(self, i: int) -> pa.DataType:
+        return pa.decimal128(38, self.plan.sum_scale(i))
+
+    def _wide_type(self, i: int) -> pa.DataType:
+        """Where sums are added: Arrow's decimal128 sum wraps around silently past 38
+        digits, a decimal256 one cannot reach its 76 within any batch."""
+        return pa.decimal256(76, self.plan.sum_scale(i))
+
+    @property
+    def group_names(self) -> list[str]:
+        return [f.name for f in self.group]
+
+    def apply(self, state: pa.Table, inputs: pa.Table, changes: pa.Table) -> AggregateUpdate:
+        """The writes of one batch of signed ``changes`` given the touched groups' old
+        ``state`` and kept ``inputs`` (rows of other groups are ignored). Raises
+        AggregateStateMismatch / AggregateOverflow as the reference does."""
+        changes = changes.select(self.change_schema.names).cast(self.change_schema)
+        new_state = self._new_state(state.select(self.state_schema.names), changes)
+        kept, input_upserts, input_deletes = self._new_inputs(inputs, changes)
+        live = new_state.filter(pc.greater(new_state.column(ROWS), 0))
+        gone = new_state.filter(pc.and_(pc.equal(new_state.column(ROWS), 0),
+                                        pc.greater(new_state.column(_OLD), 0)))
+        state_rows = self._with_vnode(live.select(self.state_schema.names[:-1]))
+        deletes = self._with_vnode(gone.select(self.group_names))
+        return AggregateUpdate(state_rows.cast(self.state_schema), deletes, input_upserts,
+                               input_deletes, self._mv_rows(state_rows, kept), deletes)
+
+    def _partials(self, changes: pa.Table) -> pa.Table:
+        """The changes as state deltas per row: signed row count, non-null counts, sums."""
+        sign = pc.cast(changes.column(SIGN), pa.int64())
+        positive = pc.greater(sign, 0)
+        cols = {**{n: changes.column(n) for n in self.group_names}, ROWS: sign}
+        for i in self.args:
+            valid = pc.cast(pc.is_valid(changes.column(value_column(i))), pa.int64())
+            cols[count_column(i)] = pc.multiply(valid, sign)
+        for i in self.running:
+            v = pc.fill_null(pc.cast(changes.column(value_column(i)), self._wide_type(i)),
+                             pa.scalar(0, self._wide_type(i)))  # a null adds nothing
+            cols[sum_column(i)] = pc.if_else(positive, v, pc.negate(v))
+        cols[_OLD] = pa.repeat(pa.scalar(0, pa.int64()), changes.num_rows)
+        cols[_TOUCH] = pa.repeat(pa.scalar(1, pa.int64()), changes.num_rows)
+        return pa.table(cols)
+
+    def _new_state(self, old: pa.Table, changes: pa.Table) -> pa.Table:
+        """Old state + change deltas, summed per touched group (Arrow's group-by: no join)."""
+        deltas = self._partials(changes)
+        before = old.drop_columns([VNODE]).append_column(_OLD, old.column(ROWS))
+        before = before.append_column(_TOUCH, pa.repeat(pa.scalar(0, pa.int64()), old.num_rows))
+        both = pa.concat_tables([before.select(deltas.schema.names).cast(deltas.schema), deltas])
+        summed = both.group_by(self.group_names, use_threads=False).aggregate(
+            [(c, "sum") for c in deltas.schema.names if c not in self.group_names])
+        summed = summed.rename_columns([c.removesuffix("_sum") for c in summed.schema.names])
+        summed = summed.filter(pc.greater(summed.column(_TOUCH), 0))
+        for i in self.running:
+            try:
+                summed = summed.set_column(summed.schema.get_field_index(sum_column(i)),
+                                           sum_column(i),
+                                           pc.cast(summed.column(sum_column(i)), self._sum_type(i)))
+            except pa.ArrowInvalid as e:
+                raise AggregateOverflow(
+                    f"the sum of {self.plan.aggregates[i].text} in a group leaves 38 digits, "
+                    "beyond every Spark decimal (Spark fails too): aggregate a rescaled "
+                    "expression") from e
+        rows = summed.column(ROWS)
+        bad = pc.less(rows, 0)
+        for i in self.args:
+            c = summed.column(count_column(i))
+            bad = pc.or_(bad, pc.or_(pc.less(c, 0), pc.greater(c, rows)))
+        if pc.any(bad).as_py():
+            raise AggregateStateMismatch(
+                "the changes retract rows the aggregate state never held (a group's count "
+                "would fall below zero): reset the MV to rebuild its state")
+        return summed
+
+    def _new_inputs(self, old: pa.Table, changes: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """(touched groups' kept input after the batch, input upserts, input deletes)."""
+        names = [*self.group_names, *(n for n, _ in self.pk),
+                 *(value_column(i) for i in self.kept)]
+        empty = self.input_schema.empty_table()
+        if not self.kept:
+            return empty.select(names), empty, empty.select([*names[:len(self.group) + len(
+                self.pk)], VNODE])
+        touched = changes.group_by(self.group_names, use_threads=False).aggregate([])
+        old = _only_groups(old.select(names), touched, self.group_names)
+        mark = {"old": (old, 1), "new": (changes.select([SIGN, *names]), 0)}
+        parts = []
+        for table, is_old in mark.values():
+            sign = table.column(SIGN) if SIGN in table.schema.names else \
+                pa.repeat(pa.scalar(1, pa.int8()), table.num_rows)
+            parts.append(table.select(names).append_column(SIGN, pc.cast(sign, pa.int64()))
+                         .append_column(_OLD, pa.repeat(pa.scalar(is_old, pa.int64()),
+                                                        table.num_rows)))
+        netted = pa.concat_tables(parts).group_by(names, use_threads=False).aggregate(
+            [(SIGN, "sum"), (_OLD, "sum")])
+        net, was = netted.column(f"{SIGN}_sum"), netted.column(f"{_OLD}_sum")
+        if pc.all(pc.is_in(net, pa.array([0, 1], pa.int64()))).as_py() is False:
+            raise AggregateStateMismatch(
+                "a row of the kept input is retracted or inserted twice: reset the MV to "
+                "rebuild its state")
+        after = netted.filter(pc.equal(net, 1)).select(names)
+        keys = names[:len(self.group) + len(self.pk)]
+        dupes = after.group_by(keys, use_threads=False).aggregate([([], "count_all")])
+        if pc.any(pc.greater(dupes.column("count_all"), 1)).as_py():
+            raise AggregateStateMismatch("an upstream row is kept twice in one group: reset "
+                                         "the MV to rebuild its state")
+        upserts = netted.filter(pc.and_(pc.equal(net, 1), pc.equal(was, 0))).select(names)
+        dropped = netted.filter(pc.and_(pc.equal(net, 0), pc.equal(was, 1))).select(keys)
+        flagged = pa.concat_tables([
+            dropped.append_column("u", pa.repeat(pa.scalar(0, pa.int64()), dropped.num_rows)),
+            upserts.select(keys).append_column("u", pa.repeat(pa.scalar(1, pa.int64()),
+                                                              upserts.num_rows))])
+        by_key = flagged.group_by(keys, use_threads=False).aggregate([("u", "max")])
+        deletes = by_key.filter(pc.equal(by_key.column("u_max"), 0)).select(keys)
+        return after, self._with_vnode(upserts).cast(self.input_schema), \
+            self._with_vnode(deletes)
+
+    def _kept_values(self, kept: pa.Table) -> dict[tuple, dict[int, object]]:
+        """min / max / count(DISTINCT) / float sum of each kept aggregate per touched group."""
+        if not self.kept or kept.num_rows == 0:
+            return {}
+        aggs, nan_aggs = [], []
+        for i in self.kept:
+            fn = self.plan.aggregates[i].function
+            how = "count_distinct" if self.plan.aggregates[i].distinct else \
+                {"avg": "list", "sum": "list"}.get(fn, fn)
+            aggs.append((value_column(i), how, pc.CountOptions("only_valid"))
+                        if how == "count_distinct" else (value_column(i), how))
+            if self.plan.input_types[i] in ("float", "double") and fn in ("min", "max"):
+                nan_aggs.append(i)
+        table = kept
+        for i in nan_aggs:
+            table = table.append_column(f"nan_{i}", pc.cast(pc.is_nan(kept.column(
+                value_column(i))), pa.int64()))
+        result = table.group_by(self.group_names, use_threads=False).aggregate(
+            aggs + [(f"nan_{i}", "sum") for i in nan_aggs])
+        out = {}
+        for row in result.to_pylist():
+            group = tuple(row[n] for n in self.group_names)
+            values = {i: row[f"{value_column(i)}_{a[1]}"] for i, a in zip(self.kept, aggs,
+                                                                           strict=True)}
+            for i in self.kept:  # a float sum of the current values, correctly rounded
+                if isinstance(values[i], list):
+                    present = [v for v in values[i] if v is not None]
+                    values[i] = float_sum(present) if present else None
+            for i in nan_aggs:  # Spark orders NaN above every number; Arrow skips it
+                if row[f"nan_{i}_sum"]:
+                    if self.plan.aggregates[i].function == "max" or values[i] is None:
+                        values[i] = float("nan")
+            out[group] = values
+        return out
+
+    def _mv_rows(self, state: pa.Table, kept: pa.Table) -> pa.Table:
+        """The MV rows of the live touched groups, in Spark's types (O(touched groups))."""
+        kept_values = self._kept_values(kept)
+        rows = []
+        for row in state.to_pylist():
+            group = tuple(row[n] for n in self.group_names)
+            out = {n: row[n] for n in self.group_names}
+            for i, a in enumerate(self.plan.aggregates):
+                count = row[count_column(i)] if a.arg is not None else row[ROWS]
+                if i in self.running:
+                    units = unscaled(row[sum_column(i)], self.plan.sum_scale(i))
+                    out[a.name] = exact_value(self.plan, i, units, count)
+                elif i in self.kept:
+                    value = kept_values.get(group, {}).get(i)
+                    if a.function == "avg" and count:
+                        value = value / float(count)
+                    out[a.name] = (value or 0) if a.distinct else value if count else None
+                else:
+                    out[a.name] = count
+            out[VNODE] = row[VNODE]
+            rows.append(out)
+        try:
+            return pa.Table.from_pylist(rows, schema=self.mv_schema)
+        except (pa.ArrowInvalid, OverflowError) as e:
+            raise AggregateOverflow(f"an aggregate leaves its Spark type: {e}") from e
+
+    def _with_vnode(self, table: pa.Table) -> pa.Table:
+        """``table`` with the `vnode` of its group key appended (O(rows), on the driver)."""
+        types = list(self.plan.group_types)
+        keys = zip(*(table.column(n).to_pylist() for n in self.group_names), strict=True)
+        vnodes = [group_vnode(k, types, self.vnode_count) for k in keys]
+        return table.append_column(VNODE, pa.array(vnodes, pa.int32()))
+
+
+def _only_groups(table: pa.Table, groups: pa.Table, names: list[str]) -> pa.Table:
+    """The rows of ``table`` whose group key is one of ``groups``' (null keys included), by
+    grouping both together rather than joining (a join never matches a null key)."""
+    if table.num_rows == 0:
+        return table
+    marker = f"{INTERNAL_PREFIX}in"
+    tagged = pa.concat_tables([
+        groups.append_column(marker, pa.repeat(pa.scalar(1, pa.int64()), groups.num_rows))
+        .cast(pa.schema([*table.select(names).schema, pa.field(marker, pa.int64())])),
+        table.select(names).append_column(marker, pa.repeat(pa.scalar(0, pa.int64()),
+                                                             table.num_rows))])
+    index = pa.array(range(groups.num_rows + table.num_rows), pa.int64())
+    tagged = tagged.append_column("i", index)
+    per_group = tagged.group_by(names, use_threads=False).aggregate([(marker, "max"),
+                                                                     ("i", "list")])
+    wanted = per_group.filter(pc.equal(per_group.column(f"{marker}_max"), 1))
+    rows = pc.list_flatten(wanted.column("i_list"))
+    rows = pc.subtract(pc.filter(rows, pc.greater_equal(rows, groups.num_rows)),
+                       groups.num_rows)
+    return table.take(rows)

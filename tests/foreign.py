@@ -18,6 +18,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from backfill_assets.arrow.types import arrow_type
+from backfill_assets.storage import dv
 
 KEY_TYPES = ("int", "bigint", "string", "date", "timestamp", "decimal(18,3)")
 VALUE_TYPES = ("int", "bigint", "smallint", "string", "date", "timestamp", "timestamp_ntz",
@@ -150,3 +151,18 @@ def quote(name: str) -> str:
 def spark_quote(name: str) -> str:
     """A Spark SQL identifier."""
     return "`" + name.replace("`", "``") + "`"
+
+
+def z85_crate_tail(data: bytes) -> str:
+    """The z85 crate's form (what delta-kernel-rs decodes, and Databricks wrote in kernel-rs'
+    cdf-table-with-dv): aligned groups as Delta writes them, then a short tail right-aligned in
+    one group whose leading characters are '#', one per missing byte. Written out from the
+    crate's documented rule, as an input class; delta-rs reads it back in
+    tests/interop/test_inline_dvs.py."""
+    whole = len(data) // 4 * 4
+    text = dv.z85_encode(data[:whole])
+    tail = data[whole:]
+    if tail:
+        missing = 4 - len(tail)
+        text += "#" * missing + dv.z85_encode(bytes(missing) + tail)[missing:]
+    return text

@@ -106,7 +106,8 @@ def test_type_names_are_exact_both_ways(name):
 
 
 def test_unsupported_upstream_type_is_refused_by_name(spark, warehouse):
-    """A column the platform cannot carry (here a list) is named, before anything is written."""
+    """A column the platform cannot carry (here a list) that the MV selects is named, before
+    anything is written."""
     from deltalake import write_deltalake
 
     from backfill_assets.core.errors import UnsupportedColumnType
@@ -116,7 +117,7 @@ def test_unsupported_upstream_type_is_refused_by_name(spark, warehouse):
     write_deltalake(uri, pa.Table.from_pylist([{"id": 1, "tags": ["a"]}], schema),
                     configuration={"delta.enableChangeDataFeed": "true"})
     d = MVDefinition.from_dict({"name": "listy_mv", "upstream": uri, "primary_key": ["id"],
-                                "columns": ["id"], "vnode_count": VNODES})
+                                "columns": ["id", "tags"], "vnode_count": VNODES})
     tables = MVTables.under(warehouse, d.name, uri)
     with pytest.raises(UnsupportedColumnType, match=r"'tags'.*list"):
         run_barrier(spark, d, tables, list(range(VNODES)))

@@ -26,6 +26,8 @@ def _no_state_left(tables: MVTables) -> None:
     assert H.table_versions(tables) == {"mv": None, "replica": None, "progress": None}
     assert not glob.glob(os.path.join(os.path.dirname(tables.mv), "*")), \
         "a refused first barrier left files beside the MV's tables"
+    assert not os.path.exists(os.path.dirname(tables.mv)), \
+        "a refused first barrier left the MV's folder behind, empty"
 
 
 @pytest.mark.parametrize("mode", ["arrangement", "snapshot"])

@@ -95,13 +95,18 @@ def nothing_left_on_refusal(tables: MVTables) -> Iterator[None]:
     is never touched. State that existed before is never touched either, and other errors
     (a concurrent run, a crash, a kill) leave everything for the next barrier's recovery."""
     so = tables.storage_options
-    new = [p for p in mv_state_paths(tables) if not _holds_state(p, so)]
+    paths = mv_state_paths(tables)
+    new = [p for p in paths if not _holds_state(p, so)]
+    # the MV's own folder too, when the barrier made it: a refusal leaves no empty folder
+    fresh_root = len(new) == len(paths) and not objects.list_names(tables.root, so)
     try:
         yield
     except INPUT_REFUSALS:
         if all(_only_created(p, so) for p in new):
             for path in new:
                 objects.delete_prefix(path, so)
+            if fresh_root and not objects.list_prefix(tables.root, so):
+                objects.delete_prefix(tables.root, so)
         raise
 
 

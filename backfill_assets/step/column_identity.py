@@ -5,16 +5,18 @@ label on a column whose identity is its ``delta.columnMapping.id`` and physical 
 data files hold). RENAME COLUMN moves a label to another column, so a swap (a -> swap, b -> a,
 swap -> b) keeps every name and type; DROP COLUMN + ADD COLUMN of the same name and type gives
 the name a new, empty column. Names and types alone pass both, and the MV would keep the old
-column's values beside the new one's changes. So the pin records each pinned column's identity
-(`pinned_identities`) and a later step refuses, with `UpstreamSchemaChanged`, a column the MV
-uses whose identity changed (`refuse_changed_identities`). Columns the MV does not read may
-change identity: its rows do not depend on them. Pins written before identities were recorded
-are accepted as they are, and an upstream without column mapping has nothing to compare (its
-names are its identities, which the name check already covers).
+column's values beside the new one's changes. So the pin records the identity of each column
+the MV reads (`pinned_identities`; the pin holds no others) and a later step refuses, with
+`UpstreamSchemaChanged`, a column the MV uses whose identity changed
+(`refuse_changed_identities`). Columns the MV does not read may change identity: its rows
+do not depend on them. Pins written before identities were recorded are accepted as they are,
+and an upstream without column mapping has nothing to compare (its names are its identities,
+which the name check already covers).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from backfill_assets.core.errors import UpstreamSchemaChanged
@@ -35,8 +37,9 @@ def pinned_identities(identities: Mapping[str, Identity], names: Iterable[str]
 def used_columns(d: MVDefinition, names: Iterable[str]) -> set[str]:
     """The upstream columns among ``names`` that the MV's rows depend on: selected and key
     columns, and the columns its filter and computed columns read. An expression outside the
-    parsed subset (core/expressions.py) counts every column whose name appears in its text,
-    so a column it might read is never missed. Case-insensitive, as Spark resolves names."""
+    parsed subset (core/expressions.py) counts every column whose name is a word of its text
+    (`_identifiers`), so a column it might read is never missed. Case-insensitive, as Spark
+    resolves names. Only these columns are carried and pinned (step/preflight.py)."""
     used = {c.lower() for c in d.columns} | {c.name.lower() for c in d.primary_key}
     names = list(names)
     for text in [d.filter, *(c.expr for c in d.computed)]:
@@ -46,10 +49,20 @@ def used_columns(d: MVDefinition, names: Iterable[str]) -> set[str]:
         if node is not None:
             used |= {c.lower() for c in columns_of(node)}
             continue
-        lowered = text.lower()
-        used |= {n.lower() for n in names
-                 if n.lower() in lowered or n.replace("`", "``").lower() in lowered}
+        used |= _identifiers(text)
     return {n for n in names if n.lower() in used}
+
+
+_IDENTIFIER = re.compile(r"`((?:[^`]|``)+)`|([^\W\d]\w*)")
+
+
+def _identifiers(text: str) -> set[str]:
+    """Every name an expression outside the parsed subset may refer to: its backquoted names
+    and its bare words (function names and the words of string literals too: a column named
+    like one counts as read, never the other way round). Whole words, so a short column name
+    inside a longer word (``e`` in ``upper``) is not taken for a read."""
+    return {(quoted.replace("``", "`") if quoted else bare).lower()
+            for quoted, bare in _IDENTIFIER.findall(text)}
 
 
 def refuse_changed_identities(pinned: Mapping, now: Mapping[str, Identity], mapped: bool,
@@ -63,7 +76,7 @@ def refuse_changed_identities(pinned: Mapping, now: Mapping[str, Identity], mapp
     was = {name: (ident[0], ident[1]) for name, ident in recorded.items()}
     for name in sorted(used_columns(d, was)):
         if name in now and not _same(was[name], now[name]):
-            raise UpstreamSchemaChanged(_message(name, was, now[name], d, tables))
+            raise UpstreamSchemaChanged(_message(name, was, now, d, tables))
 
 
 def _same(was: Identity, now: Identity) -> bool:
@@ -73,17 +86,24 @@ def _same(was: Identity, now: Identity) -> bool:
     return was[1] == now[1] and (was[0] is None or now[0] is None or was[0] == now[0])
 
 
-def _message(name: str, was: Mapping[str, Identity], now: Identity, d: MVDefinition,
-             tables: MVTables) -> str:
-    """Which column, what became of it, and what to do."""
-    other = next((n for n, ident in was.items() if n != name and _same(ident, now)), None)
+def _message(name: str, was: Mapping[str, Identity], now: Mapping[str, Identity],
+             d: MVDefinition, tables: MVTables) -> str:
+    """Which column, what became of it, and what to do. The pin holds only the columns the MV
+    reads, so the column a swap moved under ``name`` may be one it never recorded: then the
+    message says where the pinned column went instead."""
+    other = next((n for n, ident in was.items() if n != name and _same(ident, now[name])), None)
+    moved = next((n for n, ident in now.items() if n != name and _same(was[name], ident)), None)
     if other is not None:
         what = (f"column {name!r} is now the column that was {other!r} (physical name "
-                f"{now[1]}; a RENAME COLUMN moved the name)")
+                f"{now[name][1]}; a RENAME COLUMN moved the name)")
+        undo = "rename the columns back"
+    elif moved is not None:
+        what = (f"column {name!r} is now another column (physical name {now[name][1]}); the "
+                f"column it named is now {moved!r} (a RENAME COLUMN moved the name)")
         undo = "rename the columns back"
     else:
         what = (f"column {name!r} was dropped and re-added (physical name {was[name][1]}, "
-                f"now {now[1]}): the MV holds the dropped column's values")
+                f"now {now[name][1]}): the MV holds the dropped column's values")
         undo = "RESTORE TABLE the upstream to a version before the drop"
     return (f"upstream {tables.upstream}: {what}, which MV {d.name!r} uses; its rows were "
             f"built from the column as pinned at its first step. Either {undo} and rerun, or "

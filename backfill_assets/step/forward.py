@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from backfill_assets import storage
 from backfill_assets.arrow import netting  # the driver's path; Spark's below by name
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.core.names import OP
+from backfill_assets.core.names import OP, VNODE
 from backfill_assets.core.planning import StepPlan
 from backfill_assets.core.progress import BackfillState, NotStarted
 from backfill_assets.engine.netting import net_changes, with_vnode
@@ -40,12 +40,13 @@ def change_rows(ctx: SourceContext, plan: StepPlan) -> pa.Table | None:
         return None
     so = ctx.tables.storage_options
     arranged = same_vnodes(ctx.tables.upstream, plan.v_new, ctx.key_names, ctx.vnode_count, so)
+    # the columns the MV reads, named: a version of the range without one of them is refused
+    keep = [f.name for f in ctx.upstream_schema if f.name != VNODE]
     raw = storage.read_raw_changes(  # an upstream arranged by the MV's vnodes: only the
-        ctx.tables.upstream, min(starts), plan.v_new, storage_options=so,  # step's files
+        ctx.tables.upstream, min(starts), plan.v_new, keep, storage_options=so,  # step's files
         vnodes=[p.vnode for p in plan.vnodes] if arranged else None)
     if raw.num_rows == 0:
         return None
-    keep = [f.name for f in ctx.upstream_schema if f.name != "vnode"]
     raw = raw.select([*keep, "_change_type", "_commit_version"])
     check_change_keys(raw, ctx.key_names, ctx.tables.upstream)
     return raw

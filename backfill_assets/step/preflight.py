@@ -3,14 +3,16 @@
 The checks here turn user mistakes (no change feed, a dropped column, a changed vnode count, a
 no-shuffle MV over an upstream arranged differently: its mode's check, step/modes/) into named
 errors that say what to do.
-The upstream columns the backfill uses are pinned in the progress table's description at the
-first step: later steps compare the upstream against that pin, so an added column is tolerated
-and a dropped or retyped one stops the MV with a clear message. Under column mapping the pin
-also holds each column's identity, so a swap by RENAME or a DROP + ADD of the same name and
-type is refused too when the MV uses the column (step/column_identity.py). The pin also
-records the MV's schema as Spark's analysis of the definition gave it: a later step under the
-same definition takes it from there, so a step that reads no snapshot (a small catch-up on
-the driver) never starts a JVM.
+The upstream columns the MV reads (selected, key, and read by its filter and computed columns:
+`used_columns`) are the only ones the backfill carries, and they are pinned in the progress
+table's description at the first step: later steps compare the upstream against that pin, so
+columns the MV does not read may be added, dropped, renamed or of any type (nested ones
+included), and a read column dropped, renamed or retyped stops the MV with a clear message.
+Under column mapping the pin also holds each column's identity, so a swap by RENAME or a
+DROP + ADD of the same name and type is refused too when the MV uses the column
+(step/column_identity.py). The pin also records the MV's schema as Spark's analysis of the
+definition gave it: a later step under the same definition takes it from there, so a step
+that reads no snapshot (a small catch-up on the driver) never starts a JVM.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from backfill_assets import storage
-from backfill_assets.arrow.types import type_name
+from backfill_assets.arrow.types import SUPPORTED, type_name
 from backfill_assets.core.errors import (
     AggregateMVNotServed,
     ChangeFeedDisabled,
@@ -45,6 +47,7 @@ from backfill_assets.step.column_identity import (
     Identity,
     pinned_identities,
     refuse_changed_identities,
+    used_columns,
 )
 from backfill_assets.step.request import UpstreamCheck
 from backfill_assets.storage import arrow_schema, check_readable, column_identities, column_mapping
@@ -55,7 +58,7 @@ class CheckedUpstream:
     """The upstream at the step's barrier version, as the backfill sees it."""
 
     version: int
-    schema: pa.Schema  # the pinned columns the backfill carries (upstream's own vnode excluded)
+    schema: pa.Schema  # the pinned columns: the ones the MV reads (upstream's vnode excluded)
     key_order: KeyOrder
     mv_schema: pa.Schema | None = None  # recorded with the pin, for the same definition
     identities: Mapping[str, Identity] = field(default_factory=dict)  # column -> its identity
@@ -99,17 +102,20 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
             "(delta.enableChangeDataFeed = true), or deltalake's "
             "DeltaTable.alter.set_table_properties) and rerun"
         )
-    schema = arrow_schema(table)
-    carried = pa.schema([f for f in schema if f.name != "vnode"])
+    upstream = pa.schema([f for f in arrow_schema(table) if f.name != "vnode"])
+    read = used_columns(d, upstream.names)
+    carried = pa.schema([f for f in upstream if f.name in read])  # what the MV reads, only
     pinned = _pinned(tables)
     mv_schema = None
     identities = column_identities(table)
     if pinned is not None:  # first: a dropped column is the upstream's change, not the MV's
-        carried = _against_pin(carried, pinned, d, tables)  # added columns are left out
+        carried = _against_pin(upstream, pinned, d, tables, identities)
         refuse_changed_identities(pinned, identities, column_mapping(table) != "none", d,
                                   tables)
         mv_schema = _pinned_mv_schema(pinned)
-    columns = {f.name: _type_name(f, tables.upstream) for f in carried}
+    for f in carried:
+        _type_name(f, tables.upstream, d)
+    columns = {f.name: _lenient_type_name(f) for f in upstream}
     key_order = _key_order(d, columns)
     d.validate(columns)
     if check is not None:
@@ -142,14 +148,29 @@ def _opened(tables: MVTables, d: MVDefinition, version: int | None):
         raise missing from None  # HistoryUnavailable (a cleaned-up version) passes through
 
 
-def _type_name(field: pa.Field, where: str) -> str:
+def _type_name(field: pa.Field, where: str, d: MVDefinition) -> str:
+    """The platform type of a column the MV reads; nested types (struct, array, map) and
+    other types the MV cannot hold are refused by name. Columns the MV does not read are
+    never carried, so their types do not matter (`_lenient_type_name`)."""
     try:
         return type_name(field.type)
     except Exception as exc:  # noqa: BLE001 - re-raised as the named error
         raise UnsupportedColumnType(
-            f"upstream {where}: column {field.name!r} has type {field.type}, which the platform "
-            "cannot carry; cast it to a supported type or drop it from the upstream"
+            f"upstream {where}: MV {d.name!r} reads column {field.name!r} of type "
+            f"{field.type}, which the platform cannot carry into an MV (supported: "
+            f"{SUPPORTED}); leave it out of the MV's columns, filter and computed columns "
+            "(an MV that does not read it is built as usual), or add a column of a supported "
+            "type to the upstream that holds what the MV needs of it"
         ) from exc
+
+
+def _lenient_type_name(field: pa.Field) -> str:
+    """A column's type name for the definition's checks: the Arrow text for a type the
+    platform does not carry (such a column cannot be a key or read; `_type_name`)."""
+    try:
+        return type_name(field.type)
+    except Exception:  # noqa: BLE001 - a type the MV does not read: named, not carried
+        return str(field.type)
 
 
 def _key_order(d: MVDefinition, columns: dict[str, str]) -> KeyOrder:
@@ -186,8 +207,12 @@ def _pinned(tables: MVTables) -> dict | None:
     return json.loads(progress.metadata().description)
 
 
-def _against_pin(carried: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTables
-                 ) -> pa.Schema:
+def _against_pin(upstream: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTables,
+                 identities: Mapping[str, Identity]) -> pa.Schema:
+    """The pinned columns as the upstream has them now; a pinned column dropped, renamed or
+    retyped is refused. A pin records the columns the MV reads, so the upstream's other
+    columns may come, go and be renamed (a pin that holds columns the MV does not read keeps
+    them pinned, since the MV's replica holds them)."""
     if pinned["vnode_count"] != d.vnode_count:
         raise VnodeCountChanged(
             f"MV {d.name!r} was built with {pinned['vnode_count']} vnodes but the definition now "
@@ -196,22 +221,37 @@ def _against_pin(carried: pa.Schema, pinned: dict, d: MVDefinition, tables: MVTa
         )
     if "definition" in pinned:  # state written before fingerprints were recorded: not checked
         _refuse_changed_definition(d, pinned, tables)
-    now = {f.name: f for f in carried}
+    now = {f.name: f for f in upstream}
+    read = used_columns(d, [name for name, _ in pinned["upstream_columns"]])
     fields = []
     for name, type_ in pinned["upstream_columns"]:
+        role = "reads" if name in read else "carries (its state pinned every upstream column)"
         if name not in now:
             raise UpstreamSchemaChanged(
-                f"upstream {tables.upstream} dropped column {name!r}, which MV {d.name!r} "
-                "carries; restore the column, or drop the MV's state to rebuild it without it"
+                f"upstream {tables.upstream} {_gone(name, pinned, identities)}, which MV "
+                f"{d.name!r} {role}; restore the column, or rebuild the MV over the upstream "
+                f"as it is now with reset_mv_job (drops {tables.mv.rsplit('/', 1)[0]})"
             )
-        if type_name(now[name].type) != type_:
+        if _lenient_type_name(now[name]) != type_:
             raise UpstreamSchemaChanged(
                 f"upstream {tables.upstream} changed column {name!r} from {type_} to "
-                f"{type_name(now[name].type)}; restore the type, or drop the MV's state to "
-                "rebuild it"
+                f"{_lenient_type_name(now[name])}, which MV {d.name!r} {role}; restore the "
+                f"type, or rebuild the MV with reset_mv_job (drops "
+                f"{tables.mv.rsplit('/', 1)[0]})"
             )
         fields.append(now[name])
     return pa.schema(fields)
+
+
+def _gone(name: str, pinned: dict, identities: Mapping[str, Identity]) -> str:
+    """What became of a pinned column no longer in the upstream: renamed (its column-mapping
+    identity now under another name) or dropped."""
+    was = (pinned.get(PIN_KEY) or {}).get(name)
+    if was:
+        renamed = next((n for n, ident in identities.items() if list(ident) == list(was)), None)
+        if renamed is not None:
+            return f"renamed column {name!r} to {renamed!r}"
+    return f"dropped column {name!r}"
 
 
 def _refuse_changed_definition(d: MVDefinition, pinned: dict, tables: MVTables) -> None:

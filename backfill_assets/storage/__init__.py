@@ -8,7 +8,8 @@ surface (``__all__``); the modules it comes from are the layer's inside.
   the table properties the platform sets (``PK_PROPERTY``, ``VNODE_COUNT_PROPERTY``,
   ``arrangement_properties``), column mapping (``column_mapping``, ``column_identities``);
 - a table version by log replay: ``TableVersion.load(uri, version, storage_options)`` (protocol
-  checked, files, typed partition values, deletion vectors; ``check_readable``), its head
+  checked, files, typed partition values, deletion vectors; ``check_readable``; ``dv``: the
+  deletion-vector codec, stored and inline), its head
   without a file list (``open_head``, ``TableHead``), the wait for a table's next commit
   (``wait_for_commit``: the follower);
 - ``read_version`` / ``read_table_version``: a version's live rows into Spark (DVs applied, column
@@ -56,6 +57,7 @@ from backfill_assets.storage.chunks.chunk_scan import (
 from backfill_assets.storage.chunks.cut_window import windowed_cut
 from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY, chunk_files, seek_file_rows
 from backfill_assets.storage.chunks.shared_cut import SharedCut, shared_cut
+from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.delta_rs import (
     PK_PROPERTY,
     VNODE_COUNT_PROPERTY,
@@ -131,7 +133,7 @@ __all__ = [
     "partition_columns", "read_table", "table_configuration", "table_exists", "vnode_predicate",
     "vnodes_for", "ensure_mor_table", "open_mor_table",
     # a version by log replay, its head, its next commit
-    "DataFile", "TableVersion", "check_readable", "TableHead", "open_head", "wait_for_commit",
+    "DataFile", "TableVersion", "check_readable", "dv", "TableHead", "open_head", "wait_for_commit",
     "VNODE", "files_in_vnodes", "vnode_stats_from_log",
     # rows in and out
     "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",

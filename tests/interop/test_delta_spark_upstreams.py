@@ -12,8 +12,9 @@ after every barrier against Delta-Spark's own read of the upstream at the versio
 records, the definition applied by Spark SQL (tests/interop/spark_upstream.py), row for row with
 exact column types, and against the platform's oracle (tests.support.assert_verified). What
 the platform cannot read is refused by name before anything is written: reader features it
-does not implement (typeWidening, v2Checkpoint: UnsupportedTableFeature), a renamed or dropped
-column, a column the MV uses swapped by RENAME or dropped and re-added (UpstreamSchemaChanged);
+does not implement (typeWidening, v2Checkpoint: UnsupportedTableFeature), a column the MV reads
+renamed or dropped, swapped by RENAME or dropped and re-added (UpstreamSchemaChanged; columns it
+does not read may be renamed and dropped, and the MV goes on);
 a new MV then leaves no folder, a running one no commit, and once the upstream is back (renamed
 back, restored) the MV goes on exactly.
 """
@@ -32,11 +33,12 @@ from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import UnsupportedTableFeature, UpstreamSchemaChanged
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.mv.reset import reset_mv
 from tests.foreign import spark_quote
 from tests.interop.delta_spark import assert_mv_as_delta_spark_reads, recorded_versions
 from tests.interop.spark_upstream import Features, SparkUpstream
 from tests.reliability.harness import table_versions
-from tests.support import assert_verified
+from tests.support import _SEEN, assert_verified
 
 pytestmark = pytest.mark.spark
 VNODES = 8
@@ -119,21 +121,37 @@ def restore(s: Scenario) -> None:
 
 
 def rename_used_and_back(s: Scenario) -> None:
+    """RENAME COLUMN of a column no MV reads: the MV goes on exactly (only what an MV reads
+    is pinned); of one they read: refused by name, and renamed back the MV goes on."""
+    unread = s.unused()
+    s.up.rename(unread, unread + " 2")
+    s.dml(2)
+    s.barrier()
     column = s.used[-1]
     s.up.rename(column, column + " renamed")
     s.dml(2)
-    s.refused(UpstreamSchemaChanged, "dropped column")
+    s.refused(UpstreamSchemaChanged, f"renamed column {re.escape(repr(column))} to")
     s.up.rename(column + " renamed", column)
 
 
 def drop_and_restore(s: Scenario) -> None:
-    """DROP COLUMN of a column no MV selects (still pinned: refused), then RESTORE to before
-    the drop (the column is back, with its data)."""
-    before = s.up.version
+    """DROP COLUMN of a column no MV reads: the MV goes on exactly; of one they read:
+    refused, and after a RESTORE to before that drop (the column is back, with its data) still
+    refused, since the versions between hold change rows without the column; rebuilt as the
+    refusal says (reset_mv), the MVs go on exactly."""
     s.up.drop(s.unused())
+    s.dml(2)
+    s.barrier()
+    before = s.up.version
+    s.up.drop(s.used[-1])
     s.dml(2)
     s.refused(UpstreamSchemaChanged, "dropped column")
     s.up.restore(before)
+    s.dml(1)
+    s.refused(UpstreamSchemaChanged, rf"version {before + 1} has no column .*reset_mv_job")
+    for d, tables in s.mvs:
+        reset_mv(d.name, tables, d.name)
+        _SEEN.pop(tables.mv, None)  # the feed check starts again with the rebuilt MV
 
 
 def add_column(s: Scenario) -> None:
@@ -220,8 +238,9 @@ def test_a_column_swap_by_rename_is_refused(spark, warehouse):
     """RENAME COLUMN a -> swap, b -> a, swap -> b keeps every name and type, and DROP + ADD
     COLUMN of the same name and type makes a new column: the pin's column-mapping identities
     refuse both (step/column_identity.py), with nothing written. What the refusals advise
-    works: the columns renamed back (rows written while swapped included), or the upstream
-    restored to before the drop, and the MV goes on exactly."""
+    works: the columns renamed back (rows written while swapped included), and the MV goes
+    on exactly; the upstream restored to before the drop is still refused (the versions
+    between lack the column) until the MV is rebuilt, which then goes on exactly."""
     up = SparkUpstream(spark, f"{warehouse}/swapped", Features(mapping="name"),
                        random.Random(5), {"id": "bigint", "a": "int", "b": "int"})
     s = Scenario.start(spark, warehouse, up.features, seed=5, rows=20, modes=("snapshot",),
@@ -243,6 +262,11 @@ def test_a_column_swap_by_rename_is_refused(spark, warehouse):
     s.refused(UpstreamSchemaChanged, "column 'b' was dropped and re-added")
     up.restore(before)
     s.dml(2)
+    # the versions between lack the column the MV reads: refused until it is rebuilt
+    s.refused(UpstreamSchemaChanged, rf"version {before + 1} has no column 'b'")
+    for d, tables in s.mvs:
+        reset_mv(d.name, tables, d.name)
+        _SEEN.pop(tables.mv, None)
     s.barrier()
 
 

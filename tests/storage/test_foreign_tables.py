@@ -34,7 +34,7 @@ def _multiset(table: pa.Table) -> Counter:
 def test_every_version_reads_like_delta_rs(spark, name):
     uri = os.path.abspath(os.path.join(KERNEL, name))
     latest = DeltaTable(uri).version()
-    for version in sorted({0, latest // 2, latest}):
+    for version in range(latest + 1):
         expected = pa.table(DeltaTable(uri, version=version).scan())
         got = read_version(spark, uri, version).toArrow()
         assert got.schema.names == expected.schema.names

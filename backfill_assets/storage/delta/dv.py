@@ -4,9 +4,10 @@ A DV file ``[<prefix>/]deletion_vector_<uuid>.bin`` is one version byte (1) foll
 ``uint32 BE size | uint32 LE magic | RoaringTreemap (portable) | uint32 BE CRC-32`` where size
 covers magic + bitmap and the CRC too. A descriptor (the ``deletionVector`` of an ``add``)
 points at one DV: ``storageType`` 'u' (UUID-named file relative to the table, path = prefix +
-Z85 of the UUID), 'p' (absolute path) or 'i' (inline, Z85 of magic + bitmap), as the Delta
-protocol's "Deletion Vectors" section lays them out. ``load`` reads one descriptor's rows from
-the store.
+Z85 of the UUID), 'p' (absolute path) or 'i' (inline, Z85 of magic + bitmap, ``sizeInBytes``
+of any length: ``z85_decode`` reads both writers' padding), as the Delta protocol's "Deletion
+Vectors" section lays them out. ``load`` reads one descriptor's rows from the store. Tests:
+tests/storage/test_dv_codec.py, tests/interop/test_inline_dvs.py.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ class DeletionVectorCorrupt(ValueError):
 
 
 def z85_encode(data: bytes) -> str:
-    if len(data) % 4:
-        raise ValueError("Z85 encodes multiples of 4 bytes")
+    """Delta's ``Base85Codec.encodeBytes``: bytes of any length, unaligned ones padded with zero
+    bytes to a multiple of 4 (a reader keeps ``sizeInBytes`` of them). Delta-Spark, Delta Kernel
+    and delta-kernel-rs all read this form; the '#' tail below only the last one reads."""
+    padded = data + bytes(-len(data) % 4)
     out = []
-    for (word,) in struct.iter_unpack(">I", data):
+    for (word,) in struct.iter_unpack(">I", padded):
         chars = []
         for _ in range(5):
             word, r = divmod(word, 85)
@@ -44,16 +47,37 @@ def z85_encode(data: bytes) -> str:
     return "".join(out)
 
 
-def z85_decode(text: str) -> bytes:
+def z85_decode(text: str, size: int | None = None) -> bytes:
+    """The bytes of Z85 ``text``, the first ``size`` of them when given (every byte otherwise).
+
+    Two writers' forms of an unaligned payload both decode here. Delta's codec pads the bytes
+    with zeros to a multiple of 4 and the reader truncates to ``sizeInBytes``. The z85 crate
+    (delta-kernel-rs, and the writer of kernel-rs' ``cdf-table-with-dv``) right-aligns a short
+    tail in its last group and turns that group's leading '0's into '#', one per missing byte:
+    a group no plain Z85 text can start with, since 84 * 85^4 is past 2^32. So a last group
+    that starts with '#' is a tail, never a value to wrap modulo 2^32.
+    """
     if len(text) % 5:
-        raise ValueError("Z85 text length must be a multiple of 5")
+        raise DeletionVectorCorrupt(f"Z85 text of {len(text)} characters (not groups of 5)")
     out = bytearray()
-    for i in range(0, len(text), 5):
+    for start in range(0, len(text), 5):
+        group = text[start:start + 5]
+        missing = len(group) - len(group.lstrip("#"))
+        if missing and (missing > 3 or start + 5 != len(text)):
+            raise DeletionVectorCorrupt(f"Z85 padding '{group}' outside a last group's tail")
         word = 0
-        for c in text[i:i + 5]:
+        for c in "0" * missing + group[missing:]:
+            if c not in _Z85_INDEX:
+                raise DeletionVectorCorrupt(f"{c!r} is not a Z85 character")
             word = word * 85 + _Z85_INDEX[c]
-        out += struct.pack(">I", word)
-    return bytes(out)
+        if word >= 1 << 8 * (4 - missing):
+            raise DeletionVectorCorrupt(f"Z85 group '{group}' holds more than {4 - missing} bytes")
+        out += word.to_bytes(4, "big")[missing:]
+    if size is None:
+        return bytes(out)
+    if len(out) < size:
+        raise DeletionVectorCorrupt(f"inline DV of {len(out)} bytes, descriptor says {size}")
+    return bytes(out[:size])
 
 
 def unique_id(descriptor: Mapping | None) -> str | None:
@@ -92,8 +116,16 @@ def decode_stored(raw: bytes, descriptor: Mapping) -> BitMap64:
 
 
 def decode_inline(descriptor: Mapping) -> BitMap64:
-    payload = z85_decode(descriptor["pathOrInlineDv"])[: int(descriptor["sizeInBytes"])]
+    """The deleted row indexes of an inline ('i') DV: magic + bitmap, ``sizeInBytes`` long."""
+    payload = z85_decode(descriptor["pathOrInlineDv"], int(descriptor["sizeInBytes"]))
     return _bitmap(payload, descriptor)
+
+
+def encode_inline(bitmap: BitMap64) -> dict:
+    """An inline ('i') descriptor of ``bitmap``, as Delta writes one: Z85 of magic + bitmap."""
+    payload = struct.pack("<I", MAGIC) + bitmap.serialize()
+    return {"storageType": "i", "pathOrInlineDv": z85_encode(payload), "offset": None,
+            "sizeInBytes": len(payload), "cardinality": len(bitmap)}
 
 
 def _bitmap(payload: bytes, descriptor: Mapping) -> BitMap64:

@@ -8,20 +8,27 @@ HistoryUnavailable.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from backfill_assets.arrow.types import normalize_schema
-from backfill_assets.core.errors import ChangeFeedDisabled, HistoryUnavailable, InvalidVersionRange
+from backfill_assets.core.errors import (
+    ChangeFeedDisabled,
+    HistoryUnavailable,
+    InvalidVersionRange,
+    UpstreamSchemaChanged,
+)
+from backfill_assets.storage.delta.change_log import actions_of
 from backfill_assets.storage.delta.delta_rs import (
     CDF_COLUMNS,
     CDF_PROPERTY,
     StorageOptions,
     arrow_schema,
     change_feed_enabled,
+    column_identities,
     first_line,
     is_missing_history,
     latest_version,
@@ -48,7 +55,8 @@ def read_raw_changes(
     table with a ``vnode`` column). Read by the storage layer from the log
     (``storage.rows.change_feed``), not by delta-rs ``load_cdf`` (it mis-encodes some
     partition paths).
-    Raises ChangeFeedDisabled when the change data feed is off at either end of the range,
+    Raises UpstreamSchemaChanged when a version of the range lacks one of ``columns``,
+    ChangeFeedDisabled when the change data feed is off at either end of the range,
     HistoryUnavailable when a version of the range is out of the table's history or its files
     were vacuumed, InvalidVersionRange when ``end < start_exclusive`` or
     ``start_exclusive < -1``.
@@ -59,6 +67,8 @@ def read_raw_changes(
         wanted = [*columns, *(c for c in CDF_COLUMNS[:2] if c not in columns)]
     if end == start_exclusive:
         return _empty_changes(dt, wanted)
+    if columns is not None:
+        _refuse_missing_columns(uri, start_exclusive, end, columns, storage_options, dt)
     try:
         table = read_change_range(TableVersion(uri.rstrip("/"), dict(storage_options or {}), dt),
                                   start_exclusive, end, wanted, vnodes)
@@ -72,6 +82,45 @@ def read_raw_changes(
             ) from None
         raise
     return _normalize_changes(table)
+
+
+def _refuse_missing_columns(uri: str, start_exclusive: int, end: int, columns: Sequence[str],
+                            storage_options: StorageOptions, dt: DeltaTable) -> None:
+    """A column asked for that a version of the range did not have: its change rows there
+    lack it, so the range cannot be read exactly (only a range that changed the metadata is
+    looked at)."""
+    if not metadata_changed(uri, start_exclusive + 1, end, storage_options, dt):
+        return
+    found = missing_columns(uri, start_exclusive + 1, end, columns, storage_options, dt)
+    if found is not None:
+        version, lost = found
+        raise UpstreamSchemaChanged(
+            f"{uri}: version {version} has no column {', '.join(map(repr, lost))} (dropped or "
+            f"renamed, since brought back), so the change rows of ({start_exclusive}, {end}] "
+            "cannot be read exactly: rebuild what reads them from a version after that (an "
+            "MV: reset_mv_job, then a new backfill)"
+        )
+
+
+def missing_columns(uri: str, first: int, last: int, columns: Sequence[str],
+                    storage_options: Mapping[str, str] | None = None,
+                    table: DeltaTable | None = None) -> tuple[int, list[str]] | None:
+    """The first version of first..last whose schema lacks one of ``columns`` (as ``table``,
+    opened at ``last``, names them: by physical name under column mapping), with those
+    columns; None when every version has them. Such a version's change rows lack the column
+    (a column dropped or renamed away, then brought back by RESTORE or a rename): no reader
+    can give them exactly, and Delta-Spark's readChangeFeed refuses such a range too."""
+    snap = TableVersion(uri.rstrip("/"), dict(storage_options or {}), table)
+    wanted = {c: snap.physical_names.get(c, c) for c in columns if c in snap.physical_names}
+    for v in range(first, last + 1):
+        if not any("metaData" in a for a in actions_of(snap, v)):
+            continue
+        there = {physical for _, physical in
+                 column_identities(open_head(uri, v, storage_options)).values()}
+        lost = [c for c, physical in wanted.items() if physical not in there]
+        if lost:
+            return v, lost
+    return None
 
 
 def check_range(uri: str, start_exclusive: int, end: int,

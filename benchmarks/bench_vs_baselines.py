@@ -32,7 +32,7 @@ import subprocess
 import sys
 
 from benchmarks import common as C
-from benchmarks.baseline_runs import load_note, lock_held_above, prepare
+from benchmarks.baseline_runs import load_note, prepare
 from benchmarks.baseline_runs import run as run_worker
 from benchmarks.vs_targets import print_targets, targets
 
@@ -44,7 +44,7 @@ def latency_ours(args) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.bench_latency", "--paths", "continuous",
            "--intervals", *map(str, args.intervals), "--rows", str(args.latency_rows),
            "--commits", str(args.commits), "--name", name]
-    if not lock_held_above():
+    if not C.lock_held_above():
         cmd = ["flock", C.LOCK, *cmd]
     subprocess.run(cmd, cwd=C.ROOT, check=True)
     with open(os.path.join(C.RESULTS_DIR, f"{name}.json"), encoding="utf-8") as f:

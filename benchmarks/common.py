@@ -60,6 +60,7 @@ __all__ = ["BENCH_COLUMNS", "DATA_DIR", "LOCK", "PK_SHAPES", "RESULTS_DIR",
            "Previous", "add_phases", "bench_mv", "bench_spec", "change_generator", "code_version",
            "cpu_seconds",
            "descendants", "dir_bytes", "dispatch", "emit", "human_rows", "java_pid",
+           "lock_held_above",
            "machine_info", "mib", "prepare_upstream", "print_table", "proc_status",
            "rounded_phases", "run_clean", "run_worker", "save_results", "start_spark",
            "summary", "upstream_path", "warm_read", "work_copy"]
@@ -160,16 +161,47 @@ NOISE = ("WARN ", "log4j", "incubator modules", "setLogLevel", "log level", "\ta
          "\t... ")
 
 
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def _parent(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def lock_held_above(lock: str = LOCK) -> bool:
+    """Whether an ancestor of this process is `flock <lock> ...` (it holds the lock for us: a
+    worker's own flock on the same file would wait for its parent forever)."""
+    target = os.path.realpath(lock)
+    pid = os.getppid()
+    while pid > 1:
+        argv = _cmdline(pid)
+        if argv and os.path.basename(argv[0]) == "flock" and any(
+                os.path.realpath(a) == target for a in argv[1:3]):
+            return True
+        pid = _parent(pid)
+    return False
+
+
 def run_worker(module: str, args: Sequence[str], *, lock: bool = True,
                timeout: float | None = None) -> dict:
-    """Run `python -m module args...` in a fresh process (under the Spark lock); the worker
+    """Run `python -m module args...` in a fresh process (under the Spark lock, unless the
+    driver already holds it: `flock /tmp/spark.lock python -m benchmarks.X`); the worker
     prints one JSON line prefixed `RESULT ` which is returned. A Java OutOfMemoryError (after
     which Spark jobs can hang forever) or the timeout kills the worker's process group."""
     import signal
     import threading
 
     cmd = [sys.executable, "-m", module, *args]
-    if lock:
+    if lock and not lock_held_above():
         cmd = ["flock", LOCK, *cmd]
     timeout = timeout or float(os.environ.get("BENCH_WORKER_TIMEOUT", "2400"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -67,6 +67,19 @@ def _kept(rows: pa.Table, mask: np.ndarray) -> pa.Table:
     return rows if mask.all() else rows.filter(pa.array(mask))
 
 
+def rows_by_keys(rows: pa.Table, keys: pa.Table, key_names: Sequence[str], how: str
+                 ) -> pa.Table:
+    """The rows of ``rows`` whose key is among ``keys``' (``how`` 'left semi') or not ('left
+    anti'), in their order. Only the key columns and a row index go through the join: Arrow's
+    join refuses a non-key column of type null (an upstream column never set), which a
+    change row may well carry."""
+    names = list(key_names)
+    marker = "__bf_row"
+    indexed = rows.select(names).append_column(marker, pa.array(np.arange(rows.num_rows)))
+    hit = indexed.join(keys.select(names), names, join_type=how, use_threads=False)
+    return rows.take(pa.array(np.sort(hit.column(marker).to_numpy(zero_copy_only=False))))
+
+
 def visible(rows: pa.Table, progress: Mapping[int, VnodeProgress],
             key_order: KeyOrder) -> pa.Table:
     """The rows (with ``vnode``) each vnode's backfill already covers: every row of a Completed

@@ -112,11 +112,10 @@ class ReplicaSource:
         target = storage.TableVersion(ctx.tables.replica, ctx.tables.storage_options, table)
         schema = target.arrow_schema
         if isinstance(changes, pa.Table):
-            from backfill_assets.arrow.netting import net_with_prior, newer_than
+            from backfill_assets.arrow.netting import net_with_prior, newer_than, rows_by_keys
 
             netted = net_with_prior(newer_than(changes, behind), ctx.key_names)
-            gone = netted.before.join(netted.after.select(list(ctx.key_names)),
-                                      keys=list(ctx.key_names), join_type="left anti")
+            gone = rows_by_keys(netted.before, netted.after, ctx.key_names, "left anti")
             rows = replica.change_rows(netted.after, gone, ctx.v_new, schema)
         else:
             from backfill_assets.engine.projection import with_vnode_versions

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap64
 
+from backfill_assets.arrow.netting import rows_by_keys
 from backfill_assets.core.errors import StorageMismatch
 from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.log import DataFile, TableVersion
@@ -287,16 +288,12 @@ def _change_rows(before: pa.Table, after: pa.Table, key_names: Sequence[str]) ->
     updated = before.select(keys).join(after.select(keys), keys, join_type="inner",
                                        use_threads=False)
     parts = [
-        _typed(_only(before, updated, keys, "left semi"), "update_preimage"),
-        _typed(_only(after, updated, keys, "left semi"), "update_postimage"),
-        _typed(_only(after, updated, keys, "left anti"), "insert"),
-        _typed(_only(before, updated, keys, "left anti"), "delete"),
+        _typed(rows_by_keys(before, updated, keys, "left semi"), "update_preimage"),
+        _typed(rows_by_keys(after, updated, keys, "left semi"), "update_postimage"),
+        _typed(rows_by_keys(after, updated, keys, "left anti"), "insert"),
+        _typed(rows_by_keys(before, updated, keys, "left anti"), "delete"),
     ]
     return pa.concat_tables(parts)
-
-
-def _only(t: pa.Table, keys: pa.Table, key_names: list[str], how: str) -> pa.Table:
-    return t.join(keys, key_names, join_type=how, use_threads=False).select(t.schema.names)
 
 
 def _typed(t: pa.Table, change_type: str) -> pa.Table:

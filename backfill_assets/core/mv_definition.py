@@ -68,7 +68,7 @@ class MVDefinition:
         if not isinstance(d, Mapping):
             raise InvalidMVDefinition(f"an MV definition must be a mapping, got {d!r}")
         unknown = sorted(set(d) - set(_FIELDS))
-        aggregate = "aggregates" in d or "group_by" in d
+        aggregate = bool(d.get("aggregates") or d.get("group_by"))  # empty ones: a row MV
         missing = [f for f in _REQUIRED if f not in d and not (aggregate and f == "columns")]
         if unknown or missing:
             raise InvalidMVDefinition(

@@ -1,0 +1,163 @@
+"""The vectorised join algebra (arrow/join_state.py) after every barrier of random DML on the
+fact and both dimensions: its signed rows equal the pure reference's (core/join_algebra.py),
+the MV they build equals the join recomputed from the tables, and the state is carried
+between barriers only as the tables it writes (upserts and deletes by key, vnode checked), as
+Delta will carry it."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backfill_assets.arrow.aggregate_state import SIGN
+from backfill_assets.arrow.join_state import JoinTables
+from backfill_assets.core.errors import DimensionKeyNotUnique, JoinStateMismatch
+from backfill_assets.core.join_algebra import JoinState, Signed
+from backfill_assets.core.join_algebra import apply_batch as reference_batch
+from backfill_assets.core.names import VNODE
+from backfill_assets.core.vnode import vnode_of
+from tests.core.join_model import (
+    CUSTOMER_TYPES,
+    FACT_TYPES,
+    PK,
+    PRODUCT_TYPES,
+    Tables,
+    barrier,
+    naive_join,
+    plan,
+)
+from tests.core.test_join_algebra import KINDS, apply_to_mv
+
+VNODES = 8
+
+
+def tables_for(kinds) -> JoinTables:
+    return JoinTables(plan(kinds), FACT_TYPES, [CUSTOMER_TYPES, PRODUCT_TYPES], VNODES)
+
+
+def change_table(changes: list[Signed], schema: pa.Schema) -> pa.Table:
+    rows = [{SIGN: c.sign, **{n: c.row.get(n) for n in schema.names[1:]}} for c in changes]
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+class Store:
+    """The state tables as dicts keyed like their Delta tables."""
+
+    def __init__(self, t: JoinTables) -> None:
+        self.t = t
+        self.facts: dict[tuple, dict] = {}
+        self.index: list[dict[tuple, dict]] = [{} for _ in t.plan.sides]
+        self.dims: list[dict[tuple, dict]] = [{} for _ in t.plan.sides]
+
+    def apply(self, facts: list[Signed], dims: list[list[Signed]]) -> list[tuple[int, dict]]:
+        t, sides = self.t, self.t.plan.sides
+        update = t.apply(
+            pa.Table.from_pylist(list(self.facts.values()), t.fact_schema),
+            _tables(self.index, t.index_schemas), _tables(self.dims, t.dimension_schemas),
+            change_table(facts, t.fact_change_schema),
+            [change_table(c, s) for c, s in zip(dims, t.dimension_change_schemas, strict=True)])
+        self._write(self.facts, PK, update.fact_upserts, update.fact_deletes, PK)
+        for i, side in enumerate(sides):
+            self._write(self.index[i], (*side.on, *PK), update.index_upserts[i],
+                        update.index_deletes[i], side.on, side.key_types)
+            self._write(self.dims[i], side.key, update.dimension_upserts[i],
+                        update.dimension_deletes[i], side.key, side.key_types)
+        assert update.joined.schema == t.joined_schema
+        return [(r.pop(SIGN), r) for r in update.joined.to_pylist()]
+
+    def _write(self, store: dict, key: tuple, upserts: pa.Table, deletes: pa.Table,
+               hashed: tuple, types: tuple | None = None) -> None:
+        types = types or tuple(FACT_TYPES[c] for c in hashed)
+        for table, delete in ((deletes, True), (upserts, False)):
+            for row in table.to_pylist():
+                assert row[VNODE] == vnode_of(tuple(row[c] for c in hashed), types, VNODES)
+                k = tuple(row[c] for c in key)
+                if delete:
+                    del store[k]  # a delete names a row that is there
+                else:
+                    store[k] = row
+
+
+def _tables(stores: list[dict], schemas: list[pa.Schema]) -> list[pa.Table]:
+    return [pa.Table.from_pylist(list(d.values()), s)
+            for d, s in zip(stores, schemas, strict=True)]
+
+
+def ordered(signed: list[tuple[int, dict]]) -> list:
+    return sorted(((s, sorted(r.items(), key=repr)) for s, r in signed), key=repr)
+
+
+@settings(max_examples=100, deadline=None)
+@given(KINDS, st.data())
+def test_arrow_rows_equal_the_reference_and_the_join_recomputed(kinds, data) -> None:
+    t, tables = tables_for(kinds), Tables()
+    store, reference, mv = Store(t), JoinState.empty(t.plan), {}
+    for _ in range(data.draw(st.integers(1, 6))):
+        facts, dims = data.draw(barrier(tables))
+        got = store.apply(facts, dims)
+        assert ordered(got) == ordered(reference_batch(t.plan, reference, facts, dims))
+        apply_to_mv(mv, got)
+        assert mv == naive_join(t.plan, tables)
+        assert {k: {c: r[c] for c in t.plan.fact_columns} for k, r in store.facts.items()} \
+            == tables.facts
+        for i in range(len(t.plan.sides)):
+            assert set(store.index[i]) == {(*k, *pk) for k, pks in reference.index[i].items()
+                                           for pk in pks}
+            assert set(store.dims[i]) == set(reference.dimensions[i])
+
+
+def test_the_state_tables_are_keyed_and_typed_for_delta() -> None:
+    t = tables_for(("left", "inner"))
+    assert t.fact_schema.names == ["id", "cust", "pcode", "pver", "amount", VNODE]
+    assert [s.names for s in t.index_schemas] == [["cust", "id", VNODE],
+                                                  ["pcode", "pver", "id", VNODE]]
+    assert [s.names for s in t.dimension_schemas] == [["cid", "region", "tier", VNODE],
+                                                      ["code", "ver", "price", VNODE]]
+    assert str(t.dimension_schemas[1].field("price").type) == "decimal128(7, 2)"
+    assert t.joined_schema.names == [SIGN, "id", "cust", "pcode", "pver", "amount", "region",
+                                     "cust_tier", "price"]
+
+
+def test_refusals_match_the_reference() -> None:
+    t = tables_for(("left", "left"))
+    store = Store(t)
+    customer = {"cid": 1, "region": "north", "tier": 0, "note": "x"}
+    with pytest.raises(DimensionKeyNotUnique, match="not unique"):
+        store.apply([], [[Signed(1, customer), Signed(1, customer)], []])
+    store.apply([], [[Signed(1, customer)], []])
+    with pytest.raises(DimensionKeyNotUnique, match="already holds"):
+        store.apply([], [[Signed(1, customer)], []])
+    with pytest.raises(JoinStateMismatch, match="never held"):
+        store.apply([Signed(-1, {"id": 3, "cust": 1})], [[], []])
+
+
+def test_a_null_join_key_matches_nothing_on_either_side() -> None:
+    t = tables_for(("left", "left"))
+    store = Store(t)
+    fact = {"id": 1, "cust": None, "pcode": "a", "pver": None, "amount": 1}
+    null_product = {"code": "a", "ver": None, "price": 1}
+    got = store.apply([Signed(1, fact)], [[], [Signed(1, null_product)]])
+    assert [(s, r["region"], r["price"]) for s, r in got] == [(1, None, None)]
+    assert store.dims[1] == {} and store.index == [{}, {}]  # nothing null is kept or indexed
+
+
+def test_the_state_tables_round_trip_through_delta(tmp_path) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    t = tables_for(("inner", "left"))
+    store = Store(t)
+    store.apply([Signed(1, {"id": 1, "cust": 2, "pcode": "b", "pver": 1, "amount": 3})],
+                [[Signed(1, {"cid": 2, "region": "é", "tier": None, "note": "x"})],
+                 [Signed(1, {"code": "b", "ver": 1, "price": None})]])
+    tables = {"facts": (list(store.facts.values()), t.fact_schema),
+              **{f"index_{i}": (list(d.values()), s) for i, (d, s) in
+                 enumerate(zip(store.index, t.index_schemas, strict=True))},
+              **{f"dimension_{i}": (list(d.values()), s) for i, (d, s) in
+                 enumerate(zip(store.dims, t.dimension_schemas, strict=True))}}
+    for name, (rows, schema) in tables.items():
+        write_deltalake(str(tmp_path / name), pa.Table.from_pylist(rows, schema),
+                        partition_by=[VNODE])
+        back = DeltaTable(str(tmp_path / name)).to_pyarrow_table()
+        assert back.select(schema.names).to_pylist() == rows, name

@@ -50,6 +50,7 @@ class Store:
         self.facts: dict[tuple, dict] = {}
         self.index: list[dict[tuple, dict]] = [{} for _ in t.plan.sides]
         self.dims: list[dict[tuple, dict]] = [{} for _ in t.plan.sides]
+        self.joined: pa.Table | None = None
 
     def apply(self, facts: list[Signed], dims: list[list[Signed]]) -> list[tuple[int, dict]]:
         t, sides = self.t, self.t.plan.sides
@@ -65,6 +66,7 @@ class Store:
             self._write(self.dims[i], side.key, update.dimension_upserts[i],
                         update.dimension_deletes[i], side.key, side.key_types)
         assert update.joined.schema == t.joined_schema
+        self.joined = update.joined  # the barrier's signed rows as the Arrow table
         return [(r.pop(SIGN), r) for r in update.joined.to_pylist()]
 
     def _write(self, store: dict, key: tuple, upserts: pa.Table, deletes: pa.Table,

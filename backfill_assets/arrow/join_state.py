@@ -114,6 +114,48 @@ class JoinTables:
             [w[1] for w in index_writes], [d[3][0] for d in dims], [d[3][1] for d in dims],
             joined)
 
+    # The reads a barrier needs, in three keyed rounds (RisingWave's lookups into its join
+    # state): what `apply` reads of the state tables, and nothing more.
+
+    def changed_keys(self, fact_changes: pa.Table, dimension_changes: Sequence[pa.Table]
+                     ) -> tuple[pa.Table, list[pa.Table]]:
+        """Round one, from the changes alone: the fact pks they name, and per join the
+        dimension keys they name (a null key reaches nothing). Read the facts and the
+        dimension rows of these keys, and the index rows of these dimension keys."""
+        pk = list(self.plan.pk)
+        keys = []
+        for side, changes, schema in zip(self.plan.sides, dimension_changes,
+                                         self.dimension_schemas, strict=True):
+            k = list(side.key)
+            named = changes.select(k).cast(_only(schema, k))
+            keys.append(_distinct(named.filter(_no_null(named, k))))
+        return _distinct(fact_changes.select(pk)), keys
+
+    def reached_pks(self, changed_pks: pa.Table, index: Sequence[pa.Table],
+                    changed_keys: Sequence[pa.Table]) -> pa.Table:
+        """Round two: the fact pks whose rows the barrier reads: the changed ones and those
+        the index lists under a changed dimension key."""
+        pk = list(self.plan.pk)
+        listed = [_semi(rows.select([*s.on, *pk]), keys, list(s.on), list(s.key)).select(pk)
+                  for s, rows, keys in zip(self.plan.sides, index, changed_keys, strict=True)]
+        return _distinct(pa.concat_tables([changed_pks.select(pk).cast(
+            _only(self.fact_schema, pk)), *listed]))
+
+    def lookup_keys(self, facts: pa.Table, fact_changes: pa.Table,
+                    changed_keys: Sequence[pa.Table]) -> list[pa.Table]:
+        """Round three: per join, the dimension keys whose rows the barrier reads: the
+        changed keys and the join keys of the reached facts, before and after."""
+        out = []
+        for side, keys, schema in zip(self.plan.sides, changed_keys, self.dimension_schemas,
+                                      strict=True):
+            k = list(side.key)
+            parts = [keys.select(k)]
+            for rows in (facts, fact_changes):
+                on = rows.select(list(side.on)).filter(_no_null(rows, side.on))
+                parts.append(on.rename_columns(k).cast(_only(schema, k)))
+            out.append(_distinct(pa.concat_tables(parts)))
+        return out
+
     def _dimension(self, i: int, held: pa.Table, changes: pa.Table
                    ) -> tuple[pa.Table, pa.Table, pa.Table, tuple[pa.Table, pa.Table]]:
         """(held rows, rows after, keys whose carried row changed, (upserts, deletes))."""
@@ -170,6 +212,10 @@ class JoinTables:
         keys = list(zip(*(table.column(k).to_pylist() for k in key), strict=True))
         return table.append_column(VNODE, pa.array(vnodes_of(keys, types, self.vnode_count),
                                                    pa.int32()))
+
+
+def _only(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
 
 
 def _fields(types: Mapping[str, str]) -> dict[str, pa.Field]:

@@ -6,6 +6,10 @@ Delta will carry it."""
 
 from __future__ import annotations
 
+import datetime as dt
+import math
+from decimal import Decimal
+
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -14,8 +18,9 @@ from hypothesis import strategies as st
 from backfill_assets.arrow.aggregate_state import SIGN
 from backfill_assets.arrow.join_state import JoinTables
 from backfill_assets.core.errors import DimensionKeyNotUnique, JoinStateMismatch
-from backfill_assets.core.join_algebra import JoinState, Signed
+from backfill_assets.core.join_algebra import JoinPlan, JoinState, Signed
 from backfill_assets.core.join_algebra import apply_batch as reference_batch
+from backfill_assets.core.join_definition import parse_joins
 from backfill_assets.core.names import VNODE
 from backfill_assets.core.vnode import vnode_of
 from tests.core.join_model import (
@@ -191,3 +196,26 @@ def test_the_state_tables_round_trip_through_delta(tmp_path) -> None:
                         partition_by=[VNODE])
         back = DeltaTable(str(tmp_path / name)).to_pyarrow_table()
         assert back.select(schema.names).to_pylist() == rows, name
+
+
+def test_every_platform_type_goes_through_the_join_and_an_unchanged_nan_cancels() -> None:
+    values = {"tinyint": 1, "smallint": 2, "int": 3, "bigint": 4, "string": "s",
+              "binary": b"b", "date": dt.date(2020, 1, 1),
+              "timestamp": dt.datetime(2020, 1, 1, tzinfo=dt.timezone.utc),
+              "timestamp_ntz": dt.datetime(2020, 1, 1), "float": math.nan, "double": math.nan,
+              "boolean": True, "null": None, "decimal(5,2)": Decimal("1.50")}
+    fact_types = {"id": "bigint", "k": "string", **{f"c_{t}": t for t in values}}
+    dim_types = {"key": "string", **{f"d_{t}": t for t in values}}
+    (join,) = parse_joins([{"table": "d", "key": ["key"], "on": {"k": "key"},
+                            "columns": [f"d_{t}" for t in values], "kind": "left"}])
+    t = JoinTables(JoinPlan.of([join], ["id"], list(fact_types), [["string"]]), fact_types,
+                   [dim_types], VNODES)
+    store = Store(t)
+    fact = {"id": 1, "k": "a", **{f"c_{n}": v for n, v in values.items()}}
+    dim = {"key": "a", **{f"d_{n}": v for n, v in values.items()}}
+    (row,) = store.apply([Signed(1, fact)], [[Signed(1, dim)]])
+    assert row[0] == 1 and math.isnan(row[1]["d_double"]) and row[1]["c_null"] is None
+    assert row[1]["d_decimal(5,2)"] == Decimal("1.50") and row[1]["d_binary"] == b"b"
+    assert store.apply([Signed(-1, fact), Signed(1, fact)], [[]]) == []  # NaN equals itself
+    moved = store.apply([], [[Signed(-1, dim), Signed(1, {**dim, "d_string": "z"})]])
+    assert [(s, r["d_string"]) for s, r in moved] == [(-1, "s"), (1, "z")]

@@ -179,20 +179,22 @@ class JoinTables:
 
     def _joined(self, facts: pa.Table, dimensions: Sequence[pa.Table]) -> pa.Table:
         """Each fact row with every join's carried columns (a left join pads a missing
-        dimension row with nulls; an inner join drops the fact row)."""
-        out = facts.select(list(self.plan.fact_columns))
+        dimension row with nulls; an inner join drops the fact row). Columns of the null
+        type go around the joins (Arrow's join cannot carry them) and come back as nulls."""
+        out = _drop_null_typed(facts.select(list(self.plan.fact_columns)))
         for i, (side, dims) in enumerate(zip(self.plan.sides, dimensions, strict=True)):
             keys = [f"{_KEY}{i}_{j}" for j in range(len(side.key))]
             right = {k: pc.cast(dims.column(c), out.schema.field(f).type)
                      for k, c, f in zip(keys, side.key, side.on, strict=True)}
-            right |= {n: dims.column(c) for n, c in side.columns}
+            right |= {n: dims.column(c) for n, c in side.columns
+                      if not pa.types.is_null(dims.schema.field(c).type)}
             right[_MATCH] = pa.repeat(pa.scalar(True), dims.num_rows)
             out = out.join(pa.table(right), keys=list(side.on), right_keys=keys,
                            join_type="left outer", coalesce_keys=True, use_threads=False)
             if side.kind == "inner":
                 out = out.filter(pc.is_valid(out.column(_MATCH)))
             out = out.drop_columns([c for c in (*keys, _MATCH) if c in out.schema.names])
-        return out
+        return _with_nulls(out, self.joined_schema.names[1:])
 
     def _index_moves(self, side, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table]:
         """The index rows the changed facts leave and enter (a fact whose join key did not
@@ -256,8 +258,20 @@ def _match(table: pa.Table, keys: pa.Table, left: list[str], right: list[str],
     names = [f"{_KEY}{i}" for i in range(len(right))]
     probe = pa.table({n: pc.cast(keys.column(r), table.schema.field(c).type)
                       for n, r, c in zip(names, right, left, strict=True)})
-    out = table.join(probe, keys=left, right_keys=names, join_type=how, use_threads=False)
-    return out.select(table.schema.names)
+    out = _drop_null_typed(table).join(probe, keys=left, right_keys=names, join_type=how,
+                                       use_threads=False)
+    return _with_nulls(out, table.schema.names)
+
+
+def _drop_null_typed(table: pa.Table) -> pa.Table:
+    """``table`` without its columns of the null type, which Arrow's join cannot carry."""
+    return table.drop_columns([f.name for f in table.schema if pa.types.is_null(f.type)])
+
+
+def _with_nulls(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table``'s columns as ``names``, a missing one (of the null type) all nulls."""
+    return pa.table({n: table.column(n) if n in table.schema.names else pa.nulls(
+        table.num_rows) for n in names})
 
 
 def _sides(changes: pa.Table, key: list[str], what: str) -> tuple[pa.Table, pa.Table]:

@@ -14,7 +14,7 @@ column: tier}], kind: left}``
 - ``columns``: dimension columns brought in, each under its own name or a ``{name, column}``
   alias; the names are usable in ``columns``, ``filter``, ``computed``, ``group_by`` and
   ``aggregates`` like upstream columns, and may clash with no other name;
-- ``kind``: ``inner`` (the default, SQL's JOIN) or ``left``.
+- ``kind``: ``inner`` (the default, SQL's JOIN) or ``left`` (any case).
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ def _join(item: object) -> Join:
     key = item["key"]
     key = [key] if isinstance(key, str) else key
     on = item["on"]
-    if not isinstance(key, list | tuple) or not isinstance(on, Mapping):
+    names = [*key, *on, *on.values()] if isinstance(key, list | tuple) and isinstance(
+        on, Mapping) else [None]
+    if not all(isinstance(n, str) and n for n in names):
         raise InvalidJoin(
             f"join of {item['table']!r}: key must be a list of the dimension's key columns and "
             f"on a mapping upstream column -> dimension key column (got key {item['key']!r}, "
@@ -107,9 +109,10 @@ def _join(item: object) -> Join:
     by_dim = {dim: fact for fact, dim in on.items()}
     pairs = [(by_dim[k], k) for k in key if k in by_dim]
     pairs += [(f, d) for f, d in on.items() if d not in key]  # refused later, by name
+    kind = item.get("kind", KINDS[0])
     return Join(item["table"], tuple(key), tuple(pairs),  # type: ignore[arg-type]
                 tuple(_joined_column(item["table"], c) for c in columns),
-                item.get("kind", KINDS[0]))  # type: ignore[arg-type]
+                kind.lower() if isinstance(kind, str) else kind)  # type: ignore[arg-type]
 
 
 def _joined_column(table: object, item: object) -> JoinedColumn:

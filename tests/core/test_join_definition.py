@@ -50,7 +50,7 @@ def test_the_fingerprint_covers_joins_and_a_definition_without_joins_keeps_its_o
     assert len({plain.fingerprint, left.fingerprint, inner.fingerprint}) == 3
     assert make({"columns": ["region"]}).fingerprint != left.fingerprint
     assert inner.changes_since(left.recorded()) and not left.changes_since(left.recorded())
-    assert make().joins[0].kind == "left" and make({"kind": "inner"}).joins[0].kind == "inner"
+    assert make().joins[0].kind == "left" and make({"kind": "INNER"}).joins[0].kind == "inner"
     no_kind = {k: v for k, v in JOIN.items() if k != "kind"}
     assert MVDefinition.from_dict({**ROW_MV, "joins": [no_kind]}).joins[0].kind == "inner"
 
@@ -82,7 +82,8 @@ def test_two_joins_may_not_bring_the_same_name() -> None:
 
 @pytest.mark.parametrize("item", [
     "customers", [{"table": "c"}], [{**JOIN, "how": "left"}], [{**JOIN, "on": ["cid"]}],
-    [{**JOIN, "columns": [{"name": "x"}]}],
+    [{**JOIN, "columns": [{"name": "x"}]}], [{**JOIN, "on": {"customer": 5}}],
+    [{**JOIN, "key": ["cid", None]}],
 ])
 def test_a_malformed_join_item_is_refused_when_parsed(item) -> None:
     with pytest.raises(InvalidJoin):

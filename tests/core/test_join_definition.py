@@ -46,6 +46,10 @@ def test_the_fingerprint_covers_joins_and_a_definition_without_joins_keeps_its_o
     plain = MVDefinition.from_dict({k: v for k, v in ROW_MV.items() if k != "joins"})
     assert "joins" not in plain.recorded()
     assert plain.fingerprint == MVDefinition.from_dict({**ROW_MV, "joins": []}).fingerprint
+    pinned = {"name": "mv", "upstream": "orders", "primary_key": ["id"], "filter": "amount > 0",
+              "columns": ["id", "amount", "region"],
+              "computed": [{"name": "x", "expr": "amount * 2"}]}
+    assert MVDefinition.from_dict(pinned).fingerprint == "712cbd6b06bdedf0"  # as before joins
     left, inner = make(), make({"kind": "inner"})
     assert len({plain.fingerprint, left.fingerprint, inner.fingerprint}) == 3
     assert make({"columns": ["region"]}).fingerprint != left.fingerprint

@@ -15,7 +15,7 @@ from backfill_assets import storage
 from backfill_assets.arrow.types import type_name
 from backfill_assets.core.errors import DimensionWithoutChangeFeed, InvalidJoin
 from backfill_assets.core.join_definition import Dimension, check_dimension, parse_joins
-from backfill_assets.upstream.spec import PK_PROPERTY, UpstreamSpec, create_upstream
+from backfill_assets.upstream.writer import UpstreamSpec, create_upstream
 
 ORDERS = {"id": "bigint", "customer": "int", "amount": "decimal(10,2)"}
 (JOIN,) = parse_joins([{"table": "customers", "key": ["cid"], "on": {"customer": "cid"},
@@ -27,7 +27,7 @@ def dimension_of(uri: str) -> Dimension:
     table = storage.open_table(uri)
     config = table.metadata().configuration
     columns = {f.name: type_name(f.type) for f in storage.arrow_schema(table)}
-    key = json.loads(config[PK_PROPERTY]) if PK_PROPERTY in config else None
+    key = json.loads(config[storage.PK_PROPERTY]) if storage.PK_PROPERTY in config else None
     return Dimension(table.metadata().name or uri, columns,
                      config.get("delta.enableChangeDataFeed") == "true",
                      tuple(key) if key else None)

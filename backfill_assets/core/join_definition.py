@@ -133,13 +133,14 @@ def joined_names(joins: Sequence[Join]) -> dict[str, str]:
     return {c.name: "" for j in joins for c in j.columns}
 
 
-def join_problems(joins: Sequence[Join], upstream: str, fact: Mapping[str, str],
-                  pk: Sequence[str]) -> list[str]:
+def join_problems(joins: Sequence[Join], upstream: str, fact: Mapping[str, str] | None,
+                  pk: Sequence[object]) -> list[str]:
     """Why these joins cannot be maintained (empty: they can, as far as the definition
-    says). ``fact``: the upstream's columns -> types; ``pk``: the MV's primary-key columns.
+    says). ``fact``: the upstream's columns -> types (None: not read yet, so what needs
+    them is left for later); ``pk``: the MV's primary-key columns (names or KeyColumns).
     Joined names read like upstream columns, so a computed column of the same name is
     refused by the row MV's own check."""
-    out, seen = [], {c.lower(): "the upstream" for c in fact}
+    out, seen = [], {c.lower(): "the upstream" for c in fact or {}}
     seen[VNODE] = "the platform's vnode column"
     for j in joins:
         out += _item_problems(j, upstream, fact)
@@ -152,13 +153,14 @@ def join_problems(joins: Sequence[Join], upstream: str, fact: Mapping[str, str],
                     f"{{name: {j.table}_{c.column}, column: {c.column}}}")
             seen[c.name.lower()] = f"the join of {j.table!r}"
     joined = {c.name for j in joins for c in j.columns}
+    pk = [getattr(p, "name", p) for p in pk]
     if any(p in joined for p in pk):
-        out.append(f"primary_key {list(pk)} names joined columns: the MV is keyed by the "
+        out.append(f"primary_key {pk} names joined columns: the MV is keyed by the "
                    "upstream's primary key (a lookup join keeps one row per upstream row)")
     return out
 
 
-def _item_problems(j: Join, upstream: str, fact: Mapping[str, str]) -> list[str]:
+def _item_problems(j: Join, upstream: str, fact: Mapping[str, str] | None) -> list[str]:
     out, name = [], j.table
     if not isinstance(name, str) or not name:
         return [f"a join needs a table: the dimension's table or MV name (got {name!r})"]
@@ -178,7 +180,7 @@ def _item_problems(j: Join, upstream: str, fact: Mapping[str, str]) -> list[str]
             f"{list(j.key)}: a lookup join matches each upstream row with at most one dimension "
             "row, so map an upstream column to every key column, each once (on: {<upstream "
             f"column>: {', '.join(map(str, j.key))}}})")
-    unknown = [f for f, _ in j.on if f not in fact]
+    unknown = [f for f, _ in j.on if fact is not None and f not in fact]
     if unknown:
         out.append(f"join of {name!r} reads unknown upstream columns {unknown}: pick from "
                    f"({', '.join(fact)}); a join key is an upstream column")

@@ -167,8 +167,7 @@ class MVDefinition:
         problems = self._control_problems() + (
             self._aggregate_problems(available) if self.is_aggregate
             else self._column_problems(available))
-        joins = jd.join_problems(self.joins, self.upstream, upstream_columns,
-                                 [c.name for c in self.primary_key])
+        joins = jd.join_problems(self.joins, self.upstream, upstream_columns, self.primary_key)
         added = [*(c.name for c in self.computed), *(g.name for g in self.group_by),
                  *(a.name for a in self.aggregates), *jd.joined_names(self.joins)]
         problems += name_problems(upstream_columns, [c for c in added if isinstance(c, str)])
@@ -178,9 +177,10 @@ class MVDefinition:
 
     def check_controls(self) -> MVDefinition:
         """Refuse what is wrong without the upstream's schema (name, upstream, mode, controls,
-        filter): a catalog of MVs refuses such a definition when it loads, not at its first
-        run. Returns the definition unchanged."""
-        self._refuse(self._control_problems())
+        filter, joins): a catalog of MVs refuses such a definition when it loads, not at its
+        first run. Returns the definition unchanged."""
+        joins = jd.join_problems(self.joins, self.upstream, None, self.primary_key)
+        self._refuse(joins + self._control_problems(), InvalidJoin if joins else None)
         return self
 
     def _refuse(self, problems: list[str], error: type[InvalidMVDefinition] | None = None

@@ -77,6 +77,15 @@ def test_a_wrong_join_is_refused_by_name_saying_what_to_do(join, over, match) ->
         make(join, **over).validate(ORDERS)
 
 
+def test_a_catalog_refuses_what_it_can_see_without_the_upstream_when_it_loads() -> None:
+    for join, match in (({"kind": "cross"}, "kind 'cross'"),
+                        ({"on": {"customer": "region"}}, "not the dimension's declared key"),
+                        ({"table": "orders"}, "with itself")):
+        with pytest.raises(InvalidJoin, match=match):
+            make(join).check_controls()
+    assert make({"on": {"nope": "cid"}}).check_controls().joins  # needs the upstream: later
+
+
 def test_two_joins_may_not_bring_the_same_name() -> None:
     second = {**JOIN, "table": "regions", "columns": ["region"]}
     d = MVDefinition.from_dict({**ROW_MV, "joins": [JOIN, second]})

@@ -83,6 +83,8 @@ def parse_joins(value: object) -> tuple[Join, ...]:
 def _join(item: object) -> Join:
     if not isinstance(item, Mapping):
         raise InvalidJoin(f"join item {item!r} must be a mapping with keys {', '.join(_FIELDS)}")
+    # YAML 1.1 (PyYAML, the catalog's reader) reads the key `on` as the boolean true
+    item = {("on" if k is True else k): v for k, v in item.items()}
     unknown = sorted(set(item) - set(_FIELDS))
     missing = [f for f in _REQUIRED if f not in item]
     if unknown or missing:

@@ -3,7 +3,11 @@ by name before anything is written (the definition alone, then the dimension onc
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import pytest
+import yaml
 
 from backfill_assets.core.errors import (
     ChangeFeedDisabled,
@@ -101,6 +105,16 @@ def test_two_joins_may_not_bring_the_same_name() -> None:
 def test_a_malformed_join_item_is_refused_when_parsed(item) -> None:
     with pytest.raises(InvalidJoin):
         MVDefinition.from_dict({**ROW_MV, "joins": item})
+
+
+def test_the_definition_of_docs_joins_md_loads_from_yaml_where_on_reads_as_true() -> None:
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "JOINS.md").read_text()
+    raw = yaml.safe_load(re.search(r"```yaml\n(.*?)```", text, re.S)[1])
+    assert True in raw["joins"][0]  # YAML 1.1: the key `on` is the boolean true
+    d = MVDefinition.from_dict(raw).validate(ORDERS, joined={"region": "string",
+                                                             "customer_tier": "int"})
+    assert d.joins[0].on == (("customer", "cid"),)
+    assert d.output_columns == ("region", "revenue", "orders", "vnode")
 
 
 def test_the_dimension_is_checked_when_read() -> None:

@@ -120,8 +120,8 @@ class JoinTables:
     def changed_keys(self, fact_changes: pa.Table, dimension_changes: Sequence[pa.Table]
                      ) -> tuple[pa.Table, list[pa.Table]]:
         """Round one, from the changes alone: the fact pks they name, and per join the
-        dimension keys they name (a null key reaches nothing). Read the facts and the
-        dimension rows of these keys, and the index rows of these dimension keys."""
+        dimension keys they name (a null key reaches nothing). Read the index rows of these
+        dimension keys."""
         pk = list(self.plan.pk)
         keys = []
         for side, changes, schema in zip(self.plan.sides, dimension_changes,

@@ -1,7 +1,8 @@
 """The join state's MV against Spark's own JOIN over the same tables: after a random DML
 history on the fact and both dimensions (join keys moving, null join keys, dimension rows
 deleted and re-added, late dimension rows), the rows the Arrow algebra built equal Spark SQL's
-`[LEFT] JOIN ... ON` of the final tables, for every inner / left combination; and the aggregate
+`[LEFT] JOIN ... ON` of the final tables (the SQL `join_sql` writes for the oracle), for
+every inner / left combination; and the aggregate
 over them equals Spark's GROUP BY over that join. Spark is the oracle here, independent of the
 Python recompute the property tests use."""
 
@@ -15,7 +16,15 @@ import pytest
 
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.join_algebra import Signed
-from tests.core.join_model import CUSTOMER_TYPES, FACT_TYPES, PRODUCT_TYPES, Tables
+from backfill_assets.core.join_definition import join_sql
+from tests.core.join_model import (
+    CUSTOMER_TYPES,
+    FACT_COLUMNS,
+    FACT_TYPES,
+    PRODUCT_TYPES,
+    Tables,
+    joins,
+)
 from tests.core.test_join_algebra import apply_to_mv
 from tests.test_arrow_joins import Store, tables_for
 
@@ -92,9 +101,8 @@ def test_the_arrow_join_equals_sparks_join_of_the_final_tables(spark) -> None:
     _frame(spark, t.customers, CUSTOMER_TYPES).createOrReplaceTempView("customers")
     _frame(spark, t.products, PRODUCT_TYPES).createOrReplaceTempView("products")
     for (c_kind, p_kind), (_, mv) in runs.items():
-        sql = (f"SELECT o.*, c.region, c.tier AS cust_tier, p.price FROM orders o "
-               f"{c_kind.upper()} JOIN customers c ON o.cust = c.cid "
-               f"{p_kind.upper()} JOIN products p ON o.pcode = p.code AND o.pver = p.ver")
+        sql = join_sql(joins((c_kind, p_kind)), "orders",
+                       {"customers": "customers", "products": "products"}, FACT_COLUMNS)
         want = {(r["id"],): r.asDict() for r in spark.sql(sql).collect()}
         assert mv == want, (c_kind, p_kind)
         assert len(want) >= 10  # the history left rows of every kind to compare

@@ -255,3 +255,23 @@ def refuse_unserved_joins(definition: object) -> None:
             "definitions are checked but no barrier runs them yet (docs/JOINS.md); remove "
             "joins to serve it as a row MV, or keep it out of the platform until joins are "
             "served")
+
+
+def join_sql(joins: Sequence[Join], fact: str, dimensions: Mapping[str, str],
+             fact_columns: Sequence[str]) -> str:
+    """The Spark SQL of the join the MV equals (before its filter, computed columns and
+    aggregates): ``fact`` and each dimension's relation (a view or a table at a version,
+    by dimension name) joined on the declared keys, the fact columns then every join's
+    carried columns under their names. The oracle's recomputation (verify_job) reads it."""
+    selected = ", ".join([*(f"f.{_quoted(c)}" for c in fact_columns),
+                          *(f"d{i}.{_quoted(c.column)} AS {_quoted(c.name)}"
+                            for i, j in enumerate(joins) for c in j.columns)])
+    text = f"SELECT {selected} FROM {fact} f"
+    for i, j in enumerate(joins):
+        on = " AND ".join(f"f.{_quoted(f)} = d{i}.{_quoted(d)}" for f, d in j.on)
+        text += f" {'LEFT ' if j.kind == 'left' else ''}JOIN {dimensions[j.table]} d{i} ON {on}"
+    return text
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"

@@ -15,7 +15,12 @@ from backfill_assets.core.errors import (
     InvalidJoin,
     InvalidMVDefinition,
 )
-from backfill_assets.core.join_definition import Dimension, JoinedColumn, check_dimension
+from backfill_assets.core.join_definition import (
+    Dimension,
+    JoinedColumn,
+    check_dimension,
+    join_sql,
+)
 from backfill_assets.core.mv_definition import MVDefinition
 
 ORDERS = {"id": "bigint", "customer": "int", "amount": "decimal(10,2)", "vnode": "int"}
@@ -132,3 +137,13 @@ def test_the_dimension_is_checked_when_read() -> None:
     for dim, match in cases:
         with pytest.raises(InvalidJoin, match=match):
             check_dimension(j, dim, ORDERS)
+
+
+def test_join_sql_is_the_join_the_mv_equals_for_the_oracle() -> None:
+    d = make({"columns": ["region", {"name": "odd`name", "column": "tier"}]})
+    sql = join_sql(d.joins, "orders_v3", {"customers": "customers_v7"}, ["id", "amount"])
+    assert sql == ("SELECT f.`id`, f.`amount`, d0.`region` AS `region`, d0.`tier` AS "
+                   "`odd``name` FROM orders_v3 f LEFT JOIN customers_v7 d0 ON "
+                   "f.`customer` = d0.`cid`")
+    inner = join_sql(make({"kind": "inner"}).joins, "o", {"customers": "c"}, ["id"])
+    assert " JOIN c d0 ON " in inner and "LEFT" not in inner

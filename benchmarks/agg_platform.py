@@ -1,0 +1,65 @@
+"""The platform's side of the aggregate benchmark (benchmarks/bench_aggregate.py): the
+aggregate MV definition (benchmarks/agg_data.py `definition`, docs/AGGREGATES.md) run by
+`run_barrier` (backfill_assets/barrier/runner.py) on a private copy of the cached upstream:
+the bulk backfill (barriers until every vnode is finished), then one barrier after each batch
+of the shared plan. Where this checkout cannot serve an aggregate MV yet
+(`AggregateMVNotServed`), the result says so ("not served yet") instead of failing."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+from benchmarks import agg_data as A
+from benchmarks import agg_runs as R
+from benchmarks import common as C
+
+
+def _barrier(spark, d, tables, vnodes) -> dict:
+    from backfill_assets.barrier.runner import run_barrier
+
+    t0 = time.perf_counter()
+    report = run_barrier(spark, d, tables, vnodes)
+    return {"seconds": round(time.perf_counter() - t0, 3), "finished": report.finished,
+            "engine": str(getattr(report, "engine", "")),
+            "forwarded_rows": getattr(report, "forwarded_rows", None)}
+
+
+def _bulk(spark, d, tables, vnodes, max_barriers: int = 400) -> dict:
+    barriers = []
+    for _ in range(max_barriers):
+        barriers.append(_barrier(spark, d, tables, vnodes))
+        if barriers[-1]["finished"]:
+            break
+    else:
+        raise RuntimeError("the aggregate backfill did not finish")
+    return {"seconds": round(sum(b["seconds"] for b in barriers), 3), "barriers": barriers}
+
+
+def worker_platform(args) -> dict:
+    from backfill_assets.core.errors import AggregateMVNotServed
+    from backfill_assets.mv.owned_tables import MVTables
+
+    run_dir, uri, info = R.private_upstream(args, "platform")
+    d = A.definition(uri, args.vnodes)
+    tables = MVTables.under(run_dir, d.name, uri)
+    vnodes = list(range(args.vnodes))
+    spark, _ = C.start_spark()
+    C.warm_read(spark, uri)
+    out: dict = {"contender": "platform", "rows": args.rows, "served": True}
+    try:
+        audit = C.CpuAudit()
+        try:
+            out["full"] = _bulk(spark, d, tables, vnodes)
+        except AggregateMVNotServed as e:
+            print(f"    platform: not served yet ({type(e).__name__})", flush=True)
+            return {**out, "served": False, "reason": f"{type(e).__name__}: {e}"}
+        print(f"    platform bulk backfill: {out['full']['seconds']:.2f}s "
+              f"({len(out['full']['barriers'])} barriers)", flush=True)
+        out["cases"] = R.follow_plan(args, uri, info,
+                                     lambda: _barrier(spark, d, tables, vnodes))
+        out.update(audit.result())
+        out["check"] = R.mismatches(spark, spark.read.format("delta").load(tables.mv), uri)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return out

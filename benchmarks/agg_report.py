@@ -91,7 +91,11 @@ def print_report(out: dict) -> None:
     print("\nTargets")
     C.print_table(["target", "figure s", "baseline s", "ratio", "met"],
                   [[t["target"], _num(t["figure"]), _num(t["baseline"]), _num(t["ratio"]),
-                    t["met"]] for t in out["targets"]])
+                    _met(t["met"])] for t in out["targets"]])
+
+
+def _met(v) -> str:
+    return {True: "yes", False: "NO"}.get(v, v) if isinstance(v, bool) else str(v)
 
 
 def _num(v):

@@ -21,6 +21,11 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vnodes", type=int, default=256)
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.001, 0.0001])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--commits", type=int, default=40,
+                        help="continuous mode: upstream commits measured, one per --interval")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--commit-changes", type=int, default=20,
+                        help="continuous mode: changes per upstream commit")
 
 
 def private_upstream(args, label: str) -> tuple[str, str, dict]:
@@ -30,12 +35,14 @@ def private_upstream(args, label: str) -> tuple[str, str, dict]:
     return run_dir, C.work_copy(info["path"], os.path.join(run_dir, "upstream")), info
 
 
-def follow_plan(args, uri: str, info: dict, refresh: Callable[[], dict]) -> list[dict]:
+def follow_plan(args, uri: str, info: dict, refresh: Callable[[], dict],
+                stream: A.ChangeStream | None = None) -> list[dict]:
     """Apply the plan's batches to `uri` in order, `refresh()` (a dict with at least
-    `seconds`) after each; per fraction, the runs and their median."""
+    `seconds`) after each; per fraction, the runs and their median. `stream`: the DML
+    sequence to draw from (a fresh one by default), left where the plan ends."""
     from backfill_assets.upstream.writer.dml import apply_dml
 
-    stream = A.ChangeStream(args.rows, info["days"])
+    stream = stream or A.ChangeStream(args.rows, info["days"])
     spec = A.orders_spec(args.vnodes)
     cases: dict[float, dict] = {}
     for fraction, n in A.fraction_plan(args.rows, args.fractions, args.repeat):

@@ -45,7 +45,8 @@ def worker_prepare(args) -> dict:
 def _worker_args(args) -> list[str]:
     return ["--rows", str(args.rows), "--groups", str(args.groups), "--vnodes",
             str(args.vnodes), "--fractions", *map(str, args.fractions), "--repeat",
-            str(args.repeat)]
+            str(args.repeat), "--commits", str(args.commits), "--interval", str(args.interval),
+            "--commit-changes", str(args.commit_changes)]
 
 
 def run(args) -> dict:

@@ -36,10 +36,12 @@ def continuous(spark, d, tables, vnodes, stream: A.ChangeStream, args) -> dict:
     from backfill_assets.barrier.follower import follow
 
     done: list[tuple[int, float]] = []  # (version the barrier brought the MV to, when)
+    took: list[float] = []  # each barrier's own seconds (its report)
     stop = threading.Event()
 
     def on_barrier(record) -> None:
         done.append((record.report.v_new, time.time()))
+        took.append(round(record.report.seconds, 3))
 
     loop = threading.Thread(target=follow, args=(spark, d, tables, vnodes), daemon=True,
                             kwargs={"on_barrier": on_barrier, "stop": stop,
@@ -70,4 +72,5 @@ def continuous(spark, d, tables, vnodes, stream: A.ChangeStream, args) -> dict:
             latencies.append(round(first - committed[v], 3))
     return {"commits": len(versions), "interval": args.interval,
             "changes_per_commit": args.commit_changes, "barriers": len(done),
-            "missed": missed, "latencies": latencies, **C.summary(latencies), **audit.result()}
+            "missed": missed, "latencies": latencies, "barrier_seconds": took,
+            **C.summary(latencies), **audit.result()}

@@ -23,7 +23,24 @@ def _barrier(spark, d, tables, vnodes) -> dict:
     report = run_barrier(spark, d, tables, vnodes)
     return {"seconds": round(time.perf_counter() - t0, 3), "finished": report.finished,
             "engine": str(getattr(report, "engine", "")),
-            "forwarded_rows": getattr(report, "forwarded_rows", None)}
+            "forwarded_rows": getattr(report, "forwarded_rows", None),
+            "report": dict(getattr(report, "extra", {}) or {})}
+
+
+def table_sizes(tables) -> dict:
+    """Each of the MV's tables: its log's latest version and its live data files (what a
+    barrier that opens or searches it has to go through)."""
+    from deltalake import DeltaTable
+
+    out = {}
+    for name in ("mv", "aggregate_state", "aggregate_input", "progress"):
+        uri = getattr(tables, name, None)
+        try:
+            table = DeltaTable(uri)
+        except Exception:  # noqa: BLE001 - a table this checkout does not write
+            continue
+        out[name] = {"version": table.version(), "files": len(table.file_uris())}
+    return out
 
 
 def _bulk(spark, d, tables, vnodes, max_barriers: int = 400) -> dict:
@@ -62,11 +79,14 @@ def worker_platform(args) -> dict:
         print(f"    platform bulk backfill: {out['full']['seconds']:.2f}s "
               f"({len(out['full']['barriers'])} barriers)", flush=True)
         stream = A.ChangeStream(args.rows, info["days"])
+        out["idle"] = _barrier(spark, d, tables, vnodes)  # no new version: the fixed cost
+        out["tables_after_bulk"] = table_sizes(tables)
         out["cases"] = R.follow_plan(args, uri, info,
                                      lambda: _barrier(spark, d, tables, vnodes), stream)
         out.update(audit.result())
         if args.commits:
             out["continuous"] = continuous(spark, d, tables, vnodes, stream, args)
+            out["tables_after_continuous"] = table_sizes(tables)
             cont = out["continuous"]
             print(f"    continuous mode: commit-to-MV median {cont.get('median', 0):.3f}s, "
                   f"p95 {cont.get('p95', 0):.3f}s ({cont['commits']} commits)", flush=True)

@@ -3,9 +3,10 @@
 `BACKFILL_TEST_KILL_AT=<point>[@<n>]` (read by settings) makes the process SIGKILL itself the
 n-th time (default 1st) it reaches `<point>`; unset, the hook is a no-op function. Points:
 before_write, after_replica_commit, after_agg_state_commit, after_agg_input_commit (an
-aggregate MV's group state and kept input), after_mv_commit, before_progress_commit,
-after_progress_commit, and inside the MV's storage-layer commit: mv_data_files_written,
-mv_change_files_written, mv_dv_file_written (just before its log entry is published).
+aggregate MV's group state and kept input; agg_state_dv_file_written inside the first),
+after_mv_commit, before_progress_commit, after_progress_commit, and inside the MV's
+storage-layer commit: mv_data_files_written, mv_change_files_written, mv_dv_file_written
+(just before its log entry is published).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from backfill_assets.step.request import Hook, no_hook
 
 STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_dv_file_written")
 # an aggregate MV's barrier commits its group state, then its kept input, then the MV
-AGGREGATE_KILL_POINTS = ("after_agg_state_commit", "after_agg_input_commit")
+AGGREGATE_KILL_POINTS = ("agg_state_dv_file_written", "after_agg_state_commit",
+                         "after_agg_input_commit")
 KILL_POINTS = ("before_write", "after_replica_commit", *AGGREGATE_KILL_POINTS, "after_mv_commit",
                "before_progress_commit", "after_progress_commit", *STORAGE_KILL_POINTS)
 

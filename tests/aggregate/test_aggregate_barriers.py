@@ -37,6 +37,7 @@ def extremes_batch(live, rng: random.Random, tops: list[int]) -> DmlBatch:
     batch = live.random_batch(12)
     picked = {r["id"] for r in batch.updates} | {r["id"] for r in batch.inserts}
     picked |= {k[0] for k in batch.deletes} | {k[0] for k, _ in batch.pk_changes}
+    picked |= {r["id"] for _, r in batch.pk_changes}
     doomed = [k for k in tops if k in live.keys and k not in picked]
     batch.deletes.extend((k,) for k in doomed)
     live.keys.difference_update(doomed)

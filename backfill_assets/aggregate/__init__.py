@@ -22,13 +22,15 @@ MODES = ("snapshot",)
 
 
 def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
-                *, version: int | None = None, controls: Controls, hook: Hook = no_hook
-                ) -> StepReport:
+                *, version: int | None = None, controls: Controls, hook: Hook = no_hook,
+                recompute: bool = False) -> StepReport:
     """One barrier of the aggregate MV ``d`` at ``version`` (latest when None). It covers
     every upstream vnode whatever ``vnodes`` a run names: the groups are keyed by the group
     key, so any upstream row may move any group, and one barrier brings the whole MV to one
     version (a second run of the same barrier finds it done). Paused (rate limit 0): nothing
-    runs. Refuses arrangement and no_shuffle modes by name (`AggregateModeUnsupported`)."""
+    runs. Refuses arrangement and no_shuffle modes by name (`AggregateModeUnsupported`).
+    ``recompute``: every table recomputed at the version even when the MV is there already
+    (an aggregate MV's re-snapshot: resnapshot_job)."""
     if d.mode not in MODES:
         raise AggregateModeUnsupported(
             f"MV {d.name!r} is an aggregate MV in mode {d.mode!r}: aggregate MVs are built in "
@@ -36,4 +38,4 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
             "set mode: snapshot in the definition (or remove the mode key)")
     if controls.rate_limit == 0:
         return StepReport(version if version is not None else -1, tuple(vnodes), 0)
-    return barrier.run(spark, d, tables, version, controls, hook)
+    return barrier.run(spark, d, tables, version, controls, hook, recompute)

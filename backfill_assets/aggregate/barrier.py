@@ -37,7 +37,7 @@ from backfill_assets.aggregate.projection import (
 from backfill_assets.aggregate.store import INPUT, MV, STATE, AggregateStore, group_texts, with_key
 from backfill_assets.arrow import netting
 from backfill_assets.arrow.aggregate_state import ROWS
-from backfill_assets.core.cost_choice import APPLY
+from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import VNODE
 from backfill_assets.core.progress import BackfillState, Completed
@@ -78,8 +78,9 @@ class _Barrier:
     def txns(self) -> dict[str, int | None]:
         return {phase: self.store.txn_version(phase, self.vnodes) for phase in self.store.phases}
 
-    def run(self, target: int, forced: str | None) -> StepReport:
-        """Complete a barrier a crash left behind, then bring every table to ``target``."""
+    def run(self, target: int, forced: str | None, again: bool = False) -> StepReport:
+        """Complete a barrier a crash left behind, then bring every table to ``target``
+        (``again``: recompute every table even when they are there already)."""
         at = self.progress_version()
         txns = self.txns()
         ahead = [v for v in txns.values() if v is not None and (at is None or v > at)]
@@ -90,7 +91,9 @@ class _Barrier:
             at, txns = pending, {p: pending for p in self.store.phases}
         if at is not None and target < at and not ahead:
             refuse_stale(self._finished(at), self.vnodes, target, self.tables.mv)
-        if at is None or target > at:
+        if at is not None and again and target == at:
+            self._step(at, target, {}, forced)
+        elif at is None or target > at:
             self._step(at, target, txns, forced)
             at = target
         self.report.v_new = at
@@ -109,8 +112,9 @@ class _Barrier:
         """Bring the tables behind ``to`` there from ``at``, then the progress."""
         behind = [p for p in self.store.phases if txns.get(p) is None or txns[p] < to]
         self.hook("before_write")
-        if at is None:
-            self.report.extra.update({"aggregate_path": cost.BULK})
+        if at is None or at == to:  # the first barrier, or a re-snapshot at the same version
+            self.report.extra.update({"aggregate_path": cost.BULK if at is None
+                                      else cost.RECOMPUTE})
             self._recompute(to, behind)
         else:
             choice = self._choice(at, to, forced)
@@ -226,10 +230,11 @@ def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version
 
 
 def run(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,
-        controls: Controls, hook: Hook) -> StepReport:
+        controls: Controls, hook: Hook, recompute: bool = False) -> StepReport:
     """One aggregate barrier (see the module docstring) with the controls in force."""
     started = time.monotonic()
     barrier, target = open_barrier(spark, d, tables, version, controls, hook)
-    report = barrier.run(target, controls.barrier_choice)
+    report = barrier.run(target, RESNAPSHOT if recompute else controls.barrier_choice,
+                         recompute)
     report.seconds = time.monotonic() - started
     return report

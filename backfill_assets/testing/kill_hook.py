@@ -20,7 +20,7 @@ STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_d
 # an aggregate MV's barrier commits its group state, then its kept input, then the MV
 AGGREGATE_KILL_POINTS = ("agg_state_dv_file_written", "after_agg_state_commit",
                          "after_agg_input_commit")
-KILL_POINTS = ("before_write", "after_replica_commit", *AGGREGATE_KILL_POINTS, "after_mv_commit",
+KILL_POINTS = ("before_write", "after_replica_commit", "after_mv_commit",
                "before_progress_commit", "after_progress_commit", *STORAGE_KILL_POINTS)
 
 
@@ -29,8 +29,9 @@ def kill_hook(spec: str | None) -> Hook:
     if not spec:
         return no_hook
     point, _, nth = spec.partition("@")
-    if point not in KILL_POINTS:
-        raise ValueError(f"unknown kill point {point!r}; use one of {', '.join(KILL_POINTS)}")
+    known = (*KILL_POINTS, *AGGREGATE_KILL_POINTS)
+    if point not in known:
+        raise ValueError(f"unknown kill point {point!r}; use one of {', '.join(known)}")
     remaining = [int(nth or 1)]
 
     def hook(reached: str) -> None:

@@ -54,13 +54,13 @@ def test_an_unknown_reader_feature_refuses_a_new_mv_before_any_write(spark, ware
     _no_state_left(tables)
 
 
-def test_an_aggregate_mv_is_refused_by_name_until_barriers_serve_it(spark, warehouse):
+def test_an_aggregate_mv_in_arrangement_mode_is_refused_by_name(spark, warehouse):
     live = H.orders(warehouse, 34)
     live.create(rows=40)
-    raw = H.mv_raw("agg_new", "snapshot", 5, live.uri)
+    raw = H.mv_raw("agg_new", "arrangement", 5, live.uri)
     for key in ("columns", "computed"):
         raw.pop(key)
     raw.update(group_by=["name"], aggregates={"total": "sum(amount)", "n": "count(*)"})
     d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    refused(spark, d, tables, errors.AggregateMVNotServed, r"no barrier runs them yet")
+    refused(spark, d, tables, errors.AggregateModeUnsupported, r"use|snapshot mode")
     _no_state_left(tables)

@@ -113,16 +113,51 @@ class AggregateTables:
         """The writes of one batch of signed ``changes`` given the touched groups' old
         ``state`` and kept ``inputs`` (rows of other groups are ignored). Raises
         AggregateStateMismatch / AggregateOverflow as the reference does."""
-        changes = changes.select(self.change_schema.names).cast(self.change_schema)
+        changes = self.typed_changes(changes)
+        state_rows, deletes = self.state_update(state, changes)
+        kept, input_upserts, input_deletes = self.input_update(inputs, changes)
+        return AggregateUpdate(state_rows, deletes, input_upserts, input_deletes,
+                               self.mv_rows(state_rows, kept), deletes)
+
+    def typed_changes(self, changes: pa.Table) -> pa.Table:
+        """``changes`` in `change_schema` (its columns, in order, cast)."""
+        return changes.select(self.change_schema.names).cast(self.change_schema)
+
+    def state_update(self, state: pa.Table, changes: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """(the live touched groups' new state rows, the keys of groups gone) after typed
+        ``changes`` over the touched groups' old ``state``: a function of the state table
+        alone, so each table of an aggregate MV is brought forward on its own."""
         new_state = self._new_state(state.select(self.state_schema.names), changes)
-        kept, input_upserts, input_deletes = self._new_inputs(inputs, changes)
         live = new_state.filter(pc.greater(new_state.column(ROWS), 0))
         gone = new_state.filter(pc.and_(pc.equal(new_state.column(ROWS), 0),
                                         pc.greater(new_state.column(_OLD), 0)))
         state_rows = self._with_vnode(live.select(self.state_schema.names[:-1]))
-        deletes = self._with_vnode(gone.select(self.group_names))
-        return AggregateUpdate(state_rows.cast(self.state_schema), deletes, input_upserts,
-                               input_deletes, self._mv_rows(state_rows, kept), deletes)
+        return state_rows.cast(self.state_schema), self._with_vnode(gone.select(self.group_names))
+
+    def input_update(self, inputs: pa.Table, changes: pa.Table
+                     ) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """(the touched groups' kept input after typed ``changes``, input upserts, input
+        deletes): a function of the kept-input table alone."""
+        return self._new_inputs(inputs, changes)
+
+    def state_of(self, partials: pa.Table) -> pa.Table:
+        """State rows (with their `vnode`) from per-group partials aggregated elsewhere (a
+        bulk snapshot in Spark): group columns, `ROWS`, the counts and exact sums."""
+        rows = partials.select(self.state_schema.names[:-1])
+        return self._with_vnode(rows).cast(self.state_schema)
+
+    def input_of(self, rows: pa.Table) -> pa.Table:
+        """Kept-input rows (with their `vnode`) from group columns, pk and kept values."""
+        return self._with_vnode(rows.select(self.input_schema.names[:-1])).cast(
+            self.input_schema)
+
+    def mv_rows(self, state: pa.Table, kept: pa.Table) -> pa.Table:
+        """The MV rows of live groups from their state rows (with `vnode`) and their whole
+        kept input (any columns beyond the group, pk and kept values are ignored)."""
+        names = [*self.group_names, *(n for n, _ in self.pk),
+                 *(value_column(i) for i in self.kept)]
+        return self._mv_rows(state.select(self.state_schema.names), kept.select(names)
+                             if self.kept else kept)
 
     def _partials(self, changes: pa.Table) -> pa.Table:
         """The changes as state deltas per row: signed row count, non-null counts, sums."""

@@ -22,11 +22,11 @@ from dataclasses import replace
 
 from pyspark.sql import SparkSession
 
-from backfill_assets import storage
+from backfill_assets import aggregate, storage
 from backfill_assets.core.errors import ResnapshotRefused
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.snapshot import plan_slices
-from backfill_assets.mv.controls import read_controls
+from backfill_assets.mv.controls import Controls, read_controls
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.loop import run_step
@@ -55,6 +55,11 @@ def resnapshot(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: S
             "its backfill finish, or reset_mv_job to start the MV over)")
     version = storage.latest_version(tables.upstream, tables.storage_options)
     chunk = read_controls(tables).chunk_size or d.chunk_size
+    if d.is_aggregate:  # an aggregate MV is re-read whole (backfill_assets/aggregate/)
+        report = aggregate.run_barrier(spark, d, tables, vnodes, version=version,
+                                       controls=Controls(chunk), hook=hook, recompute=True)
+        report.extra["resnapshot"] = f"every group recomputed at v{version}"
+        return report
     req = StepRequest(d, SNAPSHOT, tables, vnodes, chunk, None, version)
     report = resnapshot_steps(spark, req, hook)
     report.extra["resnapshot"] = f"vnodes {_span(vnodes)} re-read at v{version}"

@@ -62,9 +62,9 @@ class InvalidAggregate(InvalidMVDefinition):
     non-deterministic function, a type the aggregate cannot keep exact, a bad name."""
 
 
-class AggregateMVNotServed(InvalidAggregate):
-    """An aggregate MV reached a barrier: its definition and algebra exist (docs/AGGREGATES.md)
-    but no step runs an aggregate yet, and running it as a row MV would write wrong rows."""
+class AggregateModeUnsupported(InvalidAggregate):
+    """An aggregate MV asked for a backfill mode its barrier does not run (arrangement,
+    no_shuffle): aggregate MVs are built in snapshot mode (docs/AGGREGATES.md)."""
 
 
 class AggregateOverflow(BackfillError):

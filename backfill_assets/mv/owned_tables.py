@@ -64,6 +64,22 @@ class MVTables:
         )
 
     @property
+    def aggregate_state(self) -> str:
+        """An aggregate MV's group state (docs/AGGREGATES.md); unused by a row MV."""
+        return f"{self.root}/aggregate_state"
+
+    @property
+    def aggregate_input(self) -> str:
+        """An aggregate MV's kept input (min/max, count(DISTINCT), float sums)."""
+        return f"{self.root}/aggregate_input"
+
+    @property
+    def aggregate_plan(self) -> str:
+        """An aggregate MV's folder of its analysed projection (a JSON document: no JVM for
+        later barriers)."""
+        return f"{self.root}/aggregate_plan"
+
+    @property
     def root(self) -> str:
         """The folder (or object-store prefix) holding the MV's tables and its small documents:
         runtime controls, follower stop requests, the no-shuffle run layout."""

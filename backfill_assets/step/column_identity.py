@@ -42,7 +42,9 @@ def used_columns(d: MVDefinition, names: Iterable[str]) -> set[str]:
     resolves names. Only these columns are carried and pinned (step/preflight.py)."""
     used = {c.lower() for c in d.columns} | {c.name.lower() for c in d.primary_key}
     names = list(names)
-    for text in [d.filter, *(c.expr for c in d.computed)]:
+    texts = [d.filter, *(c.expr for c in d.computed), *(g.expr for g in d.group_by),
+             *(a.arg for a in d.aggregates)]
+    for text in texts:
         if not text:
             continue
         node = parse(text)

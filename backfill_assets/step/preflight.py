@@ -28,7 +28,6 @@ import pyarrow as pa
 from backfill_assets import storage
 from backfill_assets.arrow.types import SUPPORTED, type_name
 from backfill_assets.core.errors import (
-    AggregateMVNotServed,
     ChangeFeedDisabled,
     InvalidMVDefinition,
     MVDefinitionChanged,
@@ -87,13 +86,6 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
                      check: UpstreamCheck | None = None) -> CheckedUpstream:
     """Open and check the upstream at `version` (latest when None); raise before any write.
     ``check``: what the step's mode needs of the upstream besides (`Mode.check_upstream`)."""
-    if d.is_aggregate:
-        raise AggregateMVNotServed(
-            f"MV {d.name!r} is an aggregate (group_by/aggregates): such definitions are checked "
-            "but no barrier runs them yet (docs/AGGREGATES.md), and a row MV's barrier would "
-            "write wrong rows; remove group_by and aggregates to serve it as a row MV, or keep "
-            "it out of the platform until aggregate MVs are served"
-        )
     table = _opened(tables, d, version)
     check_readable(tables.upstream, table.version(), table)  # refused before any write
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":

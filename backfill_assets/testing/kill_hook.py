@@ -2,9 +2,11 @@
 
 `BACKFILL_TEST_KILL_AT=<point>[@<n>]` (read by settings) makes the process SIGKILL itself the
 n-th time (default 1st) it reaches `<point>`; unset, the hook is a no-op function. Points:
-before_write, after_replica_commit, after_mv_commit, before_progress_commit,
-after_progress_commit, and inside the MV's storage-layer commit: mv_data_files_written,
-mv_change_files_written, mv_dv_file_written (just before its log entry is published).
+before_write, after_replica_commit, after_agg_state_commit, after_agg_input_commit (an
+aggregate MV's group state and kept input; agg_state_dv_file_written inside the first),
+after_mv_commit, before_progress_commit, after_progress_commit, and inside the MV's
+storage-layer commit: mv_data_files_written, mv_change_files_written, mv_dv_file_written
+(just before its log entry is published).
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ import signal
 from backfill_assets.step.request import Hook, no_hook
 
 STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_dv_file_written")
+# an aggregate MV's barrier commits its group state, then its kept input, then the MV
+AGGREGATE_KILL_POINTS = ("agg_state_dv_file_written", "after_agg_state_commit",
+                         "after_agg_input_commit")
 KILL_POINTS = ("before_write", "after_replica_commit", "after_mv_commit",
                "before_progress_commit", "after_progress_commit", *STORAGE_KILL_POINTS)
 
@@ -24,8 +29,9 @@ def kill_hook(spec: str | None) -> Hook:
     if not spec:
         return no_hook
     point, _, nth = spec.partition("@")
-    if point not in KILL_POINTS:
-        raise ValueError(f"unknown kill point {point!r}; use one of {', '.join(KILL_POINTS)}")
+    known = (*KILL_POINTS, *AGGREGATE_KILL_POINTS)
+    if point not in known:
+        raise ValueError(f"unknown kill point {point!r}; use one of {', '.join(known)}")
     remaining = [int(nth or 1)]
 
     def hook(reached: str) -> None:

@@ -1,0 +1,66 @@
+"""Apply a barrier's changes to an aggregate MV, or recompute it, whichever the model says.
+
+Why: applying costs about the change rows and the touched groups (each touched group's state
+and kept input read by key, rewritten, its MV row finished on the driver); recomputing costs
+about the upstream's rows (one Spark aggregation at the barrier's version, every table
+rewritten where it differs). A bulk rewrite of the upstream, or a long catch-up, can make the
+second cheaper. Both land every table at the same rows, so the choice is about time alone,
+and it is recorded in the barrier's metadata (`StepReport.extra`). The unit costs are the row
+MV's defaults (core/cost_choice.py); a touched group costs a few change rows' worth (its
+state and kept input read and rewritten), and the driver path keeps at most
+`DRIVER_CHANGE_ROWS` in memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from backfill_assets.core.cost_choice import (
+    APPLY,
+    APPLY_FIXED_SECONDS,
+    DEFAULT_APPLY_SECONDS_PER_ROW,
+    DEFAULT_RESNAPSHOT_SECONDS_PER_ROW,
+    RESNAPSHOT_FIXED_SECONDS,
+    RESNAPSHOT_MARGIN,
+)
+
+RECOMPUTE = "recompute"
+BULK = "bulk"  # the first barrier: no state yet, one bulk aggregation
+GROUP_ROWS = 4.0  # change rows' worth of work per touched group (read, rewrite, finish)
+DRIVER_CHANGE_ROWS = 2_000_000  # change rows a barrier applies on the driver, at most
+
+
+@dataclass(frozen=True)
+class AggregateChoice:
+    """The path a barrier takes and the estimates behind it (seconds)."""
+
+    path: str
+    apply_seconds: float
+    recompute_seconds: float
+    change_rows: int
+    upstream_rows: int
+
+    def figures(self) -> dict[str, object]:
+        """For the barrier's metadata."""
+        return {"aggregate_path": self.path, "apply_estimate_s": round(self.apply_seconds, 3),
+                "recompute_estimate_s": round(self.recompute_seconds, 3),
+                "change_rows_estimate": self.change_rows,
+                "upstream_rows_estimate": self.upstream_rows}
+
+
+def choose(change_rows: int, upstream_rows: int, forced: str | None = None) -> AggregateChoice:
+    """Apply or recompute for a barrier of about ``change_rows`` over an upstream of about
+    ``upstream_rows`` (both from the upstream's log); ``forced``: the `barrier_choice`
+    control (apply / resnapshot), else by cost. Touched groups are at most the change rows
+    (every row its own group), the estimate taken here."""
+    apply = APPLY_FIXED_SECONDS + change_rows * (1 + GROUP_ROWS) * DEFAULT_APPLY_SECONDS_PER_ROW
+    recompute = RESNAPSHOT_FIXED_SECONDS + upstream_rows * DEFAULT_RESNAPSHOT_SECONDS_PER_ROW
+    if forced == APPLY:
+        path = APPLY
+    elif forced is not None and forced != "auto":
+        path = RECOMPUTE
+    elif change_rows > DRIVER_CHANGE_ROWS:
+        path = RECOMPUTE
+    else:
+        path = RECOMPUTE if recompute <= apply * (1 - RESNAPSHOT_MARGIN) else APPLY
+    return AggregateChoice(path, apply, recompute, change_rows, upstream_rows)

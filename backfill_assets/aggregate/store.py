@@ -1,0 +1,143 @@
+"""An aggregate MV's three Delta tables (group state, kept input, MV), read by touched group
+and written through the storage door with an app transaction per table.
+
+Why a key column of its own (`GROUP_KEY`, the group's canonical text, never null): a group whose
+columns hold nulls is a group like any other (SQL's GROUP BY), but a key lookup, like any
+join, never matches a null; each table is keyed by that text instead (the kept input by it
+and the upstream pk), and its rows carry the group columns as they are.
+
+Why one app transaction per table and barrier: an aggregate is not idempotent, so recovery
+asks each table whether it holds the barrier (`txn_version`) and brings forward only those
+that do not; never "are the rows already there".
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backfill_assets import storage
+from backfill_assets.arrow.aggregate_state import AggregateTables
+from backfill_assets.core.aggregate_definition import GROUP_KEY
+from backfill_assets.core.names import VNODE
+from backfill_assets.core.vnode import SEPARATOR, canonical_value_text, check_vnode_count
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.step.request import Hook
+
+STATE, INPUT, MV = "agg_state", "agg_input", "mv"  # the phases of the app transactions
+
+
+def group_texts(rows: pa.Table, t: AggregateTables) -> pa.Array:
+    """Each row's group key as text: the JSON list of its columns' canonical texts (null as
+    JSON null, so a null and an empty string are different groups)."""
+    types = list(t.plan.group_types)
+    columns = [rows.column(n).to_pylist() for n in t.group_names]
+    texts = [json.dumps([None if v is None else canonical_value_text(v, ty)
+                         for v, ty in zip(values, types, strict=True)], ensure_ascii=False)
+             for values in zip(*columns, strict=True)] if columns else []
+    return pa.array(texts, pa.string())
+
+
+def with_key(rows: pa.Table, t: AggregateTables) -> pa.Table:
+    """``rows`` (ending with `vnode`) with `GROUP_KEY` just before `vnode`."""
+    return rows.add_column(rows.schema.get_field_index(VNODE), GROUP_KEY, group_texts(rows, t))
+
+
+def _keyed_schema(schema: pa.Schema) -> pa.Schema:
+    at = schema.get_field_index(VNODE)
+    fields = [f.with_nullable(True) for f in schema]
+    return pa.schema([*fields[:at], pa.field(GROUP_KEY, pa.string()), *fields[at:]])
+
+
+@dataclass(frozen=True)
+class Table:
+    """One of the three tables: where, its schema (with `GROUP_KEY`), its key, its phase."""
+
+    uri: str
+    schema: pa.Schema
+    key: tuple[str, ...]
+    phase: str
+    cdf: bool
+
+
+@dataclass(frozen=True)
+class AggregateStore:
+    """The tables of one aggregate MV."""
+
+    name: str
+    tables: MVTables
+    agg: AggregateTables
+    vnode_count: int
+
+    def table(self, phase: str) -> Table:
+        pk = tuple(n for n, _ in self.agg.pk)
+        return {STATE: Table(self.tables.aggregate_state, _keyed_schema(self.agg.state_schema),
+                             (GROUP_KEY,), STATE, False),
+                INPUT: Table(self.tables.aggregate_input, _keyed_schema(self.agg.input_schema),
+                             (GROUP_KEY, *pk), INPUT, False),
+                MV: Table(self.tables.mv, _keyed_schema(self.agg.mv_schema), (GROUP_KEY,),
+                          MV, True)}[phase]
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The tables a barrier writes, in commit order (no kept input when none is kept)."""
+        return (STATE, INPUT, MV) if self.agg.kept else (STATE, MV)
+
+    def ensure(self) -> None:
+        """Create the missing tables, empty (merge-on-read, keyed by their key columns)."""
+        for phase in self.phases:
+            t = self.table(phase)
+            owned_tables.ensure_data_table(t.uri, t.schema, self.tables.storage_options,
+                                           cdf=t.cdf, key_names=list(t.key),
+                                           vnode_count=self.vnode_count)
+
+    def txn_version(self, phase: str, vnodes: Sequence[int]) -> int | None:
+        """The barrier version the table's last commit for ``vnodes`` holds (the lowest over
+        them; None when any has none)."""
+        table = owned_tables.open_if_exists(self.table(phase).uri, self.tables.storage_options)
+        found = owned_tables.txn_versions(table, self.name, phase, vnodes,
+                                          self.tables.storage_options)
+        values = list(found.values())
+        return None if not values or any(v is None for v in values) else min(values)
+
+    def read(self, phase: str, keys: pa.Array | None) -> tuple[storage.TableVersion, pa.Table]:
+        """The table's latest version and its rows of the groups ``keys`` (all rows when
+        None): only the files of those groups' vnodes are read."""
+        t, so = self.table(phase), self.tables.storage_options
+        delta = owned_tables.open_if_exists(t.uri, so)
+        snap = storage.TableVersion(t.uri, so, delta)
+        if keys is not None and len(keys) == 0:
+            return snap, t.schema.empty_table()
+        vnodes = None if keys is None else sorted(set(_vnodes_of(keys, self)))
+        rows = owned_tables.read_rows(delta, vnodes)
+        if keys is not None:
+            rows = rows.filter(pc.is_in(rows.column(GROUP_KEY), keys))
+        return snap, rows.select(t.schema.names).cast(t.schema)
+
+    def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
+              version: int, vnodes: Sequence[int], hook: Hook) -> None:
+        """One commit of the table: the rows of the changed keys ``before`` -> ``after``
+        (a key only before is deleted), carrying the barrier's app transaction."""
+        t = self.table(phase)
+        intent = owned_tables.intent(self.name, phase, vnodes, version)
+
+        def inner(point: str) -> None:
+            hook(f"{phase}_{point}")
+
+        storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
+            before.select(t.schema.names).cast(t.schema),
+            after.select(t.schema.names).cast(t.schema)), hook=inner)
+
+
+def _vnodes_of(keys: pa.Array, store: AggregateStore) -> list[int]:
+    """The vnodes of group keys given as `group_texts`: their values' canonical texts joined
+    and hashed as `core.aggregates.group_vnode` hashes a group (a null as the empty text)."""
+    check_vnode_count(store.vnode_count)
+    return [zlib.crc32(SEPARATOR.join("" if v is None else v for v in json.loads(text))
+                       .encode("utf-8")) % store.vnode_count for text in keys.to_pylist()]

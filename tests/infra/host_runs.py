@@ -24,14 +24,16 @@ TASKS = "tests.infra.host_tasks"
 PARQUET_MAGIC = b"PAR1"
 # the Spark and store errors docs/SCALE_OUT.md names ("When a faulted run fails") beside the
 # platform's own (core/errors.py): a failed run must lead with one of them
-DOCUMENTED_FAILURES = ("SparkException", "GenericError", "ConnectionError", "TimeoutError")
+DOCUMENTED_FAILURES = ("SparkException", "GenericError")
 
 
 class Deployment:
     """One MV on the host cluster: its warehouse on the S3 host, runs on driver hosts."""
 
-    def __init__(self, cluster: HostCluster, mode: str, name: str = "wh") -> None:
-        self.cluster, self.mode = cluster, mode
+    def __init__(self, cluster: HostCluster, mode: str, name: str = "wh",
+                 mv: dict | None = None) -> None:
+        """``mv``: fields of jobs/configs/mv.yaml to replace (columns, filter, computed...)."""
+        self.cluster, self.mode, self.mv = cluster, mode, dict(mv or {})
         self.warehouse = f"s3://{BUCKET}/{name}"
         self.upstream = f"{self.warehouse}/upstream"
         self.runs = 0
@@ -41,7 +43,8 @@ class Deployment:
         """Everything a run on ``driver`` is configured by (files on the driver host only);
         ``env``: more variables (a pause point, BACKFILL_TEST_KILL_AT)."""
         os.makedirs(os.path.join(driver.tmp, "dagster_home"), exist_ok=True)
-        mv_yaml(driver.tmp, chunk_size=400, vnode_count=VNODES, mode=self.mode)
+        mv_yaml(driver.tmp, **{"chunk_size": 400, "vnode_count": VNODES, "mode": self.mode,
+                               **self.mv})
         return {**self.cluster.driver_env(driver, spark_conf),
                 "BACKFILL_WAREHOUSE": self.warehouse, "BACKFILL_VNODE_COUNT": str(VNODES),
                 "BACKFILL_MV_CONFIG": "/tmp/mv.yaml", **(env or {})}

@@ -7,6 +7,9 @@ environment (AWS_* variables, as a deployment sets them). Each task prints one J
 bucket NAME              create the bucket
 load URI PARAMS_JSON     the load generator (LoadParams fields; vnode_count too)
 objects PREFIX           the object keys under PREFIX
+counts UPSTREAM MV WHERE rows and sum of ids of the upstream's rows WHERE selects and
+                         of the MV, each counted by delta-rs's query engine (streamed: a
+                         100M-row check needs no rows in memory)
 compare UPSTREAM MV      the MV against its upstream's latest version, recomputed here with
                          pyarrow alone (the default MV of jobs/configs/mv.yaml: filter
                          ``qty > 0 AND NOT flag``, ``total = amount * qty``,
@@ -97,7 +100,20 @@ def compare(upstream_uri: str, mv_uri: str) -> dict:
             "duplicate_keys": sum(n - 1 for n in keys.values() if n > 1)}
 
 
-TASKS = {"bucket": bucket, "load": load, "objects": objects_under, "compare": compare}
+def counts(upstream_uri: str, mv_uri: str, where: str) -> dict:
+    from deltalake import DeltaTable, QueryBuilder
+
+    def one(uri: str, cond: str) -> dict:
+        table = DeltaTable(uri, storage_options=options())
+        got = QueryBuilder().register("t", table).execute(
+            f"select count(*) as n, sum(id) as ids from t where {cond}").read_all().to_pylist()
+        return {"version": table.version(), **got[0]}
+
+    return {"upstream": one(upstream_uri, where), "mv": one(mv_uri, "true")}
+
+
+TASKS = {"bucket": bucket, "load": load, "objects": objects_under, "compare": compare,
+         "counts": counts}
 
 if __name__ == "__main__":
     print(json.dumps(TASKS[sys.argv[1]](*sys.argv[2:]), default=str), flush=True)

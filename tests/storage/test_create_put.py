@@ -3,7 +3,8 @@
 Real parts: a closed loopback port for a store that never answers; moto's S3 server behind a
 real loopback HTTP server that carries out the first create-only PUT and then hangs up without
 answering, as a store whose link drops right after it wrote does (the host test cuts a real
-link: tests/scale/test_hosts.py).
+link: tests/scale/test_hosts.py). And a store silent elsewhere in a run: the step fails led by
+``StoreUnavailable`` (wiring/named_errors.py), not by the client's raw report.
 """
 
 from __future__ import annotations
@@ -97,3 +98,27 @@ def test_a_commit_whose_answer_was_lost_is_found_landed(s3_server):
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_store_gone_silent_mid_run_fails_the_step_by_name():
+    """An op that meets a silent store elsewhere than a commit (obstore's raw GenericError, a
+    real one from the closed port) fails its step led by StoreUnavailable, the cause kept."""
+    import dagster as dg
+    from obstore import put
+
+    from backfill_assets.wiring.named_errors import named_first
+
+    @named_first
+    def op_body() -> None:
+        put(_store("http://127.0.0.1:1", "b"), "k", b"x")
+
+    with pytest.raises(dg.Failure, match="^StoreUnavailable: the object store did not") as got:
+        op_body()
+    assert type(got.value.__cause__).__name__ == "GenericError"
+
+    @named_first
+    def other() -> None:
+        raise KeyError("not a store's")
+
+    with pytest.raises(KeyError):
+        other()

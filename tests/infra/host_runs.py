@@ -49,11 +49,11 @@ class Deployment:
                 "BACKFILL_WAREHOUSE": self.warehouse, "BACKFILL_VNODE_COUNT": str(VNODES),
                 "BACKFILL_MV_CONFIG": "/tmp/mv.yaml", **(env or {})}
 
-    def load(self, **params) -> dict:
+    def load(self, timeout: float = 300, **params) -> dict:
         """The load generator on the writer host, to its end."""
         out = self.cluster.writer.python(TASKS, "load", self.upstream,
                                          json.dumps({**params, "vnode_count": VNODES}),
-                                         env=self.cluster.store_env())
+                                         env=self.cluster.store_env(), timeout=timeout)
         return json.loads(out.strip().splitlines()[-1])
 
     def start_writer(self, **params) -> procs.Server:

@@ -80,9 +80,11 @@ def _append(cluster, dep: Deployment, rows: int, changes: int) -> tuple[float, d
     return time.monotonic() - start, json.loads(out.strip().splitlines()[-1])
 
 
-def run(rows: int, changes: int, executor_memory: str) -> dict:
-    out: dict = {"rows": rows, "changes": changes, "workers": 2, "cores_per_worker": WORKER_CORES,
-                 "vnodes": VNODES, "columns": COLUMNS, "executor_memory": executor_memory}
+def run(out: dict, rows: int, changes: int, executor_memory: str) -> None:
+    """The steps (module docstring), each figure into ``out`` as it is measured (a failed
+    step leaves those before it recorded)."""
+    out.update({"rows": rows, "changes": changes, "workers": 2, "cores_per_worker": WORKER_CORES,
+                "vnodes": VNODES, "columns": COLUMNS, "executor_memory": executor_memory})
     base = tempfile.mkdtemp(prefix="bench-hosts-")
     net = Network(os.path.join(base, "hosts"))
     try:
@@ -114,7 +116,6 @@ def run(rows: int, changes: int, executor_memory: str) -> dict:
                                                        out["idle_run_s"], 1e-3))
     finally:
         net.close()
-    return out
 
 
 def main(argv=None) -> None:
@@ -123,12 +124,14 @@ def main(argv=None) -> None:
     p.add_argument("--changes", type=int, default=100_000)
     p.add_argument("--executor-memory", default="768m")
     args = p.parse_args(argv)
-    out = run(args.rows, args.changes, args.executor_memory)
-    os.makedirs(RESULTS, exist_ok=True)
-    path = os.path.join(RESULTS, f"hosts_{args.rows}.json")
-    with open(path, "w") as f:
-        json.dump(out, f, indent=2, default=str)
-    print(json.dumps(out, indent=2, default=str))
+    out: dict = {}
+    try:
+        run(out, args.rows, args.changes, args.executor_memory)
+    finally:
+        os.makedirs(RESULTS, exist_ok=True)
+        with open(os.path.join(RESULTS, f"hosts_{args.rows}.json"), "w") as f:
+            json.dump(out, f, indent=2, default=str)
+        print(json.dumps(out, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -124,8 +124,8 @@ def counts(upstream_uri: str, mv_uri: str, where: str) -> dict:
 
     def one(uri: str, cond: str) -> dict:
         table = DeltaTable(uri, storage_options=options())
-        got = QueryBuilder().register("t", table).execute(
-            f"select count(*) as n, sum(id) as ids from t where {cond}").read_all().to_pylist()
+        got = pa.table(QueryBuilder().register("t", table).execute(
+            f"select count(*) as n, sum(id) as ids from t where {cond}").read_all()).to_pylist()
         return {"version": table.version(), **got[0]}
 
     return {"upstream": one(upstream_uri, where), "mv": one(mv_uri, "true")}

@@ -10,10 +10,11 @@ same costs, so the plan's prediction can be checked against them. Root and netwo
 are needed (as tests/scale/test_hosts.py).
 
 The steps, each timed: the upstream written by the load generator on the writer host (a
-compact schema, ``COLUMNS``: the store is moto, in memory); an empty run (nothing to backfill
-yet: a run's fixed cost, JVM and Dagster included, is what a barrier's time is measured
-above); the bulk barrier (every vnode to finished in one run); ``--changes`` new keys appended
-on the writer host in five versions and the catch-up barrier that applies them. Exactness:
+compact schema, ``COLUMNS``: the store is moto, in memory); the bulk barrier (every vnode to
+finished in one run); an idle run (nothing new: a run's fixed cost); ``--changes`` new keys
+appended on the writer host in five versions and the catch-up barrier that applies them. A
+barrier's own time runs from its plan to its last progress commit, as the run's progress
+lines give it (a run's wall time adds Dagster's start and the Spark session's). Exactness:
 the MV's rows and sum of ids against the upstream's filtered rows, counted by delta-rs's query
 engine on the writer host (no Spark). The S3 server's resident memory is read after each step.
 Results: benchmarks/results/hosts_<rows>.json.
@@ -25,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 
@@ -64,6 +66,14 @@ def _barrier_lines(out: str) -> list[str]:
     return re.findall(r"barrier v\d+ vnodes [^\n]*", out)
 
 
+def _work_s(out: str) -> float:
+    """The barrier's own time in a run: from its plan (the Spark session started, progress
+    recovered) to its last progress commit, as the run's progress lines say (assets.py)."""
+    planned = re.findall(r"step planned \((\d+\.\d+) s\)", out)
+    committed = re.findall(r"backfill_progress committed \((\d+\.\d+) s\)", out)
+    return round(float(committed[-1]) - float(planned[0]), 2)
+
+
 def _load(dep: Deployment, **params) -> tuple[float, dict]:
     start = time.monotonic()
     got = dep.load(timeout=3600, **params, columns=list(COLUMNS))
@@ -96,12 +106,12 @@ def run(out: dict, rows: int, changes: int, executor_memory: str) -> None:
                                            changes_per_version=0, load_batch=2_000_000)
         out["store_mib_after_load"] = _rss_mib(cluster.s3)
         out["bulk_run_s"], bulk = _timed_run(dep, driver, conf)
-        out["bulk_barriers"] = _barrier_lines(bulk)
+        out["bulk_barriers"], out["bulk_s"] = _barrier_lines(bulk), _work_s(bulk)
         out["store_mib_after_bulk"] = _rss_mib(cluster.s3)
         out["idle_run_s"], _ = _timed_run(dep, driver, conf)  # the fixed cost of a run
         out["dml_s"], out["dml"] = _append(cluster, dep, rows, changes)
         out["catch_up_run_s"], catch = _timed_run(dep, driver, conf)
-        out["catch_up_barriers"] = _barrier_lines(catch)
+        out["catch_up_barriers"], out["catch_up_s"] = _barrier_lines(catch), _work_s(catch)
         out["store_mib_at_end"] = _rss_mib(cluster.s3)
         got = json.loads(cluster.writer.python(
             TASKS, "counts", dep.upstream, f"{dep.warehouse}/orders_mv/downstream_mv", WHERE,
@@ -109,13 +119,12 @@ def run(out: dict, rows: int, changes: int, executor_memory: str) -> None:
         out["counts"] = got
         out["exact"] = got["upstream"]["n"] == got["mv"]["n"] and \
             got["upstream"]["ids"] == got["mv"]["ids"]
-        cores = 2 * WORKER_CORES
-        bulk_s = out["bulk_run_s"] - out["idle_run_s"]
-        out["bulk_rows_per_s_per_core"] = round(rows / bulk_s / cores)
-        out["change_rows_per_s"] = round(changes / max(out["catch_up_run_s"] -
-                                                       out["idle_run_s"], 1e-3))
+        out["bulk_rows_per_s_per_core"] = round(rows / out["bulk_s"] / (2 * WORKER_CORES))
+        out["change_rows_per_s"] = round(changes / max(out["catch_up_s"], 1e-3))
     finally:
         net.close()
+        if "exact" in out:  # a failed run keeps its hosts' folders and logs to be read
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def main(argv=None) -> None:

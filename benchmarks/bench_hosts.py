@@ -10,14 +10,14 @@ same costs, so the plan's prediction can be checked against them. Root and netwo
 are needed (as tests/scale/test_hosts.py).
 
 The steps, each timed: the upstream written by the load generator on the writer host (a
-compact schema, ``COLUMNS``: the store is moto, in memory); the bulk barrier (every vnode to
-finished in one run); an idle run (nothing new: a run's fixed cost); ``--changes`` new keys
+compact schema by default, ``SCHEMAS``: the store is moto, in memory); the bulk barrier (every
+vnode to finished in one run); an idle run (nothing new: a run's fixed cost); ``--changes`` new keys
 appended on the writer host in five versions and the catch-up barrier that applies them. A
 barrier's own time runs from its plan to its last progress commit, as the run's progress
 lines give it (a run's wall time adds Dagster's start and the Spark session's). Exactness:
 the MV's rows and sum of ids against the upstream's filtered rows, counted by delta-rs's query
 engine on the writer host (no Spark). The S3 server's resident memory is read after each step.
-Results: benchmarks/results/hosts_<rows>.json.
+Results: benchmarks/results/hosts_<schema>_<rows>.json.
 """
 
 from __future__ import annotations
@@ -35,9 +35,15 @@ from tests.infra.host_runs import TASKS, VNODES, Deployment, finished
 from tests.infra.hosts import Host, Network
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-COLUMNS = ("region", "id", "qty", "flag")  # 4 narrow columns: the store holds them in memory
-MV = {"columns": ["id", "region", "qty"], "filter": "qty > 0 AND NOT flag",
-      "computed": [{"name": "qty2", "expr": "qty * 2"}]}
+# schema -> (upstream columns, MV fields replaced in jobs/configs/mv.yaml). compact: 4 narrow
+# columns, so 100M rows fit the in-memory store; demo: the load generator's every column and
+# the default MV (the rows the plan's loopback figures were measured on)
+SCHEMAS = {
+    "compact": (["region", "id", "qty", "flag"],
+                {"columns": ["id", "region", "qty"], "filter": "qty > 0 AND NOT flag",
+                 "computed": [{"name": "qty2", "expr": "qty * 2"}]}),
+    "demo": (None, {}),
+}
 WHERE = "qty > 0 AND NOT flag"
 
 
@@ -74,9 +80,9 @@ def _work_s(out: str) -> float:
     return round(float(committed[-1]) - float(planned[0]), 2)
 
 
-def _load(dep: Deployment, **params) -> tuple[float, dict]:
+def _load(dep: Deployment, columns: list[str] | None, **params) -> tuple[float, dict]:
     start = time.monotonic()
-    got = dep.load(timeout=3600, **params, columns=list(COLUMNS))
+    got = dep.load(timeout=3600, **params, columns=columns)
     return time.monotonic() - start, got
 
 
@@ -90,19 +96,20 @@ def _append(cluster, dep: Deployment, rows: int, changes: int) -> tuple[float, d
     return time.monotonic() - start, json.loads(out.strip().splitlines()[-1])
 
 
-def run(out: dict, rows: int, changes: int, executor_memory: str) -> None:
+def run(out: dict, rows: int, changes: int, executor_memory: str, schema: str) -> None:
     """The steps (module docstring), each figure into ``out`` as it is measured (a failed
     step leaves those before it recorded)."""
     out.update({"rows": rows, "changes": changes, "workers": 2, "cores_per_worker": WORKER_CORES,
-                "vnodes": VNODES, "columns": COLUMNS, "executor_memory": executor_memory})
+                "vnodes": VNODES, "schema": schema, "executor_memory": executor_memory})
+    columns, mv = SCHEMAS[schema]
     base = tempfile.mkdtemp(prefix="bench-hosts-")
     net = Network(os.path.join(base, "hosts"))
     try:
         cluster = start_host_cluster(net, workers=2, drivers=1)
         driver = cluster.drivers[0]
-        dep = Deployment(cluster, "snapshot", mv=MV)
+        dep = Deployment(cluster, "snapshot", mv=mv)
         conf = {"spark.executor.memory": executor_memory, "spark.driver.memory": "1g"}
-        out["load_s"], out["load"] = _load(dep, seed=3, initial_rows=rows, versions=0,
+        out["load_s"], out["load"] = _load(dep, columns, seed=3, initial_rows=rows, versions=0,
                                            changes_per_version=0, load_batch=2_000_000)
         out["store_mib_after_load"] = _rss_mib(cluster.s3)
         out["bulk_run_s"], bulk = _timed_run(dep, driver, conf)
@@ -132,13 +139,14 @@ def main(argv=None) -> None:
     p.add_argument("--rows", type=int, default=100_000_000)
     p.add_argument("--changes", type=int, default=100_000)
     p.add_argument("--executor-memory", default="768m")
+    p.add_argument("--schema", choices=sorted(SCHEMAS), default="compact")
     args = p.parse_args(argv)
     out: dict = {}
     try:
-        run(out, args.rows, args.changes, args.executor_memory)
+        run(out, args.rows, args.changes, args.executor_memory, args.schema)
     finally:
         os.makedirs(RESULTS, exist_ok=True)
-        with open(os.path.join(RESULTS, f"hosts_{args.rows}.json"), "w") as f:
+        with open(os.path.join(RESULTS, f"hosts_{args.schema}_{args.rows}.json"), "w") as f:
             json.dump(out, f, indent=2, default=str)
         print(json.dumps(out, indent=2, default=str))
 

@@ -55,9 +55,7 @@ def load(uri: str, params_json: str) -> dict:
 
 
 def append(uri: str, params_json: str) -> dict:
-    from backfill_assets.upstream.spec import read_upstream_spec
-    from backfill_assets.upstream.writer import insert_rows
-    from backfill_assets.upstream.writer.load_generator import initial_rows_table
+    from backfill_assets.upstream.writer import initial_rows_table, insert_rows, read_upstream_spec
 
     raw = json.loads(params_json)
     spec = read_upstream_spec(uri, options())

@@ -10,9 +10,9 @@ same costs, so the plan's prediction can be checked against them. Root and netwo
 are needed (as tests/scale/test_hosts.py).
 
 The steps, each timed: the upstream written by the load generator on the writer host (a
-compact schema by default, ``SCHEMAS``: the store is moto, in memory); the bulk barrier (every
-vnode to finished in one run); an idle run (nothing new: a run's fixed cost); ``--changes`` new keys
-appended on the writer host in five versions and the catch-up barrier that applies them. A
+compact schema by default, ``SCHEMAS``); the bulk barrier (every vnode to finished in one run);
+an idle run (nothing new: a run's fixed cost); ``--changes`` new keys appended on the writer
+host in five versions and the catch-up barrier that applies them. A
 barrier's own time runs from its plan to its last progress commit, as the run's progress
 lines give it (a run's wall time adds Dagster's start and the Spark session's). Exactness:
 the MV's rows and sum of ids against the upstream's filtered rows, counted by delta-rs's query

@@ -45,7 +45,9 @@ BACKFILL_TRACEBACK         1: a command that fails with a named     0
                            error prints the traceback after it
                            (backfill_assets/wiring/named_errors.py)
 BACKFILL_TEST_KILL_AT      test only: ``point[@n]`` makes a step    unset
-                           SIGKILL itself at that commit boundary
+                           SIGKILL itself at that commit boundary,
+                           ``pause:point[@n]`` wait there
+                           (backfill_assets/testing/kill_hook.py)
 DAGSTER_HOME               Dagster instance folder (passthrough)    unset
 =========================  ======================================  =============================
 """

@@ -184,6 +184,11 @@ class UnsupportedStorage(BackfillError, ValueError):
 class ConditionalWritesUnsupported(BackfillError):
     """The object store ignored a create-only (If-None-Match: *) write: commits are unsafe."""
 
+
+class StoreUnavailable(BackfillError):
+    """The object store did not answer while a commit was published, for longer than the
+    commit waits (storage/store/create_put.py)."""
+
 # ---- errors of the backfill step
 
 

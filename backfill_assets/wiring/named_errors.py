@@ -19,7 +19,7 @@ from types import TracebackType
 
 import dagster as dg
 
-from backfill_assets.core.errors import BackfillError
+from backfill_assets.core.errors import BackfillError, StoreUnavailable
 
 _SHOW = {"traceback": False}  # the process's setting (install)
 
@@ -60,23 +60,56 @@ def install(show_traceback: bool = False) -> None:
         sys.excepthook = _excepthook
 
 
+def store_failure(exc: BaseException) -> BackfillError | None:
+    """``StoreUnavailable`` for an object store that stopped answering mid-run: obstore's
+    ``GenericError`` or pyarrow's S3 ``OSError`` (its message names the AWS error) in the
+    chain of ``exc``. Why: such a run fails on whichever read or upload met the outage first,
+    with the client's raw report; every commit is one create-only PUT, so the tables are whole
+    and the named error can say so."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        kind = f"{type(exc).__module__}.{type(exc).__name__}"
+        if kind == "obstore.exceptions.GenericError" or (
+                isinstance(exc, OSError) and "AWS Error" in str(exc)):
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else kind
+            return StoreUnavailable(
+                f"the object store did not answer ({first}). Every commit is all or nothing, "
+                "so the tables are whole: rerun once the store answers.")
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _failure(exc: Exception) -> dg.Failure | None:
+    """The step failure that names ``exc`` (None: it keeps Python's own report)."""
+    named = exc if isinstance(exc, BackfillError) else store_failure(exc)
+    return None if named is None else dg.Failure(description=headline(named))
+
+
 def named_first(op_body: Callable) -> Callable:
-    """An op body whose named error fails its step as `dg.Failure` led by the error's name and
-    message (the cause kept below it), so a run's page and `dagster job execute` show what to
-    do first, not Dagster's "Error occurred while executing op" over a long traceback."""
+    """An op body whose named error (or an unreachable store's, ``store_failure``) fails its
+    step as `dg.Failure` led by the error's name and message (the cause kept below it), so a
+    run's page and `dagster job execute` show what to do first, not Dagster's "Error occurred
+    while executing op" over a long traceback."""
     if inspect.isgeneratorfunction(op_body):
         @functools.wraps(op_body)
         def generating(*args, **kwargs):
             try:
                 yield from op_body(*args, **kwargs)
-            except BackfillError as exc:
-                raise dg.Failure(description=headline(exc)) from exc
+            except Exception as exc:
+                failure = _failure(exc)
+                if failure is None:
+                    raise
+                raise failure from exc
         return generating
 
     @functools.wraps(op_body)
     def returning(*args, **kwargs):
         try:
             return op_body(*args, **kwargs)
-        except BackfillError as exc:
-            raise dg.Failure(description=headline(exc)) from exc
+        except Exception as exc:
+            failure = _failure(exc)
+            if failure is None:
+                raise
+            raise failure from exc
     return returning

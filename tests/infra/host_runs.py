@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -21,31 +22,38 @@ from tests.infra.s3_server import BUCKET
 VNODES = 8
 TASKS = "tests.infra.host_tasks"
 PARQUET_MAGIC = b"PAR1"
+# the Spark and store errors docs/SCALE_OUT.md names ("When a faulted run fails") beside the
+# platform's own (core/errors.py): a failed run must lead with one of them
+DOCUMENTED_FAILURES = ("SparkException", "GenericError")
 
 
 class Deployment:
     """One MV on the host cluster: its warehouse on the S3 host, runs on driver hosts."""
 
-    def __init__(self, cluster: HostCluster, mode: str, name: str = "wh") -> None:
-        self.cluster, self.mode = cluster, mode
+    def __init__(self, cluster: HostCluster, mode: str, name: str = "wh",
+                 mv: dict | None = None) -> None:
+        """``mv``: fields of jobs/configs/mv.yaml to replace (columns, filter, computed...)."""
+        self.cluster, self.mode, self.mv = cluster, mode, dict(mv or {})
         self.warehouse = f"s3://{BUCKET}/{name}"
         self.upstream = f"{self.warehouse}/upstream"
         self.runs = 0
 
-    def settings(self, driver: Host, spark_conf: dict[str, str] | None = None
-                 ) -> dict[str, str]:
-        """Everything a run on ``driver`` is configured by (files on the driver host only)."""
+    def settings(self, driver: Host, spark_conf: dict[str, str] | None = None,
+                 env: dict[str, str] | None = None) -> dict[str, str]:
+        """Everything a run on ``driver`` is configured by (files on the driver host only);
+        ``env``: more variables (a pause point, BACKFILL_TEST_KILL_AT)."""
         os.makedirs(os.path.join(driver.tmp, "dagster_home"), exist_ok=True)
-        mv_yaml(driver.tmp, chunk_size=400, vnode_count=VNODES, mode=self.mode)
+        mv_yaml(driver.tmp, **{"chunk_size": 400, "vnode_count": VNODES, "mode": self.mode,
+                               **self.mv})
         return {**self.cluster.driver_env(driver, spark_conf),
                 "BACKFILL_WAREHOUSE": self.warehouse, "BACKFILL_VNODE_COUNT": str(VNODES),
-                "BACKFILL_MV_CONFIG": "/tmp/mv.yaml"}
+                "BACKFILL_MV_CONFIG": "/tmp/mv.yaml", **(env or {})}
 
-    def load(self, **params) -> dict:
+    def load(self, timeout: float = 300, **params) -> dict:
         """The load generator on the writer host, to its end."""
         out = self.cluster.writer.python(TASKS, "load", self.upstream,
                                          json.dumps({**params, "vnode_count": VNODES}),
-                                         env=self.cluster.store_env())
+                                         env=self.cluster.store_env(), timeout=timeout)
         return json.loads(out.strip().splitlines()[-1])
 
     def start_writer(self, **params) -> procs.Server:
@@ -56,13 +64,14 @@ class Deployment:
             f"writer-{time.monotonic_ns()}", argv, self.cluster.store_env()))
 
     def start_run(self, driver: Host, job: str = "backfill_job",
-                  spark_conf: dict[str, str] | None = None) -> procs.Server:
+                  spark_conf: dict[str, str] | None = None,
+                  env: dict[str, str] | None = None) -> procs.Server:
         """``dagster job execute`` of ``job`` on ``driver``, in the background."""
         self.runs += 1
         argv = [sys.executable, "-m", "dagster", "job", "execute", "-m",
                 "backfill_assets.definitions", "-j", job]
         return self.cluster.net.keep(driver.start(f"run{self.runs}-{job}", argv,
-                                                  self.settings(driver, spark_conf)))
+                                                  self.settings(driver, spark_conf, env)))
 
     def run(self, driver: Host, job: str = "backfill_job", timeout: float = 420) -> str:
         """A run on ``driver`` to its end; its output (it must succeed)."""
@@ -129,3 +138,14 @@ def table_bytes(host: Host) -> list[str]:
             except OSError:
                 continue
     return found
+
+
+def named_failure(out: str) -> str | None:
+    """The named error a failed run's output gives as ``Name: message``: a BackfillError
+    subclass (core/errors.py) or one of DOCUMENTED_FAILURES; None when it names none."""
+    from backfill_assets.core import errors
+
+    names = {c.__name__ for c in vars(errors).values()
+             if isinstance(c, type) and issubclass(c, errors.BackfillError)}
+    found = re.search(rf"\b({'|'.join(sorted(names | set(DOCUMENTED_FAILURES)))}): ", out)
+    return found.group(1) if found else None

@@ -7,6 +7,12 @@ environment (AWS_* variables, as a deployment sets them). Each task prints one J
 bucket NAME              create the bucket
 load URI PARAMS_JSON     the load generator (LoadParams fields; vnode_count too)
 objects PREFIX           the object keys under PREFIX
+append URI PARAMS_JSON   ``count`` new keys (ids from ``start``) appended in ``versions``
+                         versions: changes over a large upstream without the DML's scan of
+                         every live key (the load generator's ``initial_rows_table`` rows)
+counts UPSTREAM MV WHERE rows and sum of ids of the upstream's rows WHERE selects and
+                         of the MV, each counted by delta-rs's query engine (streamed: a
+                         100M-row check needs no rows in memory)
 compare UPSTREAM MV      the MV against its upstream's latest version, recomputed here with
                          pyarrow alone (the default MV of jobs/configs/mv.yaml: filter
                          ``qty > 0 AND NOT flag``, ``total = amount * qty``,
@@ -46,6 +52,20 @@ def load(uri: str, params_json: str) -> dict:
     vnodes = raw.pop("vnode_count")
     summary = run_load(uri, LoadParams(**raw), vnode_count=vnodes, storage_options=options())
     return {"last_version": summary.last_version, "rows": summary.row_count}
+
+
+def append(uri: str, params_json: str) -> dict:
+    from backfill_assets.upstream.writer import initial_rows_table, insert_rows, read_upstream_spec
+
+    raw = json.loads(params_json)
+    spec = read_upstream_spec(uri, options())
+    start, per = raw["start"], raw["count"] // raw["versions"]
+    version = None
+    for i in range(raw["versions"]):
+        rows = initial_rows_table(raw["seed"], start + i * per, per)
+        version = insert_rows(uri, rows.select(list(spec.columns)), spec=spec,
+                              storage_options=options(), check_existing=False)
+    return {"last_version": version, "rows": per * raw["versions"]}
 
 
 def objects_under(prefix: str) -> dict:
@@ -97,7 +117,20 @@ def compare(upstream_uri: str, mv_uri: str) -> dict:
             "duplicate_keys": sum(n - 1 for n in keys.values() if n > 1)}
 
 
-TASKS = {"bucket": bucket, "load": load, "objects": objects_under, "compare": compare}
+def counts(upstream_uri: str, mv_uri: str, where: str) -> dict:
+    from deltalake import DeltaTable, QueryBuilder
+
+    def one(uri: str, cond: str) -> dict:
+        table = DeltaTable(uri, storage_options=options())
+        got = pa.table(QueryBuilder().register("t", table).execute(
+            f"select count(*) as n, sum(id) as ids from t where {cond}").read_all()).to_pylist()
+        return {"version": table.version(), **got[0]}
+
+    return {"upstream": one(upstream_uri, where), "mv": one(mv_uri, "true")}
+
+
+TASKS = {"bucket": bucket, "load": load, "append": append, "objects": objects_under,
+         "compare": compare, "counts": counts}
 
 if __name__ == "__main__":
     print(json.dumps(TASKS[sys.argv[1]](*sys.argv[2:]), default=str), flush=True)

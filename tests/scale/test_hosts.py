@@ -17,13 +17,15 @@ its private folders; and each host listens only on the ports docs/SCALE_OUT.md n
 
 from __future__ import annotations
 
+import os
+import re
 import time
 from collections.abc import Callable
 
 import pytest
 
 from tests.infra.host_cluster import PORTS, HostCluster, start_host_cluster
-from tests.infra.host_runs import VNODES, Deployment, finished, table_bytes, wait_for
+from tests.infra.host_runs import VNODES, Deployment, finished, named_failure, table_bytes, wait_for
 from tests.infra.hosts import Host, Network, available
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
@@ -31,6 +33,7 @@ ROWS = 6000
 # a cut link is noticed by heartbeats: seconds, not Spark's default two minutes
 FAST_LOSS = {"spark.network.timeout": "12s", "spark.network.timeoutInterval": "4s",
              "spark.executor.heartbeatInterval": "2s"}
+COMMIT_CUT_SECONDS = 10  # longer than the store client's first retries, shorter than its budget
 
 
 @pytest.fixture
@@ -84,6 +87,35 @@ def s3_cut(cluster: HostCluster, run) -> Host:
     return cluster.drivers[0]
 
 
+COMMITTED_TABLE = {"mv_data_files_written": "downstream_mv",
+                   "before_progress_commit": "backfill_progress"}
+
+
+def s3_cut_in_commit(point: str) -> Callable[..., Host]:
+    """The S3 host cut off while driver1's step is held at ``point`` (the run paused there,
+    testing/kill_hook.py), then the step released: the commit that follows (its log entry's
+    PUT) meets an unreachable store, which comes back COMMIT_CUT_SECONDS later. The store must
+    see the commit's log entry only after it came back: the client retried it."""
+    def fault(cluster: HostCluster, run) -> Host:
+        driver, store = cluster.drivers[0], cluster.servers["s3"]
+        marker = os.path.join(driver.tmp, f"backfill-paused-{point}")
+        wait_for(f"the step paused at {point}", lambda: os.path.exists(marker), run)
+        seen = len(store.log_tail(10**9))
+        cluster.net.cut(cluster.s3)
+        os.remove(marker)
+        time.sleep(COMMIT_CUT_SECONDS)
+        during = store.log_tail(10**9)[seen:]
+        cluster.net.mend(cluster.s3)
+        assert "_delta_log/" not in during, during[-2000:]
+        entry = re.compile(rf'"PUT [^"]*/{COMMITTED_TABLE[point]}/_delta_log/\d+\.json')
+        wait_for("the commit's log entry on the store",
+                 lambda: entry.search(store.log_tail(10**9)[seen:]) is not None, run)
+        return driver
+
+    fault.__name__ = f"s3_cut_in_commit({point})"
+    return fault
+
+
 def driver_killed(cluster: HostCluster, run) -> Host:
     """driver1's every process SIGKILLed and its link cut mid-slice; driver2 takes over."""
     wait_for("tasks", lambda: _tasks(cluster, cluster.workers, "Running") >= 1, run)
@@ -92,16 +124,18 @@ def driver_killed(cluster: HostCluster, run) -> Host:
     return cluster.drivers[1]
 
 
-def _scenario(cluster: HostCluster, mode: str, fault: Callable[..., Host]) -> None:
+def _scenario(cluster: HostCluster, mode: str, fault: Callable[..., Host],
+              run_env: dict[str, str] | None = None) -> None:
     dep = Deployment(cluster, mode)
     dep.load(seed=7, initial_rows=ROWS, versions=1, changes_per_version=40)
     writer = dep.start_writer(seed=8, versions=10, changes_per_version=30, rate=1.0)
-    run = dep.start_run(cluster.drivers[0], spark_conf=FAST_LOSS)
+    run = dep.start_run(cluster.drivers[0], spark_conf=FAST_LOSS, env=run_env)
     driver = fault(cluster, run)
     code = finished(run, 420)
     out = run.log_tail(10**7)
-    # completed, or failed as a whole (a run the fault killed has no say)
+    # completed, or failed as a whole (a run the fault killed has no say) and by name
     assert code != 0 or "RUN_SUCCESS" in out, out[-4000:]
+    assert code in (0, -9) or named_failure(out), f"unnamed failure:\n{out[-4000:]}"
     dep.verify(driver)  # never half: every vnode equals the oracle at its recorded version
     assert finished(writer, 300) == 0, writer.log_tail()
     dep.run(driver)  # the next barrier, over the live writer's versions
@@ -146,3 +180,12 @@ def test_backfill_across_hosts_with_a_fault(cluster, mode, fault):
 @pytest.mark.variant
 def test_arrangement_backfill_across_hosts_survives_a_lost_worker(cluster):
     _scenario(cluster, "arrangement", worker_killed)
+
+
+@pytest.mark.variant
+@pytest.mark.parametrize("point", ["mv_data_files_written", "before_progress_commit"])
+@pytest.mark.parametrize("mode", ["snapshot", "arrangement"])
+def test_store_cut_off_during_a_commit(cluster, mode, point):
+    """The store unreachable as a commit's log entry is published (the MV's, the progress
+    table's): the commit is retried or refused by name, never half; the next barrier exact."""
+    _scenario(cluster, mode, s3_cut_in_commit(point), {"BACKFILL_TEST_KILL_AT": f"pause:{point}"})

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from backfill_assets.storage.store.create_put import put_create
 from backfill_assets.storage.store.lru import memoized
 from backfill_assets.storage.store.uris import (
     LOCAL,
@@ -130,14 +131,8 @@ def put_if_absent(uri: str, data: bytes, storage_options: StorageOptions = None,
     loc = parse(uri)
     if loc.scheme == LOCAL:
         return _put_if_absent_local(loc.path, data, sync)
-    from obstore import put
-    from obstore.exceptions import AlreadyExistsError
-
-    try:
-        put(_s3_store(loc.bucket, canonical_options(storage_options)), loc.key, data, mode="create")
-    except AlreadyExistsError:
-        return False
-    return True
+    return put_create(_s3_store(loc.bucket, canonical_options(storage_options)), loc.key, data,
+                      uri)
 
 
 def _complete_temp(path: str, data: bytes, sync: bool = True) -> str:

@@ -82,3 +82,5 @@ def build_definitions(s: Settings) -> dg.Definitions:
 
 
 defs = build_definitions(settings)
+# the MV of a catalog of one (jobs/demo.py names it); a folder catalog has many (None)
+mv = load_mv_definition(settings) if settings.mv_dir is None else None

@@ -173,13 +173,14 @@ def test_mv_added_and_dropped_while_the_sensor_runs(spark, tmp_path, warehouse):
     # a dropped MV whose output another MV still reads is refused by name
     os.remove(p.folder / "a.yaml")
     p.reload()
-    still_read = reset.execute_in_process(
+    still_read = p.defs.get_job_def("reset_mv_job").execute_in_process(
         instance=p.instance, raise_on_error=False,
         run_config={"ops": {"reset_mv": {"config": {"mv": "a", "confirm": "a"}}}})
     assert not still_read.success
     failure = next(e for e in still_read.all_events if e.event_type_value == "STEP_FAILURE")
     assert MVResetRefused.__name__ in str(failure.event_specific_data.error)
     assert "e still read its output" in str(failure.event_specific_data.error)
+    assert os.path.isdir(mv_tables(_definition(CHAIN["a.yaml"], "a"), p.settings).mv)
 
 
 def _definition(raw: dict, name: str):

@@ -144,3 +144,17 @@ def test_served_picks_one_or_all_and_a_catalog_of_one_defaults(tmp_path) -> None
     assert [spec.key.to_user_string() for spec in specs] == ["tables/upstream"]
     one = Served.of_one(srv.definition("a"))
     assert one.pick(None)[1].mv == dg.AssetKey("downstream_mv")
+
+
+def test_an_empty_or_all_broken_folder_still_loads(tmp_path) -> None:
+    """No healthy MV: the code location loads (the broken one shown), jobs refuse by name."""
+    s = folder_settings(tmp_path, {"bad.yaml": {**ROW, "mode": "sideways"}})
+    defs = build_definitions(s)
+    _, graph = graph_of(defs)
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == {"bad/downstream_mv"}
+    result = defs.get_job_def("verify_job").execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert "serves no healthy MV" in _failure(result)
+    tick = defs.get_sensor_def("upstream_barrier_sensor")(
+        dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral()))
+    assert isinstance(tick, dg.SkipReason) and "no MV" in tick.skip_message

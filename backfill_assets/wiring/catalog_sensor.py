@@ -76,6 +76,9 @@ def catalog_tick(context: dg.SensorEvaluationContext, served: Served, settings: 
         return requests, reasons
     wheres = {n: where(d, t, heads[t.upstream]) for n, (d, _, t) in stands.items()}
     due = [n for n, p in wheres.items() if not p.idle]
+    reasons += [f"{n}: at its upstream's latest version v{p.version} and "
+                + ("paused (resume with set_controls_job)" if p.unfinished else "finished")
+                for n, p in wheres.items() if p.idle]
     in_flight = {m for m in mvs_in_flight(context.instance) if m is not None}
     lineage = served.catalog.lineage
     ready = set(lineage.ready([stands[n][2].upstream for n in due], in_flight))

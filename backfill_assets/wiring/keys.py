@@ -133,6 +133,9 @@ class Served:
         A broken MV raises its own error; an unknown one, or none named among many,
         UnknownMV listing the names."""
         if not name:
+            if not self.names:
+                raise UnknownMV("this code location serves no healthy MV: add a definition "
+                                "to the catalog's folder (or fix the broken ones) and reload")
             if len(self.names) != 1:
                 raise UnknownMV(
                     "this code location serves several MVs: name one with the run config's "

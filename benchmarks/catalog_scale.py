@@ -12,7 +12,9 @@
    (median of five; bound 1 s) and, after one commit to every upstream, the tick that starts
    a barrier for every MV (bound 5 s). The flat catalog is used, so one tick reaches every
    MV; in the chained one the readers start one tick later, after their upstream MV's barrier.
-Figures go to stdout and `benchmarks/results/catalog_scale.json`.
+3. **Followers** (`--followers N`): the memory of one process with one idle follower, then
+   with N idle followers of N MVs sharing its Spark session (threads, one run each).
+Figures go to stdout and `benchmarks/results/catalog_scale_<N>.json`.
 """
 
 from __future__ import annotations
@@ -129,11 +131,63 @@ def tick_figures(work: str, mvs: int, upstreams: int) -> dict:
             "barriers_after_commit_s": round(barriers_s, 1)}
 
 
+def follower_memory(work: str, followers: int) -> dict:
+    """RSS of one process (and its Spark JVM) with one idle follower, then with `followers`
+    idle followers of as many MVs, each a run in a thread of its own sharing the process's
+    warm Spark session (the shape "one warm process serving several MVs" would have)."""
+    import threading
+
+    import dagster as dg
+
+    from backfill_assets.definitions import build_definitions
+    from backfill_assets.upstream.writer import LoadParams, run_load
+    from benchmarks.measure import descendants, mib, proc_status
+    from resources.settings import load_settings
+
+    wh, folder = os.path.join(work, "follow_wh"), os.path.join(work, "follow")
+    write_catalog(folder, followers, 1, chained=False)
+    run_load(f"{wh}/up0", LoadParams(seed=1, initial_rows=200, versions=1,
+                                     changes_per_version=10), vnode_count=4)
+    defs = build_definitions(load_settings({"BACKFILL_WAREHOUSE": wh,
+                                            "BACKFILL_MV_DIR": folder}))
+    instance = dg.DagsterInstance.ephemeral()
+    job = defs.get_job_def("follower_job")
+
+    def rss() -> int:
+        pids = [os.getpid(), *descendants(os.getpid())]
+        return sum(proc_status(p, "VmRSS") or 0 for p in pids)
+
+    def follow(name: str) -> None:
+        job.execute_in_process(instance=instance, tags={"backfill/mv": name}, run_config={
+            "ops": {"follow_upstream": {"config": {"mv": name, "poll_seconds": 0.5}}}})
+
+    threads, sizes = [], {}
+    for i in range(followers):  # one at a time, each idle before the next starts
+        threads.append(threading.Thread(target=follow, args=(f"mv{i:02d}",), daemon=True))
+        threads[-1].start()
+        while len(instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))) \
+                <= i:
+            time.sleep(0.5)
+        time.sleep(3.0)  # its first barrier (the backfill of 200 rows), then idle
+        if i == 0:
+            sizes["one_follower_mib"] = mib(rss())
+    time.sleep(3.0)
+    sizes[f"{followers}_followers_mib"] = mib(rss())
+    defs.get_job_def("stop_follower_job").execute_in_process(
+        instance=instance, run_config={"ops": {"request_follower_stop": {"config": {"mv": "all"}}}})
+    for t in threads:
+        t.join(60)
+    sizes["ratio"] = round(sizes[f"{followers}_followers_mib"] / sizes["one_follower_mib"], 2)
+    return sizes
+
+
 def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser()
     args.add_argument("--mvs", type=int, default=50)
     args.add_argument("--upstreams", type=int, default=5)
     args.add_argument("--skip-ticks", action="store_true")
+    args.add_argument("--followers", type=int, default=0,
+                      help="also the memory of one vs this many idle followers in one process")
     a = args.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="catalog_scale_") as work:
         figures = {"mvs": a.mvs, "upstreams": a.upstreams,
@@ -142,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if not a.skip_ticks:
             figures["ticks"] = tick_figures(work, a.mvs, a.upstreams)
             print(json.dumps(figures["ticks"]), flush=True)
+        if a.followers:
+            figures["followers"] = follower_memory(work, a.followers)
+            print(json.dumps(figures["followers"]), flush=True)
     out = os.path.join(os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "benchmarks",
                                                                      "results")),
                        f"catalog_scale_{a.mvs}.json")

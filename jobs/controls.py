@@ -8,6 +8,9 @@ at once as an observation of `downstream_mv` and in the `backfill_finished` chec
 
     dagster job execute -m backfill_assets.definitions -j set_controls_job \
         -c jobs/configs/pause.yaml
+
+In a folder catalog the config also names the MV (`mv: orders`), or `mv: all` for every MV;
+every MV's request is checked before any is written.
 """
 
 

@@ -8,6 +8,10 @@
     # ... until started again (the sensor restarts the followers within seconds)
     dagster job execute -m backfill_assets.definitions -j start_follower_job
 
+In a folder catalog each follower runs for the MV its config `mv` (or tag `backfill/mv`)
+names, as the sensor launches it; stop_follower_job and start_follower_job take `mv` too
+(`mv: all` for every MV).
+
 Terminating a follower run in the UI is a stop request as well (the barrier in flight commits
 first; terminate twice to abandon it, which recovery repairs at the next barrier).
 """

@@ -11,7 +11,7 @@ the oracle as any other vnodes.
         -c jobs/configs/resnapshot.yaml
 
 From the UI: Jobs > resnapshot_job > Launchpad, with the same config (first_vnode,
-last_vnode, reason).
+last_vnode, reason; in a folder catalog `mv` too).
 """
 
 import dagster as dg

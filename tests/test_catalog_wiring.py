@@ -158,3 +158,18 @@ def test_an_empty_or_all_broken_folder_still_loads(tmp_path) -> None:
     tick = defs.get_sensor_def("upstream_barrier_sensor")(
         dg.build_sensor_context(instance=dg.DagsterInstance.ephemeral()))
     assert isinstance(tick, dg.SkipReason) and "no MV" in tick.skip_message
+
+
+def test_an_mv_waits_only_for_the_mvs_it_reads(tmp_path) -> None:
+    """a -> b -> c, d beside a over the same upstream: a reader waits for an upstream MV due
+    or in flight, never for a sibling's backfill (d due for many barriers must not hold b)."""
+    from backfill_assets.wiring.catalog_sensor import ready_now
+    from resources.catalog import load_catalog
+
+    lineage = load_catalog(folder_settings(tmp_path, CHAIN)).lineage
+    assert ready_now(lineage, ["a", "b", "c", "d"], []) == ["a", "d"]
+    assert ready_now(lineage, ["b", "d"], []) == ["d", "b"]  # barrier order: d's wave first
+    assert ready_now(lineage, ["b", "c"], []) == ["b"]
+    assert ready_now(lineage, ["c"], ["b"]) == []  # b's barrier in flight: c after it
+    assert ready_now(lineage, ["c"], ["a"]) == []  # through b
+    assert ready_now(lineage, ["c", "d"], ["d"]) == ["c"]  # d in flight: itself only

@@ -3,22 +3,27 @@
 Why one sensor: a sensor per MV costs the code location a definition and a snapshot each
 (docs/CATALOG.md, measured), and only one place can see the whole lineage. Each tick reads the
 head of every table an MV reads (each once) and where every MV stands (its progress table and
-controls), then asks `Lineage.ready` which of the MVs with work to do may start: none whose
-upstream MV (directly or through others) has a barrier due or in flight. So a reader's barrier
-starts once the barrier of the MV it reads has committed, sees that commit, and runs once per
-upstream commit: a chain of three follows an upstream commit in one pass, tick after tick.
+controls), then asks which of the MVs with work to do may start (`ready_now`, by the
+lineage): none whose upstream MV (directly or through others) has a barrier due or in flight.
+So a reader's barrier starts once the barrier of the MV it reads has committed, sees that
+commit, and runs once per upstream commit: a chain of three follows an upstream commit in one
+pass, tick after tick.
 
 Per MV it then requests what the sensor of a catalog of one would (wiring/sensors.py): a
 `backfill_job` run per vnode range, tagged `backfill/mv=<mv>` and `backfill/vnodes`, honouring
-the MV's controls (a paused MV gets none) and its own liveness. In continuous mode it keeps one
+the MV's controls (a paused MV gets none once its vnodes are at the upstream's head; a rate
+limit applies inside its barrier) and its own liveness. In continuous mode it keeps one
 follower per MV and vnode range alive. A dropped definition is simply not in the catalog any
 more: no barrier is requested for it, its tables stay (reset_mv_job removes them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import dagster as dg
 
+from backfill_assets.core.lineage import Lineage
 from backfill_assets.mv import owned_tables
 from backfill_assets.wiring.keys import Served
 from backfill_assets.wiring.liveness import (
@@ -81,7 +86,7 @@ def catalog_tick(context: dg.SensorEvaluationContext, served: Served, settings: 
                 for n, p in wheres.items() if p.idle]
     in_flight = {m for m in mvs_in_flight(context.instance) if m is not None}
     lineage = served.catalog.lineage
-    ready = set(lineage.ready([stands[n][2].upstream for n in due], in_flight))
+    ready = set(ready_now(lineage, due, in_flight))
     for name in due:
         d, k, tables = stands[name]
         if name not in ready:
@@ -90,6 +95,29 @@ def catalog_tick(context: dg.SensorEvaluationContext, served: Served, settings: 
         _collect(barrier_runs(context, d, tables, heads[tables.upstream], ranges, k,
                               wheres[name]), name, requests, reasons)
     return requests, reasons
+
+
+def ready_now(lineage: Lineage, due: Iterable[str], in_flight: Iterable[str]) -> list[str]:
+    """Of the MVs with work to do (`due`, each known from its own tables), those whose
+    barrier may start now: not in flight, and no MV they read (directly or through others)
+    due or in flight.
+
+    Why not `Lineage.ready` over the due MVs' upstream tables: it counts every reader of a
+    moved table as due, so an idle MV beside one being backfilled (same upstream) would hold
+    up its own readers for as long as that backfill takes."""
+    due, busy = set(due), set(due) | set(in_flight)
+
+    def ancestors(name: str) -> set[str]:
+        seen, todo = set(), list(lineage.reads.get(name, ()))
+        while todo:
+            u = todo.pop()
+            if u not in seen:
+                seen.add(u)
+                todo += lineage.reads.get(u, ())
+        return seen
+
+    return [n for n in lineage.order if n in due and n not in set(in_flight)
+            and not ancestors(n) & busy]
 
 
 def _collect(result, name: str, requests: list, reasons: list) -> None:

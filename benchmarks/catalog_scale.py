@@ -150,7 +150,8 @@ def follower_memory(work: str, followers: int) -> dict:
                                      changes_per_version=10), vnode_count=4)
     defs = build_definitions(load_settings({"BACKFILL_WAREHOUSE": wh,
                                             "BACKFILL_MV_DIR": folder}))
-    instance = dg.DagsterInstance.ephemeral()
+    # on files: the ephemeral instance's in-memory SQLite refuses concurrent writers
+    instance = dg.DagsterInstance.local_temp(os.path.join(work, "follow_home"))
     job = defs.get_job_def("follower_job")
 
     def rss() -> int:
@@ -167,6 +168,8 @@ def follower_memory(work: str, followers: int) -> dict:
         threads[-1].start()
         while len(instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))) \
                 <= i:
+            if not threads[-1].is_alive():
+                raise RuntimeError(f"follower {i} ended before it started following")
             time.sleep(0.5)
         time.sleep(3.0)  # its first barrier (the backfill of 200 rows), then idle
         if i == 0:

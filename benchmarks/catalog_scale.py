@@ -151,6 +151,7 @@ def follower_memory(work: str, followers: int) -> dict:
     defs = build_definitions(load_settings({"BACKFILL_WAREHOUSE": wh,
                                             "BACKFILL_MV_DIR": folder}))
     # on files: the ephemeral instance's in-memory SQLite refuses concurrent writers
+    os.makedirs(os.path.join(work, "follow_home"), exist_ok=True)
     instance = dg.DagsterInstance.local_temp(os.path.join(work, "follow_home"))
     job = defs.get_job_def("follower_job")
 

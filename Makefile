@@ -87,8 +87,9 @@ demo: env instance
 demo-cluster: env
 	$(PY) -m jobs.demo_cluster
 
-# `make demo` leaves its settings (warehouse, vnode count, MV definition) in $(DEMO_ENV): the
-# UI then serves the demo's MV. Without that file the UI serves the defaults (./warehouse).
+# `make demo` leaves its settings (warehouse, vnode count, its folder of MV definitions
+# jobs/configs/mvs) in $(DEMO_ENV): the UI then serves the demo's three MVs, a group each.
+# Without that file the UI serves the defaults (./warehouse, the one MV of jobs/configs/mv.yaml).
 DEMO_ENV ?= $(CURDIR)/demo.env
 UI_HOST ?= 127.0.0.1
 UI_PORT ?= 3000

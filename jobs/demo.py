@@ -1,20 +1,25 @@
-"""`make demo`: the whole product on the embedded default, end to end.
+"""`make demo`: the whole product on the embedded default, end to end, over a catalog of three
+MVs (`jobs/configs/mvs/`: the row MV `orders_mv`, `big_orders` over it in no_shuffle mode,
+`eu_orders` over the same upstream with another filter; BACKFILL_MV_CONFIG serves one instead).
 
 1. `upstream_load_job` creates an upstream of DEMO_ROWS rows;
 2. a writer keeps committing changes to it (one Delta version per second) while
-3. `backfill_job` runs barrier after barrier (in this process, on the real Dagster instance
-   under DAGSTER_HOME, so every run shows in `dagster dev`) until every vnode is finished,
-4. a few more barriers of pure change-feed maintenance follow, the writer stops, one last
-   barrier catches up,
-5. continuous mode: `follower_job` follows a new writer for DEMO_CONTINUOUS_SECONDS (15; 0
-   skips it) in one run on a warm Spark session, then `stop_follower_job` stops it (and the
-   stop request is withdrawn, so `BACKFILL_CONTINUOUS=1 make ui` starts a follower), and
-6. `verify_job` recomputes the MV independently and compares row for row.
+3. `backfill_job` runs rounds of barriers, one per MV in lineage order (`big_orders` after
+   `orders_mv`, so it reads that round's commit), in this process, on the real Dagster
+   instance under DAGSTER_HOME, so every run shows in `dagster dev`, until every vnode of
+   every MV is finished,
+4. a few more rounds of pure change-feed maintenance follow, the writer stops, one last
+   barrier per MV catches up,
+5. continuous mode: one `follower_job` run per MV follows a new writer for
+   DEMO_CONTINUOUS_SECONDS (15; 0 skips it) on a warm Spark session, then `stop_follower_job`
+   (`mv: all`) stops them (and the stop requests are withdrawn, so `BACKFILL_CONTINUOUS=1 make
+   ui` starts the followers), and
+6. `verify_job` (`mv: all`) recomputes every MV independently and compares row for row.
 Every run is executed here but recorded as a run of the workspace's code location
 (`jobs.workspace_runs`), so `dagster dev` shows it on the Runs page *and* the Timeline.
 A summary is printed at the end. The demo uses its own warehouse folder (./warehouse/demo)
-and leaves its settings in `demo.env` (warehouse, vnode count, MV definition), which `make ui`
-loads, so the UI serves the demo's MV: its partitions, lineage, runs and check results.
+and leaves its settings in `demo.env` (warehouse, vnode count, MV definitions), which `make ui`
+loads, so the UI serves the demo's MVs: their groups, partitions, lineage, runs and checks.
 
 `make demo-cluster` (jobs/demo_cluster.py) runs this same script with an object-store
 warehouse already set (BACKFILL_WAREHOUSE=s3://..., BACKFILL_STORAGE_OPTIONS) and Spark on a
@@ -38,6 +43,7 @@ DEMO_ROWS = int(os.environ.get("DEMO_ROWS", "300000"))
 DEMO_VNODES = os.environ.get("DEMO_VNODES", "64")
 DEMO_ENV = os.path.join(ROOT, "demo.env")  # what `make ui` loads (see Makefile)
 MAINTENANCE_BARRIERS = 3
+DEMO_MVS = os.path.join(ROOT, "jobs", "configs", "mvs")  # the demo's catalog
 CONTINUOUS_SECONDS = int(os.environ.get("DEMO_CONTINUOUS_SECONDS", "15"))
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}  # the UI has the full log
 
@@ -49,6 +55,8 @@ def _remote() -> bool:
 
 def _setup_env() -> str:
     os.environ.setdefault("BACKFILL_VNODE_COUNT", DEMO_VNODES)
+    if not os.environ.get("BACKFILL_MV_CONFIG"):  # the caller's one MV, else the catalog
+        os.environ.setdefault("BACKFILL_MV_DIR", DEMO_MVS)
     if _remote():
         return os.environ["BACKFILL_WAREHOUSE"]
     warehouse = os.path.join(ROOT, "warehouse", "demo")
@@ -62,25 +70,37 @@ def _setup_env() -> str:
 
 def _leave_settings() -> None:
     """Write the settings the demo ran with for `make ui`, so the UI's definitions are the
-    demo's (same warehouse, vnode count and MV), not the defaults over ./warehouse."""
-    from resources.mv import DEFAULT_MV_CONFIG
-    from resources.settings import ENV_MV_CONFIG, ENV_VNODE_COUNT, ENV_WAREHOUSE, load_settings
+    demo's (same warehouse, vnode count and MVs), not the defaults over ./warehouse."""
+    from resources.settings import (
+        DEFAULT_MV_CONFIG,
+        ENV_MV_CONFIG,
+        ENV_MV_DIR,
+        ENV_VNODE_COUNT,
+        ENV_WAREHOUSE,
+        load_settings,
+    )
 
     settings = load_settings()
     values = {ENV_WAREHOUSE: settings.warehouse_root,
-              ENV_VNODE_COUNT: str(settings.vnode_count),
-              ENV_MV_CONFIG: settings.mv_config or DEFAULT_MV_CONFIG}
+              ENV_VNODE_COUNT: str(settings.vnode_count)}
+    if settings.mv_dir:
+        values[ENV_MV_DIR] = settings.mv_dir
+    else:
+        values[ENV_MV_CONFIG] = settings.mv_config or DEFAULT_MV_CONFIG
     with open(DEMO_ENV, "w", encoding="utf-8") as f:
         f.write("# written by `make demo`; `make ui` loads it (delete it to serve the defaults)\n")
         f.writelines(f"{k}={shlex.quote(v)}\n" for k, v in values.items())
 
 
-def _forget_old_demo(instance) -> None:
+def _forget_old_demo(instance, defs) -> None:
     """The demo recreates its tables, so partition statuses recorded by an earlier demo would
-    claim vnodes that no longer exist: wipe the platform assets' history (runs stay)."""
+    claim vnodes that no longer exist: wipe the platform assets' history (runs stay), and
+    that of an earlier one-MV demo's keys."""
     from backfill_assets.wiring.assets import MV, PROGRESS, REPLICA, UPSTREAM
 
-    instance.wipe_assets([UPSTREAM, REPLICA, MV, PROGRESS])
+    instance.wipe_assets([UPSTREAM, REPLICA, MV, PROGRESS,
+                          *(k for k in defs.resolve_all_asset_keys()
+                            if k not in (UPSTREAM, REPLICA, MV, PROGRESS))])
 
 
 def _create_upstream(instance) -> None:
@@ -121,61 +141,65 @@ def main() -> int:
     import dagster as dg
 
     from backfill_assets import definitions
-    from jobs.workspace_runs import run_in_workspace
-    from resources.mv import mv_tables
+    from jobs.demo_rounds import barrier_rounds, mvs_served, verified
 
-    mv = definitions.mv
+    served = mvs_served(definitions)
     instance = dg.DagsterInstance.get()
-    _forget_old_demo(instance)
+    _forget_old_demo(instance, definitions.defs)
     _create_upstream(instance)
-    tables = mv_tables(mv)
-    writer = _Writer(tables.upstream, dict(tables.storage_options))
+    first = served.pick(served.names[0])[0]
+    upstream = _tables(first).upstream
+    writer = _Writer(upstream, dict(_tables(first).storage_options))
     writer.start()
-    print(f"MV {mv.name!r} over {DEMO_ROWS} upstream rows, {mv.vnode_count} vnodes, "
-          f"{_how(mv)}; keeps the rows with {mv.filter or 'no filter'}; "
-          "the writer commits a version every second")
+    for name in served.names:
+        mv = served.definition(name)
+        print(f"MV {mv.name!r} over {_reads(served, name)}, {mv.vnode_count} vnodes, "
+              f"{_how(mv)}; keeps the rows with {mv.filter or 'no filter'}")
+    print(f"the upstream has {DEMO_ROWS} rows; the writer commits a version every second")
     jvm = _start_spark()
     print(f"Spark session started in {jvm:.1f} s, before the first barrier (so the barriers' "
           "times and the rate below do not include it)")
-    barriers, snapshot_rows, forwarded, after_finish = 0, 0, 0, None
-    snapshot_seconds = 0.0
-    while after_finish is None or barriers - after_finish < MAINTENANCE_BARRIERS:
-        if after_finish is not None and barriers - after_finish == MAINTENANCE_BARRIERS - 1:
-            writer.stop.set()
-            writer.join()
-        result = run_in_workspace(instance, "backfill_job", run_config=QUIET)
-        meta = _observed(result)
-        barriers += 1
-        snapshot_rows += meta["rows_read_from_snapshot"]
-        if meta["rows_read_from_snapshot"]:
-            snapshot_seconds += meta["step_seconds"]
-        forwarded += meta["rows_forwarded_from_change_feed"]
-        print(f"  barrier {barriers:>2} @v{meta['barrier_version']:<4} "
-              f"snapshot +{meta['rows_read_from_snapshot']:<7} "
-              f"forwarded {meta['rows_forwarded_from_change_feed']:<5} "
-              f"{meta['percent_done']:5.1f}% done, vnodes finished {meta['vnodes_finished']}/"
-              f"{mv.vnode_count}, lag {meta['lag_versions']} versions")
-        if after_finish is None and meta["percent_done"] >= 100.0:
-            after_finish = barriers
-    _continuous_phase(instance, tables)
-    _catch_up(instance, mv, tables)
+    totals = barrier_rounds(instance, served, writer, MAINTENANCE_BARRIERS, QUIET)
+    _continuous_phase(instance, served)
+    for name in served.names:  # in lineage order: a reader catches up on its upstream MV
+        _catch_up(instance, served, name)
     seconds = time.monotonic() - started
-    verify = run_in_workspace(instance, "verify_job", run_config=QUIET, raise_on_error=False)
-    rows = _checked(verify).get("rows_compared", 0)
-    rate = snapshot_rows / snapshot_seconds if snapshot_seconds else 0.0
-    print(f"\nsummary: {DEMO_ROWS} upstream rows, {writer.versions} change versions written "
-          f"during the backfill, {barriers} barriers ({MAINTENANCE_BARRIERS} of pure change-feed "
-          f"maintenance), {seconds:.0f} s in all (Spark's start included); the snapshot: "
-          f"{snapshot_rows} rows in {snapshot_seconds:.1f} s of barrier time, {rate:,.0f} "
-          f"rows/s; {forwarded} changes forwarded")
-    kept = f"the {rows} rows with {mv.filter}" if mv.filter else f"{rows} rows"
-    verdict = f"verified {kept} (the MV's filter), 0 mismatches" if verify.success \
-        else "FAILED"
-    print(f"verify_job: {verdict}")
-    where = f"tables under {tables.root}"
+    verify = run_in_workspace_quiet(instance, "verify_job", {"mv": "all"}, "verify_mv")
+    rate = totals.snapshot_rows / totals.snapshot_seconds if totals.snapshot_seconds else 0.0
+    print(f"\nsummary: {DEMO_ROWS} upstream rows, {len(served.names)} MVs, {writer.versions} "
+          f"change versions written during the backfill, {totals.rounds} rounds of one "
+          f"barrier per MV ({MAINTENANCE_BARRIERS} of pure change-feed maintenance), "
+          f"{seconds:.0f} s in all (Spark's start included); the snapshots: "
+          f"{totals.snapshot_rows} rows in {totals.snapshot_seconds:.1f} s of barrier time, "
+          f"{rate:,.0f} rows/s; {totals.forwarded} changes forwarded")
+    for name, rows in verified(verify, served).items():
+        mv = served.definition(name)
+        kept = f"the {rows} rows with {mv.filter}" if mv.filter else f"{rows} rows"
+        print(f"verify_job: MV {name!r}: verified {kept}, 0 mismatches"
+              if verify.success else f"verify_job: MV {name!r}: FAILED")
+    where = f"tables under {os.path.dirname(_tables(first).root)}"
     print(where if _remote() else f"{where}; settings for the UI in {DEMO_ENV}: `make ui` "
-          "serves this MV")
+          "serves these MVs")
     return 0 if verify.success else 1
+
+
+def run_in_workspace_quiet(instance, job: str, config: dict, op: str):
+    """`job` with its op's config, recorded as the workspace's run (its log in the UI)."""
+    from jobs.workspace_runs import run_in_workspace
+
+    return run_in_workspace(instance, job, run_config={**QUIET, "ops": {op: {"config": config}}},
+                            raise_on_error=False)
+
+
+def _tables(mv):
+    from resources.mv import mv_tables
+
+    return mv_tables(mv)
+
+
+def _reads(served, name: str) -> str:
+    reads = served.catalog.lineage.reads[name] if served.catalog else ()
+    return f"the MV {reads[0]!r}" if reads else "the upstream"
 
 
 def _start_spark() -> float:
@@ -201,34 +225,47 @@ def _how(mv) -> str:
     return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
 
 
-def _continuous_phase(instance, tables) -> None:
-    """Continuous mode (README): one follower_job run on a warm Spark session follows a writer
-    committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops it."""
+def _continuous_phase(instance, served) -> None:
+    """Continuous mode (README): one follower_job run per MV on a warm Spark session follows a
+    writer committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops them."""
     from backfill_assets.barrier.follower import clear_stop
     from jobs.workspace_runs import run_in_workspace
 
     if CONTINUOUS_SECONDS <= 0:
         return
-    print(f"\ncontinuous mode: follower_job follows a writer for {CONTINUOUS_SECONDS} s")
-    result = {}
-    config = {**QUIET, "ops": {"follow_upstream": {"config": {"poll_seconds": 0.5}}}}
-    thread = threading.Thread(target=lambda: result.update(run=run_in_workspace(
-        instance, "follower_job", run_config=config, raise_on_error=False)), daemon=True)
-    writer = _Writer(tables.upstream, dict(tables.storage_options))
+    print(f"\ncontinuous mode: one follower_job per MV follows a writer for "
+          f"{CONTINUOUS_SECONDS} s")
+    results: dict = {}
+
+    def follow(name: str) -> None:
+        config = {**QUIET, "ops": {"follow_upstream": {"config": {"poll_seconds": 0.5,
+                                                                  "mv": name}}}}
+        results[name] = run_in_workspace(instance, "follower_job", run_config=config,
+                                         raise_on_error=False)
+
+    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in served.names]
+    first = served.definition(served.names[0])
+    writer = _Writer(_tables(first).upstream, dict(_tables(first).storage_options))
     with _stdout_kept():
-        thread.start()
+        for i, t in enumerate(threads):  # one at a time, each settled first (see below)
+            t.start()
+            _wait_started(instance, i + 1)
         writer.start()
         _show_follower(instance)
         writer.stop.set()
         writer.join()
-        time.sleep(2)  # let the follower take the writer's last version
-        run_in_workspace(instance, "stop_follower_job", run_config=QUIET)
-        thread.join()
+        time.sleep(2)  # let the followers take the writer's last version
+        run_in_workspace(instance, "stop_follower_job", run_config={
+            **QUIET, "ops": {"request_follower_stop": {"config": {"mv": "all"}}}})
+        for t in threads:
+            t.join()
     # the stop request stays in force until withdrawn: withdraw it, so `BACKFILL_CONTINUOUS=1
-    # make ui` starts a follower with that setting alone (start_follower_job does the same)
-    clear_stop(tables)
-    print(f"  follower stopped on request: {'ok' if result['run'].success else 'FAILED'}; "
-          "stop request withdrawn")
+    # make ui` starts the followers with that setting alone (start_follower_job does the same)
+    for name in served.names:
+        clear_stop(_tables(served.definition(name)))
+    ok = all(r.success for r in results.values()) and len(results) == len(served.names)
+    print(f"  followers stopped on request: {'ok' if ok else 'FAILED'}; stop requests "
+          "withdrawn")
 
 
 @contextmanager
@@ -251,56 +288,60 @@ def _stdout_kept() -> Iterator[None]:
             os.close(copy)
 
 
-def _show_follower(instance) -> None:
-    """One line per follower barrier, from the run's tags, for CONTINUOUS_SECONDS."""
+def _wait_started(instance, count: int, timeout: float = 120.0) -> None:
+    """Until `count` follower runs are following (their op tagged them with their MV), then a
+    moment for the newest one's first barrier to end.
+
+    Why: a run starting in this process configures Python logging (Dagster's run start calls
+    `logging.config.dictConfig`, holding logging's global lock while it takes each handler's),
+    while a run emitting an event holds its handler's lock and takes the global one: a run
+    started while another emits can deadlock both. Runs here start only while the others are
+    quiet: followers one by one before the writer starts, stop_follower_job after it stopped."""
     import dagster as dg
 
-    deadline, shown = time.monotonic() + CONTINUOUS_SECONDS, None
+    from backfill_assets.wiring.liveness import MV_TAG
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len([r for r in instance.get_runs(dg.RunsFilter(
+            job_name="follower_job", statuses=[dg.DagsterRunStatus.STARTED]))
+            if MV_TAG in r.tags]) < count:
+        time.sleep(0.5)
+    time.sleep(2.0)
+
+
+def _show_follower(instance) -> None:
+    """One line per follower barrier, from the runs' tags, for CONTINUOUS_SECONDS."""
+    import dagster as dg
+
+    from backfill_assets.wiring.liveness import MV_TAG
+
+    deadline, shown = time.monotonic() + CONTINUOUS_SECONDS, {}
     while time.monotonic() < deadline:
         time.sleep(1)
-        runs = instance.get_runs(dg.RunsFilter(job_name="follower_job"), limit=1)
-        tags = runs[0].tags if runs else {}
-        if tags.get("follower/barriers") not in (None, shown):
-            shown = tags["follower/barriers"]
-            print(f"  follower barrier {shown:>3} @v{tags['follower/version']:<4} lag "
-                  f"{tags['follower/lag_versions']} versions / {tags['follower/lag_seconds']} s",
-                  flush=True)
+        for run in instance.get_runs(dg.RunsFilter(job_name="follower_job",
+                                                   statuses=[dg.DagsterRunStatus.STARTED])):
+            tags, name = run.tags, run.tags.get(MV_TAG, "?")
+            if tags.get("follower/barriers") not in (None, shown.get(name)):
+                shown[name] = tags["follower/barriers"]
+                print(f"  {name:<10} follower barrier {shown[name]:>3} "
+                      f"@v{tags['follower/version']:<4} lag {tags['follower/lag_versions']} "
+                      f"versions / {tags['follower/lag_seconds']} s", flush=True)
 
 
-def _catch_up(instance, mv, tables) -> None:
-    """One more barrier when the follower stopped short of the writer's last version, so the
-    demo ends with the MV at the upstream's latest version: `make ui` then has nothing to do
-    (its sensor runs no barrier) and shows the demo's verification as it was recorded."""
+def _catch_up(instance, served, name: str) -> None:
+    """One more barrier when the follower stopped short of its upstream's last version, so the
+    demo ends with every MV at its upstream's latest version: `make ui` then has nothing to
+    do (its sensor runs no barrier) and shows the demo's verification as it was recorded."""
     from backfill_assets.barrier.runner import controls_in_force, figures
+    from backfill_assets.wiring.liveness import MV_TAG
     from jobs.workspace_runs import run_in_workspace
 
+    mv = served.definition(name)
+    tables = _tables(mv)
     figs = figures(mv, tables, controls_in_force(mv, tables))
     if figs is not None and figs.lag_versions:
-        run_in_workspace(instance, "backfill_job", run_config=QUIET)
-        print(f"  one more barrier: the MV was {figs.lag_versions} versions behind")
-
-
-def _observed(result) -> dict:
-    """The MV-wide figures of the run's last barrier: its summary event of downstream_mv (a
-    materialization, or an observation while no vnode is finished; wiring/events.py)."""
-    from backfill_assets.wiring.events import is_summary
-
-    for event in reversed(result.all_events):
-        data = event.event_specific_data
-        found = getattr(data, "materialization", None) or getattr(data, "asset_observation",
-                                                                  None)
-        if found is not None and found.asset_key.path == ["downstream_mv"] and \
-                is_summary(found.metadata):
-            return {k: v.value for k, v in found.metadata.items()}
-    raise RuntimeError("backfill_job recorded no barrier summary")
-
-
-def _checked(result) -> dict:
-    """The metadata of the asset check result a run recorded (verify_job: matches_oracle)."""
-    for event in result.all_events:
-        if event.event_type_value == "ASSET_CHECK_EVALUATION":
-            return {k: v.value for k, v in event.event_specific_data.metadata.items()}
-    return {}
+        run_in_workspace(instance, "backfill_job", run_config=QUIET, tags={MV_TAG: name})
+        print(f"  one more barrier of {name}: it was {figs.lag_versions} versions behind")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@
     # ... until started again (the sensor restarts the followers within seconds)
     dagster job execute -m backfill_assets.definitions -j start_follower_job
 
+In a folder catalog each follower runs for the MV its config `mv` (or tag `backfill/mv`)
+names, as the sensor launches it; stop_follower_job and start_follower_job take `mv` too
+(`mv: all` for every MV).
+
 Terminating a follower run in the UI is a stop request as well (the barrier in flight commits
 first; terminate twice to abandon it, which recovery repairs at the next barrier).
 """
@@ -33,6 +37,7 @@ from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, no_hook
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import record_barrier, summary_metadata
+from backfill_assets.wiring.keys import MVAssets, MVChoice, Served, picked, served
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
@@ -46,7 +51,7 @@ from resources.settings import Settings
 from resources.warehouse import WarehouseResource
 
 
-class FollowerConfig(dg.Config):
+class FollowerConfig(MVChoice):
     """Leave the vnodes unset for the whole MV (or start the run with a `backfill/vnodes` tag,
     "first-last", as the sensor does)."""
 
@@ -58,20 +63,24 @@ class FollowerConfig(dg.Config):
     max_barriers: int | None = None  # stop after this many barriers (tests, benchmarks)
 
 
-def build_follower_jobs(d: MVDefinition, settings: Settings,
+def build_follower_jobs(d: MVDefinition | Served, settings: Settings,
                         hook: Hook = no_hook) -> list[dg.JobDefinition]:
-    return [_follower_job(d, settings, hook), _stop_job(d, settings), _start_job(d, settings)]
+    srv = served(d)
+    return [_follower_job(srv, settings, hook), _stop_job(srv, settings),
+            _start_job(srv, settings)]
 
 
-def _follower_job(d: MVDefinition, settings: Settings, hook: Hook) -> dg.JobDefinition:
+def _follower_job(srv: Served, settings: Settings, hook: Hook) -> dg.JobDefinition:
     @dg.op(name="follow_upstream",
            description="Barrier after barrier on a warm Spark session until stopped.")
     @named_first
     def follow_upstream(context: dg.OpExecutionContext, config: FollowerConfig,
                         spark: LazyPySparkResource, warehouse: WarehouseResource) -> dg.Output:
+        [(d, k)] = picked(context, srv, config.mv)
         vnodes = _vnodes(context.run, config, d.vnode_count)
         tables = mv_tables(d, settings, warehouse.options())
-        others = [r for r in writers_over(context.instance, vnodes, d.vnode_count, context.run_id)
+        others = [r for r in writers_over(context.instance, vnodes, d.vnode_count, context.run_id,
+                                          mv=k.tag_filter)
                   if r.job_name == FOLLOWER_JOB]
         if others:
             raise FollowerAlreadyRunning(
@@ -82,7 +91,7 @@ def _follower_job(d: MVDefinition, settings: Settings, hook: Hook) -> dg.JobDefi
                                                        MV_TAG: d.name})
         session = spark.spark_session  # before our signal handler: Spark installs its own
         stop = threading.Event()
-        emit = _Emitter(context, d, tables)
+        emit = _Emitter(context, d, tables, k)
         with stop_on_interrupt(stop, lambda: request_stop(
                 tables, f"run {context.run_id} was terminated")):
             summary = follow(session, d, tables, vnodes, on_barrier=emit, stop=stop,
@@ -119,8 +128,9 @@ class _Emitter:
     header) with barriers done, lag and rows/s. Unchanged vnodes emit nothing: a follower at
     256 vnodes must not spend seconds per barrier on events."""
 
-    def __init__(self, context: dg.OpExecutionContext, d: MVDefinition, tables) -> None:
-        self.context, self.d, self.tables = context, d, tables
+    def __init__(self, context: dg.OpExecutionContext, d: MVDefinition, tables,
+                 k: MVAssets) -> None:
+        self.context, self.d, self.tables, self.k = context, d, tables, k
         self.seen: dict = {}
 
     def __call__(self, rec: BarrierRecord) -> None:
@@ -139,8 +149,9 @@ class _Emitter:
                    **lag, "follower_barrier": rec.number,
                    "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}
         record_barrier(ctx.log_event, self.d, report, summary, rec.upstream_version,
-                       mode_named(self.d.mode).owns_replica, changed=moved)
-        ctx.log_event(progress_result(ctx.instance, figs, controls, states, report.v_new))
+                       mode_named(self.d.mode).owns_replica, changed=moved, keys=self.k)
+        ctx.log_event(progress_result(ctx.instance, figs, controls, states, report.v_new,
+                                      key=self.k.mv))
         ctx.instance.add_run_tags(ctx.run_id, {
             "follower/barriers": str(rec.number), "follower/version": str(report.v_new),
             "follower/lag_versions": str(rec.lag_versions),
@@ -148,14 +159,16 @@ class _Emitter:
             "follower/rows_per_second": f"{figs.rows_per_second:.0f}"})
 
 
-def _stop_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+def _stop_job(srv: Served, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="request_follower_stop")
-    def request_follower_stop(context: dg.OpExecutionContext,
+    @named_first
+    def request_follower_stop(context: dg.OpExecutionContext, config: MVChoice,
                               warehouse: WarehouseResource) -> None:
-        request_stop(mv_tables(d, settings, warehouse.options()),
-                     f"stop_follower_job run {context.run_id}")
-        context.log.info(f"followers of MV {d.name!r} stop after their barrier in flight; "
-                         "start_follower_job starts them again")
+        for d, _ in picked(context, srv, config.mv, allow_all=True):
+            request_stop(mv_tables(d, settings, warehouse.options()),
+                         f"stop_follower_job run {context.run_id}")
+            context.log.info(f"followers of MV {d.name!r} stop after their barrier in flight; "
+                             "start_follower_job starts them again")
 
     @dg.job(name="stop_follower_job", executor_def=dg.in_process_executor,
             description="Stop the MV's followers after their barrier in flight; they stay "
@@ -166,14 +179,17 @@ def _stop_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
     return stop_follower_job
 
 
-def _start_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+def _start_job(srv: Served, settings: Settings) -> dg.JobDefinition:
     @dg.op(name="clear_follower_stop")
-    def clear_follower_stop(context: dg.OpExecutionContext,
+    @named_first
+    def clear_follower_stop(context: dg.OpExecutionContext, config: MVChoice,
                             warehouse: WarehouseResource) -> None:
-        had = clear_stop(mv_tables(d, settings, warehouse.options()))
-        context.log.info(("stop request withdrawn" if had else "no stop request was in force")
-                         + "; the barrier sensor starts the followers at its next tick "
-                         "(continuous mode), or launch follower_job")
+        for d, _ in picked(context, srv, config.mv, allow_all=True):
+            had = clear_stop(mv_tables(d, settings, warehouse.options()))
+            context.log.info(f"MV {d.name!r}: "
+                             + ("stop request withdrawn" if had else "no stop request was in "
+                                "force") + "; the barrier sensor starts the followers at its "
+                             "next tick (continuous mode), or launch follower_job")
 
     @dg.job(name="start_follower_job", executor_def=dg.in_process_executor,
             description="Withdraw a stop request so the sensor (re)starts the followers.")

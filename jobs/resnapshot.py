@@ -11,7 +11,7 @@ the oracle as any other vnodes.
         -c jobs/configs/resnapshot.yaml
 
 From the UI: Jobs > resnapshot_job > Launchpad, with the same config (first_vnode,
-last_vnode, reason).
+last_vnode, reason; in a folder catalog `mv` too).
 """
 
 import dagster as dg
@@ -27,6 +27,7 @@ from backfill_assets.step.request import no_hook
 from backfill_assets.wiring.assets import PhaseLog
 from backfill_assets.wiring.checks import progress_result
 from backfill_assets.wiring.events import record_barrier, summary_metadata
+from backfill_assets.wiring.keys import MVChoice, Served, picked, served
 from backfill_assets.wiring.liveness import MV_TAG, RESNAPSHOT_JOB, vnodes_tag, writers_over
 from backfill_assets.wiring.named_errors import named_first
 from backfill_assets.wiring.partitions import split
@@ -35,7 +36,7 @@ from resources.settings import Settings
 from resources.warehouse import WarehouseResource
 
 
-class ResnapshotConfig(dg.Config):
+class ResnapshotConfig(MVChoice):
     """The vnode range to re-read (inclusive), and why (kept with the run's record)."""
 
     first_vnode: int = Field(description="First vnode to re-read.")
@@ -43,15 +44,19 @@ class ResnapshotConfig(dg.Config):
     reason: str = Field(default="", description="Why (recorded on the asset's event).")
 
 
-def build_resnapshot_job(d: MVDefinition, settings: Settings) -> dg.JobDefinition:
+def build_resnapshot_job(d: MVDefinition | Served, settings: Settings) -> dg.JobDefinition:
+    srv = served(d)
+
     @dg.op(name="resnapshot_vnodes")
     @named_first
     def resnapshot_vnodes(context: dg.OpExecutionContext, config: ResnapshotConfig,
                           spark: LazyPySparkResource,
                           warehouse: WarehouseResource) -> dg.Output:
+        [(d, k)] = picked(context, srv, config.mv)
         vnodes = list(range(config.first_vnode, config.last_vnode + 1))
         tables = mv_tables(d, settings, warehouse.options())
-        busy = writers_over(context.instance, vnodes, d.vnode_count, context.run_id)
+        busy = writers_over(context.instance, vnodes, d.vnode_count, context.run_id,
+                            mv=k.tag_filter)
         if busy:
             raise dg.Failure(f"{busy[0].job_name} run {busy[0].run_id} writes these vnodes: "
                              "let it end (or stop the followers) and launch again")
@@ -71,9 +76,9 @@ def build_resnapshot_job(d: MVDefinition, settings: Settings) -> dg.JobDefinitio
         summary = {**summary_metadata(d, tables, report, figs, controls, states),
                    "resnapshot_reason": dg.MetadataValue.text(config.reason or "(none given)")}
         record_barrier(context.log_event, d, report, summary, figs.upstream_version,
-                       mode_named(d.mode).owns_replica)
+                       mode_named(d.mode).owns_replica, keys=k)
         context.log_event(progress_result(context.instance, figs, controls, states,
-                                          report.v_new))
+                                          report.v_new, key=k.mv))
         return dg.Output(report.snapshot_rows, metadata={
             "resnapshot": said, "rows_read": report.snapshot_rows,
             "upstream_version": report.v_new})

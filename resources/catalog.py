@@ -23,8 +23,13 @@ from backfill_assets.core.errors import InvalidMVDefinition, InvalidSettings
 from backfill_assets.core.lineage import MVNode
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.owned_tables import MVTables
-from resources.mv import DEFAULT_MV_CONFIG
-from resources.settings import ENV_MV_CONFIG, ENV_MV_DIR, Settings, load_settings
+from resources.settings import (
+    DEFAULT_MV_CONFIG,
+    ENV_MV_CONFIG,
+    ENV_MV_DIR,
+    Settings,
+    load_settings,
+)
 
 SUFFIXES = (".yaml", ".yml")
 

@@ -1,33 +1,30 @@
-"""The MV definition the platform serves, from a YAML file (BACKFILL_MV_CONFIG) or the default.
+"""One MV definition, from a YAML file (BACKFILL_MV_CONFIG) or the default: a catalog of one.
+(A folder of definitions, BACKFILL_MV_DIR, is read by resources/catalog.py.)
 
 The default is the demo MV over the platform's own upstream table (`jobs/configs/mv.yaml`).
 """
 
 from __future__ import annotations
 
-import os
-
 import yaml
 
-from backfill_assets.core.errors import InvalidMVDefinition, InvalidSettings
+from backfill_assets.core.errors import InvalidMVDefinition, UnknownMV
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.owned_tables import MVTables
-from resources.settings import ENV_MV_CONFIG, ENV_MV_DIR, Settings, load_settings
-
-DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(__file__)), "jobs", "configs",
-                                 "mv.yaml")
+from resources.settings import (  # noqa: F401 (DEFAULT_MV_CONFIG: re-exported)
+    DEFAULT_MV_CONFIG,
+    ENV_MV_CONFIG,
+    ENV_MV_DIR,
+    Settings,
+    load_settings,
+)
 
 
 def load_mv_definition(settings: Settings | None = None, path: str | None = None) -> MVDefinition:
     """Read and structurally check the MV definition (the upstream is checked at run time)."""
     settings = settings or load_settings()
     if path is None and settings.mv_dir is not None:
-        # the code location serves one MV (the catalog is not wired in: docs/CATALOG.md);
-        # a folder silently ignored would serve the demo's MV instead of the user's
-        raise InvalidSettings(
-            f"{ENV_MV_DIR} names a catalog of MVs, which this code location does not serve "
-            f"yet: unset it and set {ENV_MV_CONFIG} to the one definition to serve"
-        )
+        return _only_mv_of_folder(settings)
     path = path or settings.mv_config or DEFAULT_MV_CONFIG
     try:
         with open(path, encoding="utf-8") as f:
@@ -48,3 +45,18 @@ def mv_tables(d: MVDefinition, settings: Settings | None = None,
     if storage_options is None:  # outside a run (sensor, scripts): resolve them here
         storage_options = settings.storage_options()
     return MVTables.under(settings.warehouse_root, d.name, d.upstream, storage_options)
+
+
+def _only_mv_of_folder(settings: Settings) -> MVDefinition:
+    """The one MV of a folder catalog, for a caller that serves one MV (scripts, benchmarks);
+    a folder of several names none of them, so it is refused rather than guessed."""
+    from resources.catalog import load_catalog  # the catalog reads files through this module
+
+    catalog = load_catalog(settings)
+    if len(catalog.names) == 1 and not catalog.broken:
+        return catalog.definitions[catalog.names[0]]
+    raise UnknownMV(
+        f"{ENV_MV_DIR}={settings.mv_dir} holds {len(catalog.names)} healthy MVs "
+        f"({', '.join(catalog.names) or 'none'}) and {len(catalog.broken)} broken: this caller "
+        f"serves one MV; set {ENV_MV_CONFIG} to its file instead, or use "
+        "resources.catalog.load_catalog")

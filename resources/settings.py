@@ -81,6 +81,9 @@ DEFAULT_DRIVER_HOST = "127.0.0.1"
 ENV_STORAGE_OPTIONS = "BACKFILL_STORAGE_OPTIONS"
 ENV_MV_CONFIG = "BACKFILL_MV_CONFIG"
 ENV_MV_DIR = "BACKFILL_MV_DIR"
+# the MV served when neither of the two is set: the demo's, over the platform's own upstream
+DEFAULT_MV_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "jobs", "configs", "mv.yaml")
 ENV_RUN_RANGES = "BACKFILL_RUN_RANGES"
 ENV_TEST_KILL_AT = "BACKFILL_TEST_KILL_AT"
 ENV_CONTINUOUS = "BACKFILL_CONTINUOUS"

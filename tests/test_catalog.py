@@ -211,9 +211,13 @@ def test_a_broken_file_never_takes_others_down(files, extra) -> None:
     assert len(lowered) == len(set(lowered))
 
 
-def test_one_mv_loader_refuses_a_folder_it_would_ignore(tmp_path) -> None:
+def test_one_mv_loader_takes_a_folder_of_one_and_refuses_a_folder_of_many(tmp_path) -> None:
+    """A script serving one MV reads a folder's only MV; of several it guesses none."""
+    write(tmp_path, "a.yaml", BASE)
     s = load_settings({"BACKFILL_WAREHOUSE": str(tmp_path), "BACKFILL_MV_DIR": str(tmp_path)})
-    with pytest.raises(InvalidSettings, match="BACKFILL_MV_DIR names a catalog.*MV_CONFIG"):
+    assert load_mv_definition(s).name == "a"
+    write(tmp_path, "b.yaml", BASE)
+    with pytest.raises(UnknownMV, match="holds 2 healthy MVs \\(a, b\\).*BACKFILL_MV_CONFIG"):
         load_mv_definition(s)
 
 

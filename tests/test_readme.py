@@ -30,6 +30,7 @@ from jobs.ports import free_port
 FENCE = re.compile(r"^```(bash|python)\n(.*?)^```", re.M | re.S)
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 DEMO_ROWS = "30000"
+DEMO_MVS = ("orders_mv", "big_orders", "eu_orders")  # jobs/configs/mvs
 
 
 def blocks(path: str = os.path.join(ROOT, "README.md")) -> list[tuple[str, str]]:
@@ -108,8 +109,9 @@ SENSOR_TICKS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { 
 
 
 def _demo_shown_as_left(url: str) -> None:
-    """`make ui` after `make demo`: the sensor's first tick runs no barrier (the MV is finished
-    at the upstream's latest version) and matches_oracle shows the demo's verification."""
+    """`make ui` after `make demo`: the sensor's first tick runs no barrier (every MV is
+    finished at its upstream's latest version) and each MV's matches_oracle shows the demo's
+    verification."""
     from jobs.dagster_dev import graphql
     from tests.test_ui import CHECK_NAME, CHECK_STATUS
 
@@ -123,11 +125,13 @@ def _demo_shown_as_left(url: str) -> None:
         time.sleep(3)
     done = [t for t in ticks() if t["status"] != "STARTED"]
     assert all(t["status"] == "SKIPPED" for t in done), done
-    assert "finished" in done[0]["skipReason"], done
-    shown = graphql(url, CHECK_STATUS, {"keys": [{"path": ["downstream_mv"]}]})
-    checks = {c["name"]: c["executionForLatestMaterialization"]
-              for c in shown["assetNodes"][0]["assetChecksOrError"]["checks"]}
-    assert checks[CHECK_NAME] and checks[CHECK_NAME]["status"] == "SUCCEEDED", checks
+    for mv in DEMO_MVS:  # one sensor for the catalog: each MV idle, each verification shown
+        assert f"{mv}: at its upstream's latest version" in done[0]["skipReason"], done
+        assert "finished" in done[0]["skipReason"], done
+        shown = graphql(url, CHECK_STATUS, {"keys": [{"path": [mv, "downstream_mv"]}]})
+        checks = {c["name"]: c["executionForLatestMaterialization"]
+                  for c in shown["assetNodes"][0]["assetChecksOrError"]["checks"]}
+        assert checks[CHECK_NAME] and checks[CHECK_NAME]["status"] == "SUCCEEDED", checks
 
 
 def _serve_ui(block: str, cwd: str, env: dict) -> None:
@@ -167,7 +171,9 @@ def test_every_readme_block_runs_as_written(tmp_path):
     env = _env()
     try:
         out = _run(["make", "demo"], copy, env, timeout=1800)
-        assert "verify_job: verified" in out and "0 mismatches" in out, out[-3000:]
+        for mv in DEMO_MVS:
+            assert f"verify_job: MV {mv!r}: verified" in out, out[-3000:]
+        assert "0 mismatches" in out and "FAILED" not in out, out[-3000:]
         for kind, block in found[1:]:
             if kind == "python":
                 _run([PYTHON, "-c", block], copy, env)

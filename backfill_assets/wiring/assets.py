@@ -36,7 +36,7 @@ from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, Mode, StepReport, no_hook
 from backfill_assets.wiring.checks import progress_result
-from backfill_assets.wiring.events import (
+from backfill_assets.wiring.events import (  # noqa: F401 (a catalog of one's keys, re-exported)
     MV,
     PROGRESS,
     REPLICA,
@@ -44,6 +44,7 @@ from backfill_assets.wiring.events import (
     record_barrier,
     summary_metadata,
 )
+from backfill_assets.wiring.keys import MV_NAME, MVAssets, single
 from backfill_assets.wiring.liveness import BACKFILL_JOB, wait_turn
 from backfill_assets.wiring.metadata import read_cost
 from backfill_assets.wiring.named_errors import named_first
@@ -86,31 +87,34 @@ class BarrierConfig(dg.Config):
                                   "vnodes; unset: the controls in force, else auto).")
 
 
-def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) -> list:
+def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None,
+                 keys: MVAssets | None = None) -> list:
     """`upstream_table` (written by upstream_load_job or another engine, so not materializable
-    here) and the multi-asset that runs one barrier for the run's vnode range."""
+    here; in a folder catalog the shared external asset of the table, built once in
+    definitions.py) and the multi-asset that runs one barrier for the run's vnode range."""
+    k = keys or single(d)
     parts = vnode_partitions(d.vnode_count)
     upstream = dg.AssetSpec(
-        UPSTREAM, partitions_def=parts, group_name="backfill",
+        k.upstream, partitions_def=parts, group_name=k.group,
         description=f"The upstream Delta table {d.upstream} (change feed on). Written by "
                     "upstream_load_job or another engine: the platform only reads it, so it "
                     "is not materialized here. The MV's lag behind it is in the barrier's "
                     "figures (downstream_mv/backfill_finished).")
     mode = mode_named(d.mode)
     owns_replica = mode.owns_replica
-    replica = _replica_spec(d, parts, mode)
+    replica = _replica_spec(d, parts, mode, k)
     # snapshot mode reads the replica on its throttled path only: no edge (an edge to an
     # asset with events has Dagster fetch its data versions, which fails in an unranged run)
-    mv_inputs = [REPLICA] if owns_replica else [UPSTREAM]
+    mv_inputs = [k.replica] if owns_replica else _reads(k)
     specs = [
-        dg.AssetSpec(MV, deps=mv_inputs, partitions_def=parts, group_name="backfill",
+        dg.AssetSpec(k.mv, deps=mv_inputs, partitions_def=parts, group_name=k.group,
                      skippable=True,
                      description=f"MV {d.name!r} ({d.mode} mode): Delta, partitioned by vnode, "
                                  "change feed on. A partition is materialized once its vnode is "
                                  "finished (again by every barrier that brings it up to date); "
                                  "each barrier's last event here has the MV's figures and a "
                                  "per-vnode table."),
-        dg.AssetSpec(PROGRESS, deps=[MV], partitions_def=parts, group_name="backfill",
+        dg.AssetSpec(k.progress, deps=[k.mv], partitions_def=parts, group_name=k.group,
                      skippable=True,
                      description="Backfill state: | vnode | pk... | finished | row_count |; "
                                  "a partition is materialized once its vnode has started."),
@@ -120,37 +124,54 @@ def build_assets(d: MVDefinition, settings: Settings, hook: Hook | None = None) 
 
     # can_subset: "Materialize" of downstream_mv alone (the asset page, `dagster asset
     # materialize --select downstream_mv`) runs the barrier, which records all its assets
-    @dg.multi_asset(specs=specs, name="vnode_backfill", partitions_def=parts, can_subset=True,
+    @dg.multi_asset(specs=specs, name=k.op("vnode_backfill"), partitions_def=parts,
+                    can_subset=True,
                     backfill_policy=dg.BackfillPolicy.single_run())
     @named_first
     def vnode_backfill(context: dg.AssetExecutionContext, config: BarrierConfig,
                        spark: LazyPySparkResource, warehouse: WarehouseResource):
         ranged = context.has_partition_key or context.has_partition_key_range
         vnodes = vnodes_of(context.partition_keys) if ranged else list(range(d.vnode_count))
-        tables = mv_tables(d, settings, warehouse.options())
-        overrides = Controls(config.chunk_size, config.rate_limit,
-                             config.barrier_choice).validated()
-        session = LazySession(lambda: spark.spark_session,  # a driver-only barrier: no JVM
-                              spark.spark_config)
-        _barriers(context, d, tables, vnodes, session, config.barrier_version, overrides,
-                  owns_replica, hook or no_hook)
+        run_barriers(context, d, k, settings, vnodes, config, spark, warehouse, hook or no_hook)
         yield from ()
 
-    return [upstream, vnode_backfill] + ([] if owns_replica else [replica])
+    return ([upstream] if k.owns_upstream else []) + [vnode_backfill] + \
+        ([] if owns_replica else [replica])
 
 
-def _barriers(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],
-              session: LazySession, version: int | None, overrides: Controls,
-              owns_replica: bool, hook: Hook) -> None:
+def _reads(k: MVAssets) -> list:
+    """The MV's inputs: another MV's output is read whole by each vnode (its rows hash to any
+    of this MV's vnodes), so every partition of it feeds every partition here."""
+    return [dg.AssetDep(key, partition_mapping=dg.AllPartitionMapping())
+            if key.path[-1] == MV_NAME and key.path[0] != "tables" else key for key in k.reads]
+
+
+def run_barriers(context: dg.OpExecutionContext, d: MVDefinition, k: MVAssets,
+                 settings: Settings, vnodes: list[int], config: BarrierConfig,
+                 spark: LazyPySparkResource, warehouse: WarehouseResource, hook: Hook) -> None:
+    """The barrier op's one code path: the multi-asset's (asset pages, `backfill_job` of a
+    catalog of one) and the folder catalog's `backfill_job` (jobs/backfill.py)."""
+    tables = mv_tables(d, settings, warehouse.options())
+    overrides = Controls(config.chunk_size, config.rate_limit, config.barrier_choice).validated()
+    session = LazySession(lambda: spark.spark_session,  # a driver-only barrier: no JVM
+                          spark.spark_config)
+    _barriers(context, d, k, tables, vnodes, session, config.barrier_version, overrides,
+              mode_named(d.mode).owns_replica, hook)
+
+
+def _barriers(context: dg.OpExecutionContext, d: MVDefinition, k: MVAssets, tables,
+              vnodes: list[int], session: LazySession, version: int | None,
+              overrides: Controls, owns_replica: bool, hook: Hook) -> None:
     """One barrier for `backfill_job` (the sensor's, the demo's); for the asset pages' launch
     (and `dagster asset materialize`) barriers until every partition asked for ends
     materialized, i.e. its vnode finished (or the snapshot side is paused, or nothing moves)."""
     until_finished = context.run.job_name != BACKFILL_JOB
-    wait_turn(context.instance, context.run.run_id, vnodes, d.vnode_count, context.log.info)
+    wait_turn(context.instance, context.run.run_id, vnodes, d.vnode_count, context.log.info,
+              mv=k.tag_filter)
     barriers = 0
     while True:
         barriers += 1
-        report = _barrier(context, d, tables, vnodes, session, version, overrides,
+        report = _barrier(context, d, k, tables, vnodes, session, version, overrides,
                           owns_replica, hook)
         if not until_finished or report.finished:
             break
@@ -187,9 +208,9 @@ def _stop_dagster_backfill(context: dg.AssetExecutionContext, reason: str) -> No
     context.log.warning(f"Dagster backfill {backfill_id} marked Canceled: {reason}")
 
 
-def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes: list[int],
-             session: LazySession, version: int | None, overrides: Controls,
-             owns_replica: bool, hook: Hook) -> StepReport:
+def _barrier(context: dg.OpExecutionContext, d: MVDefinition, k: MVAssets, tables,
+             vnodes: list[int], session: LazySession, version: int | None,
+             overrides: Controls, owns_replica: bool, hook: Hook) -> StepReport:
     """One barrier with its log lines and events (wiring/events.py), then the check's result."""
     controls = controls_in_force(d, tables, overrides)
     span = split(vnodes)
@@ -212,24 +233,26 @@ def _barrier(context: dg.AssetExecutionContext, d: MVDefinition, tables, vnodes:
     record_barrier(context.log_event, d, report,
                    summary_metadata(d, tables, report, figs, controls, states),
                    figs.upstream_version, owns_replica,
-                   in_backfill=BACKFILL_TAG in context.run.tags)
+                   in_backfill=BACKFILL_TAG in context.run.tags, keys=k)
     # last: the result targets the MV's latest materialization (this barrier's, if any)
-    context.log_event(progress_result(context.instance, figs, controls, states, report.v_new))
+    context.log_event(progress_result(context.instance, figs, controls, states, report.v_new,
+                                      key=k.mv))
     return report
 
 
-def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition, mode: Mode) -> dg.AssetSpec:
+def _replica_spec(d: MVDefinition, parts: dg.PartitionsDefinition, mode: Mode,
+                  k: MVAssets) -> dg.AssetSpec:
     """`replicated_state`: produced by the barrier in arrangement mode; elsewhere declared only
     (its kind in the lineage says when it is kept)."""
     if mode.owns_replica:
-        return dg.AssetSpec(REPLICA, deps=[UPSTREAM], partitions_def=parts,
-                            group_name="backfill", skippable=True,
+        return dg.AssetSpec(k.replica, deps=_reads(k), partitions_def=parts,
+                            group_name=k.group, skippable=True,
                             description="The backfill's arrangement of the upstream, per vnode "
                                         "(arrangement mode): materialized for every started "
                                         "vnode a barrier kept.")
     used = mode.keeps_replica(throttled=True)  # snapshot mode's chunked path
     return dg.AssetSpec(
-        REPLICA, deps=[UPSTREAM], partitions_def=parts, group_name="backfill",
+        k.replica, deps=_reads(k), partitions_def=parts, group_name=k.group,
         kinds={"delta", "throttled_path_only" if used else "unused_in_no_shuffle"},
         description=(
             "The backfill's arrangement of the upstream, per vnode. Snapshot mode keeps it "

@@ -27,6 +27,7 @@ from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.verify.aggregate_oracle import verify_aggregate
 from backfill_assets.verify.oracle import Verdict, verify
+from backfill_assets.wiring.keys import MVAssets, single
 from backfill_assets.wiring.metadata import figures_metadata
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -34,7 +35,7 @@ from resources.warehouse import WarehouseResource
 
 CHECK_NAME = "matches_oracle"
 PROGRESS_CHECK = "backfill_finished"
-MV = dg.AssetKey("downstream_mv")
+MV = dg.AssetKey("downstream_mv")  # a catalog of one's; a folder's MV: `MVAssets.mv`
 SHOWN_VNODES = 16  # vnodes listed in the table besides every failing one
 
 
@@ -60,16 +61,18 @@ def run_oracle(spark: SparkSession, d: MVDefinition, tables,
     }
 
 
-def evaluation(verdict: Verdict, metadata: dict) -> dg.AssetCheckEvaluation:
+def evaluation(verdict: Verdict, metadata: dict, key: dg.AssetKey = MV
+               ) -> dg.AssetCheckEvaluation:
     """The check's result as an event any op can log (verify_job does)."""
-    return dg.AssetCheckEvaluation(asset_key=MV, check_name=CHECK_NAME, passed=verdict.ok,
+    return dg.AssetCheckEvaluation(asset_key=key, check_name=CHECK_NAME, passed=verdict.ok,
                                    metadata=metadata)
 
 
-def progress_evaluation(figs: MVFigures, metadata: dict) -> dg.AssetCheckEvaluation:
+def progress_evaluation(figs: MVFigures, metadata: dict, key: dg.AssetKey = MV
+                        ) -> dg.AssetCheckEvaluation:
     """`backfill_finished` as a barrier records it: a warning (not an error) until done."""
     return dg.AssetCheckEvaluation(
-        asset_key=MV, check_name=PROGRESS_CHECK, passed=figs.finished,
+        asset_key=key, check_name=PROGRESS_CHECK, passed=figs.finished,
         severity=dg.AssetCheckSeverity.WARN, metadata=metadata,
         description=f"{figs.vnodes_finished}/{figs.vnode_count} vnodes finished, "
                     f"{figs.percent_done:.1f}% done, {figs.state}")
@@ -101,18 +104,19 @@ def on_latest_materialization(instance: dg.DagsterInstance,
 
 
 def progress_result(instance: dg.DagsterInstance, figs: MVFigures, controls: Controls,
-                    states: dict[int, str], barrier_version: int | None = None
-                    ) -> dg.AssetCheckEvaluation:
+                    states: dict[int, str], barrier_version: int | None = None,
+                    key: dg.AssetKey = MV) -> dg.AssetCheckEvaluation:
     """`backfill_finished` as a barrier (or a follower's barrier, or set_controls_job, so a
     pause shows at once) records it, after the MV's events of that barrier."""
     meta = figures_metadata(figs, controls, states)
     if barrier_version is not None:
         meta["barrier_version"] = dg.MetadataValue.int(barrier_version)
-    return on_latest_materialization(instance, progress_evaluation(figs, meta))
+    return on_latest_materialization(instance, progress_evaluation(figs, meta, key))
 
 
-def build_progress_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset="downstream_mv", name=PROGRESS_CHECK, blocking=False,
+def build_progress_check(d: MVDefinition, settings: Settings, keys: MVAssets | None = None
+                         ) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=(keys or single(d)).mv, name=PROGRESS_CHECK, blocking=False,
                     description="Passes once every vnode is finished. Every barrier records it "
                                 "with the MV's percent done, rows/s, ETA and lag (see Plots); "
                                 "Execute reads the tables without running a barrier.")
@@ -132,8 +136,9 @@ def build_progress_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksD
     return backfill_finished
 
 
-def build_oracle_check(d: MVDefinition, settings: Settings) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset="downstream_mv", name=CHECK_NAME, blocking=False,
+def build_oracle_check(d: MVDefinition, settings: Settings, keys: MVAssets | None = None
+                       ) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=(keys or single(d)).mv, name=CHECK_NAME, blocking=False,
                     description="MV[k] == f(upstream@v_k, key <= current_pos_k) for every vnode "
                                 "(recomputes the whole MV: run it with verify_job or Execute).")
     def matches_oracle(spark: LazyPySparkResource,

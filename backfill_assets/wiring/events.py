@@ -35,13 +35,13 @@ from backfill_assets.core.progress import Completed, NotStarted
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import StepReport
+from backfill_assets.wiring.keys import MVAssets, single
 from backfill_assets.wiring.metadata import barrier_metadata, vnode_table
 from backfill_assets.wiring.partitions import vnode_key
 
-UPSTREAM = dg.AssetKey("upstream_table")
-REPLICA = dg.AssetKey("replicated_state")
-MV = dg.AssetKey("downstream_mv")
-PROGRESS = dg.AssetKey("backfill_progress")
+# a catalog of one's keys (an MV of a folder has its own: `MVAssets`)
+_ONE = MVAssets("")
+UPSTREAM, REPLICA, MV, PROGRESS = _ONE.upstream, _ONE.replica, _ONE.mv, _ONE.progress
 
 
 def keeps_replica(report: StepReport, owns_replica: bool) -> bool:
@@ -52,34 +52,36 @@ def keeps_replica(report: StepReport, owns_replica: bool) -> bool:
 
 def record_barrier(log_event: Callable[[object], None], d: MVDefinition, report: StepReport,
                    summary: dict, upstream_version: int, owns_replica: bool,
-                   changed: Sequence[int] | None = None, in_backfill: bool = False) -> None:
+                   changed: Sequence[int] | None = None, in_backfill: bool = False,
+                   keys: MVAssets | None = None) -> None:
     """Log the barrier's per-vnode events, then its summary event (see the module docstring);
     `summary` is the MV-wide metadata (`summary_metadata`). `changed`: the vnodes to record
     (a follower's: those whose progress moved; default every vnode the barrier covered); the
     per-vnode table lists the same vnodes. `in_backfill`: the run belongs to a Dagster
     backfill, which fails on a materialization without a partition: the summary then goes on
     the last finished vnode the barrier covered (it brought that vnode up to date), or is an
-    observation while none is finished."""
+    observation while none is finished. `keys`: the MV's (default a catalog of one's)."""
+    k = keys or single(d)
     vnodes = report.vnodes if changed is None else changed
     started = [v for v in vnodes if not isinstance(report.progress[v], NotStarted)]
-    owned = (REPLICA, PROGRESS) if keeps_replica(report, owns_replica) else (PROGRESS,)
+    owned = (k.replica, k.progress) if keeps_replica(report, owns_replica) else (k.progress,)
     for vnode in started:
         meta = _facts(report, vnode)
         for asset in owned:
             log_event(dg.AssetMaterialization(asset, partition=_key(d, vnode), metadata=meta))
     for vnode in started:
         if isinstance(report.progress[vnode], Completed):
-            log_event(dg.AssetMaterialization(MV, partition=_key(d, vnode),
+            log_event(dg.AssetMaterialization(k.mv, partition=_key(d, vnode),
                                               metadata=_facts(report, vnode)))
     meta = {**summary, "per_vnode": vnode_table(report, vnodes, upstream_version)}
     if not in_backfill:  # the MV as a whole: no partition, so no vnode's status changes, and
-        log_event(dg.AssetMaterialization(MV, metadata=meta))  # the Overview shows it
+        log_event(dg.AssetMaterialization(k.mv, metadata=meta))  # the Overview shows it
         return
     done = [v for v in report.vnodes if isinstance(report.progress[v], Completed)]
     if done:
-        log_event(dg.AssetMaterialization(MV, partition=_key(d, done[-1]), metadata=meta))
+        log_event(dg.AssetMaterialization(k.mv, partition=_key(d, done[-1]), metadata=meta))
     else:
-        log_event(dg.AssetObservation(MV, metadata=meta))
+        log_event(dg.AssetObservation(k.mv, metadata=meta))
 
 
 def is_summary(metadata) -> bool:

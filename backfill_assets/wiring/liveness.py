@@ -11,6 +11,11 @@ partition keys that do not exist) and will never run. It is marked FAILURE with 
 Dagster's partition range tags; follower runs carry `VNODES_TAG` ("first-last"). A run without
 either covers every vnode. In-flight Dagster backfills hold the vnodes they have still to do
 (`backfills_over`), and overlapping runs take turns, oldest first (`wait_turn`).
+
+In a folder catalog each MV's vnodes are its own: every check takes `mv` and considers only the
+runs of that MV (its tag `MV_TAG`, or for an asset-page run the MV its asset keys are prefixed
+with), so two MVs' barriers never wait for each other except through lineage (the sensor's
+order). `mv=None` (a catalog of one) considers every run.
 """
 
 from __future__ import annotations
@@ -60,14 +65,31 @@ def run_vnodes(run: dg.DagsterRun, vnode_count: int) -> range:
     return range(int(start), int(end) + 1)
 
 
+def run_mv(run: dg.DagsterRun) -> str | None:
+    """The MV a run writes: its `MV_TAG`, else the prefix of the assets it was launched for
+    (an asset-page run of a folder's MV); None when neither says (it may write any MV)."""
+    if MV_TAG in run.tags:
+        return run.tags[MV_TAG]
+    prefixes = {k.path[0] for k in run.asset_selection or () if len(k.path) > 1}
+    return prefixes.pop() if len(prefixes) == 1 else None
+
+
+def _of_mv(run: dg.DagsterRun, mv: str | None) -> bool:
+    if mv is None:
+        return True
+    owner = run_mv(run)
+    return owner is None or owner == mv
+
+
 def writers_over(instance: dg.DagsterInstance, vnodes: Sequence[int], vnode_count: int,
                  exclude_run_id: str | None = None,
-                 never_started_after: float = NEVER_STARTED_AFTER) -> list[dg.DagsterRun]:
+                 never_started_after: float = NEVER_STARTED_AFTER,
+                 mv: str | None = None) -> list[dg.DagsterRun]:
     """In-flight backfill or follower runs that write any of `vnodes` (a dead one excepted:
     see the module docstring)."""
     wanted = set(vnodes)
     now = time.time()
-    return [r.dagster_run for r in _in_flight(instance)
+    return [r.dagster_run for r in _in_flight(instance, mv)
             if r.dagster_run.run_id != exclude_run_id
             and _dead_reason(r, now, never_started_after) is None
             and wanted.intersection(run_vnodes(r.dagster_run, vnode_count))]
@@ -90,9 +112,15 @@ def pass_over_dead(instance: dg.DagsterInstance,
     return said
 
 
-def _in_flight(instance: dg.DagsterInstance) -> list:
+def _in_flight(instance: dg.DagsterInstance, mv: str | None = None) -> list:
     records = instance.get_run_records(dg.RunsFilter(statuses=IN_FLIGHT), limit=200)
-    return [r for r in records if _writes_vnodes(r.dagster_run.job_name)]
+    return [r for r in records if _writes_vnodes(r.dagster_run.job_name)
+            and _of_mv(r.dagster_run, mv)]
+
+
+def mvs_in_flight(instance: dg.DagsterInstance) -> set[str | None]:
+    """The MVs with a writer run in flight (None: a run that names no MV)."""
+    return {run_mv(r.dagster_run) for r in _in_flight(instance)}
 
 
 def _dead_reason(record, now: float, never_started_after: float) -> str | None:
@@ -123,11 +151,12 @@ class Restart:
     after_run_id: str | None = None  # the dead run a restart replaces (makes the run key)
 
 
-def follower_restart(instance: dg.DagsterInstance, first: int, last: int) -> Restart:
+def follower_restart(instance: dg.DagsterInstance, first: int, last: int,
+                     mv: str | None = None) -> Restart:
     """Start when none ever ran or the last one ended; back off after consecutive failures
     (a follower that fails at once must not relaunch in a tight loop)."""
-    records = instance.get_run_records(
-        dg.RunsFilter(job_name=FOLLOWER_JOB, tags=vnodes_tag(first, last)), limit=8)
+    tags = {**vnodes_tag(first, last), **({MV_TAG: mv} if mv is not None else {})}
+    records = instance.get_run_records(dg.RunsFilter(job_name=FOLLOWER_JOB, tags=tags), limit=8)
     if not records:
         return Restart(True, "no follower ran for this range yet")
     last_run = records[0]
@@ -157,19 +186,21 @@ BACKFILL_ACTIVE = [BulkActionStatus.REQUESTED, BulkActionStatus.CANCELING]
 VNODE_ASSETS = ("downstream_mv", "backfill_progress", "replicated_state")
 
 
-def backfills_over(instance: dg.DagsterInstance, vnodes: Sequence[int], vnode_count: int
-                   ) -> list[tuple[str, list[int]]]:
+def backfills_over(instance: dg.DagsterInstance, vnodes: Sequence[int], vnode_count: int,
+                   assets: Sequence[str] = VNODE_ASSETS) -> list[tuple[str, list[int]]]:
     """(backfill id, the vnodes of `vnodes` it still has to do) of every in-flight Dagster
-    backfill of this platform's assets that targets any of them."""
+    backfill of this platform's assets that targets any of them; `assets`: the MV's
+    vnode-partitioned assets (a folder's MV has its own, `MVAssets.owned`)."""
     wanted, held = set(vnodes), []
     for backfill in instance.get_backfills(BulkActionsFilter(statuses=BACKFILL_ACTIVE)):
-        overlap = sorted(wanted.intersection(_backfill_vnodes(backfill, vnode_count)))
+        overlap = sorted(wanted.intersection(_backfill_vnodes(backfill, vnode_count, assets)))
         if overlap:
             held.append((backfill.backfill_id, overlap))
     return held
 
 
-def _backfill_vnodes(backfill: PartitionBackfill, vnode_count: int) -> set[int]:
+def _backfill_vnodes(backfill: PartitionBackfill, vnode_count: int,
+                     assets: Sequence[str] = VNODE_ASSETS) -> set[int]:
     """The vnodes a backfill has still to do (every vnode when that cannot be read: a backfill
     stored in an older format is never raced)."""
     data = backfill.asset_backfill_data
@@ -180,7 +211,7 @@ def _backfill_vnodes(backfill: PartitionBackfill, vnode_count: int) -> set[int]:
     todo = data.target_subset - (data.materialized_subset | data.failed_and_downstream_subset)
     keys: set[str] = set()
     for asset, subset in todo.partitions_subsets_by_asset_key.items():
-        if asset.to_user_string() in VNODE_ASSETS:
+        if asset.to_user_string() in assets:
             keys.update(subset.get_partition_keys())
     return {int(k) for k in keys if k.isdigit()}
 
@@ -199,7 +230,7 @@ def _worker_gone(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
 
 
 def wait_turn(instance: dg.DagsterInstance, run_id: str, vnodes: Sequence[int],
-              vnode_count: int, say: Callable[[str], None]) -> None:
+              vnode_count: int, say: Callable[[str], None], mv: str | None = None) -> None:
     """Wait while a run over any of `vnodes` that was created before run `run_id` is in
     flight (followers excepted: they never end, and fencing decides a race with one).
 
@@ -213,7 +244,7 @@ def wait_turn(instance: dg.DagsterInstance, run_id: str, vnodes: Sequence[int],
     mine = (record.create_timestamp.timestamp(), run_id)
     said = None
     while True:
-        ahead = [r for r in _in_flight(instance)
+        ahead = [r for r in _in_flight(instance, mv)
                  if r.dagster_run.job_name != FOLLOWER_JOB
                  and (r.create_timestamp.timestamp(), r.dagster_run.run_id) < mine
                  and _dead_reason(r, time.time(), NEVER_STARTED_AFTER) is None

@@ -20,7 +20,10 @@ it never starts a JVM: it reads Delta versions (a few ms each) and run records.
 """
 
 
+from __future__ import annotations
+
 import json
+from dataclasses import dataclass
 
 import dagster as dg
 
@@ -29,6 +32,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import controls_changed_at, read_controls
 from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.wiring.keys import MVAssets, single
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
@@ -63,22 +67,26 @@ def build_barrier_sensor(d: MVDefinition, settings: Settings, job_name: str, ran
         for said in pass_over_dead(context.instance, never_started_after):
             context.log.warning(said)
         if settings.continuous:
-            return _keep_followers(context.instance, d, tables, ranges)
-        return _barrier_runs(context, d, tables, upstream.version(), ranges)
+            return keep_followers(context.instance, d, tables, ranges)
+        return barrier_runs(context, d, tables, upstream.version(), ranges)
 
     return upstream_barrier_sensor
 
 
-def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: MVTables,
-                  version: int, ranges: int):
-    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
-    at, unfinished = _where(progress, d.vnode_count)
-    controls = read_controls(tables)
-    paused = controls.rate_limit == 0
-    if at is not None and at >= version and (not unfinished or paused):
+def barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: MVTables,
+                 version: int, ranges: int, k: MVAssets | None = None,
+                 p: Where | None = None):
+    """The barrier runs one MV needs at upstream `version`, or why none. `k`: a folder's MV
+    (its runs name it by tag, its liveness is its own; no sensor cursor: the sensor is
+    shared); `p`: where it stands, when the caller has read it already."""
+    k = k or single(d)
+    p = p or where(d, tables, version)
+    progress, unfinished, paused = p.progress, p.unfinished, p.paused
+    if p.idle:
         # nothing to do at the upstream's version: on a start-up after `make demo` too, so
         # serving a finished MV never re-runs its last barrier (its verification stays shown)
-        context.update_cursor(json.dumps({"version": version}))
+        if not k.prefix:
+            context.update_cursor(json.dumps({"version": version}))
         return dg.SkipReason(f"MV is at the upstream's latest version v{version} and "
                              + ("paused (resume with set_controls_job)" if unfinished
                                 else "finished"))
@@ -91,34 +99,37 @@ def _barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: 
     for first, last in vnode_ranges(d.vnode_count, ranges):
         if all(v in current for v in range(first, last + 1)):
             continue  # this range already took this version: no second run for it
-        busy = _busy(context.instance, first, last, d.vnode_count)
+        busy = _busy(context.instance, first, last, d.vnode_count, k)
         if busy:
             waiting.append(busy)
             continue
         requests.append(dg.RunRequest(
             run_key=f"{d.name}:v{version}:p{state}:{knobs}:{first}-{last}",
             run_config={"ops": {"vnode_backfill": {"config": {"barrier_version": version}}}},
-            tags=range_tags(first, last, d.vnode_count)))
-    if not waiting:  # a busy range still needs this version: hand it out again next tick
+            tags={MV_TAG: d.name, **vnodes_tag(first, last)} if k.prefix
+            else range_tags(first, last, d.vnode_count)))
+    if not waiting and not k.prefix:  # a busy range still needs this version: again next tick
         context.update_cursor(json.dumps({"version": version, "progress": state}))
     if not requests:
         return dg.SkipReason(f"upstream at v{version}; waiting: " + "; ".join(waiting))
     return requests
 
 
-def _keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTables,
-                    ranges: int):
+def keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTables,
+                   ranges: int, k: MVAssets | None = None):
+    """The follower runs one MV needs (one per vnode range), or why none."""
+    k = k or single(d)
     stop = stop_request(tables)
     if stop is not None:
         return dg.SkipReason(f"followers of MV {d.name!r} stopped on request ({stop['reason']}); "
                              "run start_follower_job to start them again")
     requests, reasons = [], []
     for first, last in vnode_ranges(d.vnode_count, ranges):
-        busy = _busy(instance, first, last, d.vnode_count)
+        busy = _busy(instance, first, last, d.vnode_count, k)
         if busy:
             reasons.append(busy)
             continue
-        decision = follower_restart(instance, first, last)
+        decision = follower_restart(instance, first, last, k.tag_filter)
         if not decision.start:
             reasons.append(f"vnodes {first}..{last}: {decision.reason}")
             continue
@@ -128,14 +139,16 @@ def _keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTab
     return requests or dg.SkipReason("; ".join(reasons))
 
 
-def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int) -> str:
-    """Why vnodes first..last must wait ("" when no run or Dagster backfill writes them)."""
-    runs = writers_over(instance, range(first, last + 1), vnode_count)
+def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int,
+          k: MVAssets) -> str:
+    """Why vnodes first..last of the MV must wait ("" when no run or Dagster backfill of
+    it writes them)."""
+    runs = writers_over(instance, range(first, last + 1), vnode_count, mv=k.tag_filter)
     if runs:
         run = runs[0]
         return (f"vnodes {first}..{last}: {run.job_name} run {run.run_id[:8]} is "
                 f"{run.status.value}")
-    held = backfills_over(instance, range(first, last + 1), vnode_count)
+    held = backfills_over(instance, range(first, last + 1), vnode_count, k.owned)
     if held:
         backfill_id, vnodes = held[0]
         return (f"vnodes {first}..{last}: Dagster backfill {backfill_id} has vnodes "
@@ -153,6 +166,29 @@ def _current_vnodes(progress, version: int, paused: bool) -> set[int]:
     return {r["vnode"] for r in rows.to_pylist()
             if r["version"] is not None and r["version"] >= version
             and (r["backfill_finished"] or paused)}
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where one MV stands against its upstream's head: what a tick decides on."""
+
+    progress: object  # the progress table (None: no barrier ran yet)
+    at: int | None  # the version every vnode reached (None: some vnode has no row)
+    unfinished: bool
+    paused: bool
+    version: int  # the upstream's head
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to do at the head: every vnode at it, and finished or paused."""
+        return self.at is not None and self.at >= self.version and \
+            (not self.unfinished or self.paused)
+
+
+def where(d: MVDefinition, tables: MVTables, version: int) -> Where:
+    progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
+    at, unfinished = _where(progress, d.vnode_count)
+    return Where(progress, at, unfinished, read_controls(tables).rate_limit == 0, version)
 
 
 def _where(progress, vnode_count: int) -> tuple[int | None, bool]:

@@ -1,0 +1,74 @@
+"""The run queue of deploy/dagster.yaml holds its limits: one run at a time per MV (the tag
+backfill/mv every barrier run carries) and a limit on all runs at once, dequeued by Dagster's
+own queue daemon (its launcher replaced by one that launches nothing, so no run executes)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import dagster as dg
+import yaml
+from dagster._core.test_utils import create_run_for_test, create_test_daemon_workspace_context
+from dagster._core.workspace.load_target import EmptyWorkspaceTarget
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import (
+    QueuedRunCoordinatorDaemon,
+)
+
+from backfill_assets.wiring.liveness import MV_TAG, vnodes_tag
+from jobs.workspace_runs import repository_origin
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_queue() -> dict:
+    with open(os.path.join(ROOT, "deploy", "dagster.yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f)["run_queue"]
+
+
+def _launched(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
+    return instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTING]))
+
+
+def _queued(instance: dg.DagsterInstance, mv: str, first: int, last: int) -> dg.DagsterRun:
+    """A barrier run as the sensor requests it, queued."""
+    from dagster._core.remote_origin import RemoteJobOrigin
+
+    return create_run_for_test(instance, job_name="backfill_job",
+                               status=dg.DagsterRunStatus.QUEUED,
+                               tags={MV_TAG: mv, **vnodes_tag(first, last)},
+                               remote_job_origin=RemoteJobOrigin(repository_origin(),
+                                                                 "backfill_job"))
+
+
+def _dequeue(instance: dg.DagsterInstance) -> None:
+    with create_test_daemon_workspace_context(EmptyWorkspaceTarget(), instance) as ctx:
+        list(QueuedRunCoordinatorDaemon(interval_seconds=1).run_iteration(ctx))
+
+
+def test_one_barrier_run_per_mv_and_a_limit_on_all_runs() -> None:
+    queue = _run_queue()
+    limit = queue["max_concurrent_runs"]
+    overrides = {"run_queue": queue, "run_launcher": {
+        "module": "dagster._core.test_utils", "class": "MockedRunLauncher"}}
+    with dg.instance_for_test(overrides=overrides) as instance:
+        # a tick of the sensor over two vnode ranges of MV a, and one run of each other MV
+        mvs = [f"mv{i}" for i in range(limit + 2)]
+        queued = [_queued(instance, "a", 0, 1), _queued(instance, "a", 2, 3)]
+        for mv in mvs:
+            _queued(instance, mv, 0, 3)
+        _dequeue(instance)
+        launched = _launched(instance)
+        per_mv = [r.tags[MV_TAG] for r in launched]
+        assert len(launched) == limit  # the limit on all runs at once
+        assert len(per_mv) == len(set(per_mv))  # never two runs of one MV
+        assert "a" in per_mv  # the oldest queued run goes first
+        first = next(r for r in launched if r.tags[MV_TAG] == "a")
+        assert first.run_id == queued[0].run_id
+        # its range ends: the MV's second range is dequeued, still one run of it at a time
+        instance.report_run_failed(first)  # ended (any end frees the slot)
+        time.sleep(0.01)
+        _dequeue(instance)
+        again = [r.tags[MV_TAG] for r in _launched(instance)]
+        assert again.count("a") == 1 and len(again) == limit
+        assert instance.get_run_by_id(queued[1].run_id).status == dg.DagsterRunStatus.STARTING

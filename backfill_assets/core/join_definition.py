@@ -256,12 +256,12 @@ def refuse_unserved_joins(definition: object) -> None:
             "(the Dagster assets, jobs and sensor do), which serves join MVs (docs/JOINS.md)")
 
 
-def tables_read(definition: object) -> tuple[str, ...]:
+def tables_read(definition) -> tuple[str, ...]:  # an MVDefinition (core/mv_definition.py)
     """The tables an MV reads, its upstream first, then each joined dimension: its lineage
     upstreams (an asset graph's edges) and what a sensor watches (a barrier is due when any
     of them moved)."""
     joins = getattr(definition, "joins", ())
-    return tuple(dict.fromkeys([getattr(definition, "upstream"), *(j.table for j in joins)]))
+    return tuple(dict.fromkeys([definition.upstream, *(j.table for j in joins)]))
 
 
 def join_sql(joins: Sequence[Join], fact: str, dimensions: Mapping[str, str],

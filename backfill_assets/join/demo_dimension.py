@@ -10,8 +10,7 @@ import random
 from collections.abc import Mapping
 
 from backfill_assets.mv import owned_tables
-from backfill_assets.upstream.spec import UpstreamSpec, create_upstream
-from backfill_assets.upstream.writer import DmlBatch, apply_dml
+from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
 COLUMNS = {"customer": "string", "segment": "string", "country": "string"}
 SEGMENTS = ("consumer", "smb", "enterprise", "public")

@@ -12,6 +12,7 @@ import pytest
 
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import JoinModeUnsupported
+from backfill_assets.join import barrier_due
 from backfill_assets.verify.join_oracle import verify_join
 from tests.reliability import harness as H
 
@@ -89,8 +90,12 @@ def test_join_mv_equals_spark_join_after_every_barrier(spark, warehouse, kind):
             live.apply(live.random_batch(10))
         if n != 4:  # and one where only the fact moved
             dim.random_dml()
+        assert barrier_due(d, tables)
         report = run_barrier(spark, d, tables, list(range(8)))
         assert report.extra["join_path"] == "apply"
+        if n == 2:  # a dimension change reaches its facts through the index, no scan
+            assert report.extra["fact_changes"] == 0
+            assert 0 < report.extra["facts_reached"] < 60
         assert report.v_new == H.latest(live.uri)
         assert report.extra["dimension_versions"] == [H.latest(dim.uri)]
         assert_exact(spark, d, tables)
@@ -98,6 +103,7 @@ def test_join_mv_equals_spark_join_after_every_barrier(spark, warehouse, kind):
     report = run_barrier(spark, d, tables, [0])
     assert report.extra["fact_changes"] == 0 and report.extra["dimension_changes"] > 0
     assert_exact(spark, d, tables)
+    assert not barrier_due(d, tables)
     idle = run_barrier(spark, d, tables, [0])
     assert idle.v_new == report.v_new
     assert_exact(spark, d, tables)

@@ -207,6 +207,11 @@ class JoinTables:
         return (self._with_vnode(net.filter(pc.greater(sums, 0)).select(cols), side.on),
                 self._with_vnode(net.filter(pc.less(sums, 0)).select(cols), side.on))
 
+    def with_vnode(self, table: pa.Table, key: Sequence[str]) -> pa.Table:
+        """``table`` with the `vnode` of ``key``, as the state tables hash it (a step reads
+        the files of those vnodes)."""
+        return self._with_vnode(table, key)
+
     def _with_vnode(self, table: pa.Table, key: Sequence[str]) -> pa.Table:
         """``table`` with the `vnode` of ``key`` (non-null) appended (O(rows), on the driver);
         a join key hashes with its dimension key's types, so both land on one vnode."""

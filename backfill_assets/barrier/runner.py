@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
-from backfill_assets import aggregate
+from backfill_assets import aggregate, join
 from backfill_assets.barrier.by_cost import by_cost
 from backfill_assets.barrier.pacing import paced
 from backfill_assets.core import codec
@@ -51,6 +51,9 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     applies its changes or re-reads them, whichever costs less (barrier/by_cost.py)."""
     with nothing_left_on_refusal(tables):
         controls = controls_in_force(d, tables, overrides)
+        if d.joins:  # an MV kind of its own (backfill_assets/join/)
+            return join.run_barrier(spark, d, tables, vnodes, version=version,
+                                    controls=controls, hook=hook)
         if d.is_aggregate:  # an MV kind of its own (backfill_assets/aggregate/)
             return aggregate.run_barrier(spark, d, tables, vnodes, version=version,
                                          controls=controls, hook=hook)

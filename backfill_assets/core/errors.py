@@ -96,8 +96,13 @@ class InvalidJoin(InvalidMVDefinition):
 
 
 class JoinMVNotServed(InvalidJoin):
-    """An MV with joins reached a barrier: its definition and algebra exist (docs/JOINS.md)
-    but no step runs a join yet, and running it as a row MV would write wrong rows."""
+    """An MV with joins reached a row MV's step, which would ignore the joins and write
+    wrong rows: join MVs run through their own barrier (docs/JOINS.md)."""
+
+
+class JoinModeUnsupported(InvalidJoin):
+    """A join MV asked for a backfill mode its barrier does not run (arrangement,
+    no_shuffle): join MVs are built in snapshot mode (docs/JOINS.md)."""
 
 
 class DimensionKeyNotUnique(BackfillError):

@@ -245,16 +245,23 @@ def parse_key_type_or_none(type_name: str) -> str | None:
 
 
 def refuse_unserved_joins(definition: object) -> None:
-    """Refuse an MV with joins at a barrier (JoinMVNotServed): the join is defined and its
-    algebra exists (docs/JOINS.md), but no step runs it yet, and a row MV's barrier would
-    ignore the joins and write wrong rows."""
+    """Refuse an MV with joins in a row MV's step (JoinMVNotServed): join MVs run through
+    their own barrier (backfill_assets/join/, reached from barrier.runner.run_barrier), and
+    a row MV's step would ignore the joins and write wrong rows."""
     joins = getattr(definition, "joins", ())
     if joins:
         raise JoinMVNotServed(
-            f"MV {getattr(definition, 'name', '?')!r} joins {[j.table for j in joins]}: such "
-            "definitions are checked but no barrier runs them yet (docs/JOINS.md); remove "
-            "joins to serve it as a row MV, or keep it out of the platform until joins are "
-            "served")
+            f"MV {getattr(definition, 'name', '?')!r} joins {[j.table for j in joins]}: a "
+            "row MV's step would ignore its joins; run it through barrier.runner.run_barrier "
+            "(the Dagster assets, jobs and sensor do), which serves join MVs (docs/JOINS.md)")
+
+
+def tables_read(definition) -> tuple[str, ...]:  # an MVDefinition (core/mv_definition.py)
+    """The tables an MV reads, its upstream first, then each joined dimension: its lineage
+    upstreams (an asset graph's edges) and what a sensor watches (a barrier is due when any
+    of them moved)."""
+    joins = getattr(definition, "joins", ())
+    return tuple(dict.fromkeys([definition.upstream, *(j.table for j in joins)]))
 
 
 def join_sql(joins: Sequence[Join], fact: str, dimensions: Mapping[str, str],

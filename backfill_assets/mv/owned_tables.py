@@ -80,6 +80,11 @@ class MVTables:
         return f"{self.root}/aggregate_plan"
 
     @property
+    def join_state(self) -> str:
+        """A join MV's state tables (facts, index and dimension per join: docs/JOINS.md)."""
+        return f"{self.root}/join_state"
+
+    @property
     def root(self) -> str:
         """The folder (or object-store prefix) holding the MV's tables and its small documents:
         runtime controls, follower stop requests, the no-shuffle run layout."""
@@ -203,9 +208,12 @@ def txn_versions(table: DeltaTable | None, mv_name: str, phase: str,
 
 
 def intent(mv_name: str, phase: str, vnodes: Sequence[int], version: int,
-           metadata: Mapping[str, str] | None = None) -> Intent:
-    """What a storage-layer commit of `phase` for `vnodes` at upstream `version` carries."""
-    return Intent({txn_id(mv_name, phase, v): version for v in vnodes}, dict(metadata or {}))
+           metadata: Mapping[str, str] | None = None,
+           extra: Mapping[str, int] | None = None) -> Intent:
+    """What a storage-layer commit of `phase` for `vnodes` at upstream `version` carries;
+    ``extra``: more app ids (a join MV's dimension versions: its barrier is a version pair)."""
+    return Intent({**{txn_id(mv_name, phase, v): version for v in vnodes}, **dict(extra or {})},
+                  dict(metadata or {}))
 
 
 def ensure_data_table(uri: str, schema: pa.Schema, storage_options: Mapping[str, str], *,
@@ -235,15 +243,17 @@ def commit_properties(mv_name: str, phase: str, vnodes: Sequence[int], version: 
 
 def overwrite_vnodes(table: DeltaTable, rows: pa.Table, *, mv_name: str, phase: str,
                      vnodes: Sequence[int], version: int,
-                     storage_options: Mapping[str, str] | None = None) -> int:
+                     storage_options: Mapping[str, str] | None = None,
+                     extra: Mapping[str, int] | None = None) -> int:
     """Replace the rows of `vnodes` in `table` with `rows` in one commit (app transactions
-    `{mv}/{phase}/{vnode}` at `version`); the new table version."""
+    `{mv}/{phase}/{vnode}` at `version`, and ``extra``'s); the new table version."""
     if "vnode" not in table.metadata().partition_columns:
         snap = TableVersion(_local(table.table_uri), dict(storage_options or {}), table)
         keys = pa.table({"vnode": pa.array(sorted(vnodes), rows.schema.field("vnode").type)})
         # a progress commit is not fsynced: the MV commit before it carries the same
         # progress (recovery completes a lost progress commit from it)
-        done = replace_keyed(snap, ["vnode"], replace(intent(mv_name, phase, vnodes, version),
+        done = replace_keyed(snap, ["vnode"], replace(intent(mv_name, phase, vnodes, version,
+                                                             extra=extra),
                                                       durable=phase != "progress"), keys, rows)
         table.update_incremental()  # like a delta-rs write: the object sees its own commit
         return done.version if done.version is not None else table.version()

@@ -41,6 +41,7 @@ def used_columns(d: MVDefinition, names: Iterable[str]) -> set[str]:
     (`_identifiers`), so a column it might read is never missed. Case-insensitive, as Spark
     resolves names. Only these columns are carried and pinned (step/preflight.py)."""
     used = {c.lower() for c in d.columns} | {c.name.lower() for c in d.primary_key}
+    used |= {c.lower() for j in d.joins for c in j.fact_columns}  # a join's `on` columns
     names = list(names)
     texts = [d.filter, *(c.expr for c in d.computed), *(g.expr for g in d.group_by),
              *(a.arg for a in d.aggregates)]

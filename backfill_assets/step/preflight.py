@@ -83,9 +83,12 @@ class CheckedUpstream:
 
 
 def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
-                     check: UpstreamCheck | None = None) -> CheckedUpstream:
+                     check: UpstreamCheck | None = None, *,
+                     joins_served: bool = False) -> CheckedUpstream:
     """Open and check the upstream at `version` (latest when None); raise before any write.
-    ``check``: what the step's mode needs of the upstream besides (`Mode.check_upstream`)."""
+    ``check``: what the step's mode needs of the upstream besides (`Mode.check_upstream`);
+    ``joins_served``: the caller is the join MV's barrier (backfill_assets/join/), any
+    other refuses an MV with joins (it would ignore them)."""
     table = _opened(tables, d, version)
     check_readable(tables.upstream, table.version(), table)  # refused before any write
     if table.metadata().configuration.get("delta.enableChangeDataFeed") != "true":
@@ -111,7 +114,8 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
     columns = {f.name: _lenient_type_name(f) for f in upstream}
     key_order = _key_order(d, columns)
     d.validate(columns)
-    refuse_unserved_joins(d)
+    if not joins_served:
+        refuse_unserved_joins(d)
     if check is not None:
         check(table, d, key_order, tables)
     return CheckedUpstream(table.version(), carried, key_order, mv_schema, identities)

@@ -147,3 +147,31 @@ def test_join_sql_is_the_join_the_mv_equals_for_the_oracle() -> None:
                    "f.`customer` = d0.`cid`")
     inner = join_sql(make({"kind": "inner"}).joins, "o", {"customers": "c"}, ["id"])
     assert " JOIN c d0 ON " in inner and "LEFT" not in inner
+
+
+def test_tables_read_names_the_upstream_then_each_dimension_once() -> None:
+    """What lineage draws as the MV's upstream assets and what a sensor watches: a barrier
+    is due when any of these tables moved."""
+    from backfill_assets.core.join_definition import tables_read
+    from backfill_assets.core.mv_definition import MVDefinition
+
+    raw = {"name": "m", "upstream": "orders", "primary_key": ["id"], "columns": ["id"],
+           "joins": [{"table": "customers", "key": ["cid"], "on": {"cid": "cid"},
+                      "columns": ["region"]},
+                     {"table": "products", "key": ["pid"], "on": {"pid": "pid"},
+                      "columns": ["label"]}]}
+    assert tables_read(MVDefinition.from_dict(raw)) == ("orders", "customers", "products")
+    del raw["joins"]
+    assert tables_read(MVDefinition.from_dict(raw)) == ("orders",)
+
+
+def test_the_demo_join_definition_loads() -> None:
+    """jobs/configs/join_mv.yaml: an aggregate over orders LEFT JOIN customers."""
+    import yaml
+
+    from backfill_assets.core.mv_definition import MVDefinition
+
+    with open("jobs/configs/join_mv.yaml") as f:
+        d = MVDefinition.from_dict(yaml.safe_load(f))
+    assert d.is_aggregate and [j.table for j in d.joins] == ["customers"]
+    assert d.joins[0].kind == "left" and d.joins[0].on == (("name", "customer"),)

@@ -28,6 +28,7 @@ LAYERS: tuple[str, ...] = (
     "backfill_assets.mv",
     "backfill_assets.step",
     "backfill_assets.aggregate",  # the aggregate MV's barrier, beside the step loop
+    "backfill_assets.join",  # the join MV's barrier, beside the step loop
     "backfill_assets.testing",  # hooks only the tests set (the kill hook)
     "backfill_assets.barrier",  # what runs a barrier's steps: pacing, by cost, follower
     "backfill_assets.verify",  # the independent oracle

@@ -1,0 +1,258 @@
+"""One barrier of a join MV (docs/JOINS.md, "How it runs"): the whole MV brought from the
+version pair its progress records to the barrier's pair (v_fact, v_dim...).
+
+1. recover: each table (facts, index and dimension per join, MV) tells by its app
+   transactions which pair it holds; a pair some table holds but the progress does not is a
+   barrier a crash interrupted: it is completed first over the same change ranges, its
+   update computed from the state as it was before that barrier (a table that already holds
+   it is read at its Delta version before its commit), and only the tables behind written;
+2. the first barrier is `apply` over empty state with every row of both tables at the pair
+   as +1 (`BULK`); a later one reads both change feeds, netted per key, and the state rows of
+   the keys they touch in three keyed rounds (`JoinTables.changed_keys`, `reached_pks`,
+   `lookup_keys`): never a scan of the facts for a dimension change (`APPLY`);
+3. commits, each carrying the pair: facts, each index, each dimension, the MV (its rows, or
+   the aggregate's tables, from the signed joined rows: join/output.py), then progress.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from backfill_assets.arrow.join_state import JoinUpdate
+from backfill_assets.core.errors import JoinStateMismatch
+from backfill_assets.core.progress import BackfillState, Completed
+from backfill_assets.join import sources
+from backfill_assets.join.output import Output, output_of
+from backfill_assets.join.store import (
+    FACTS,
+    PROGRESS,
+    JoinStore,
+    Pair,
+    dimension_phase,
+    index_phase,
+)
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.controls import Controls
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.mv.recovery import progress_rows, progress_schema, read_progress, refuse_stale
+from backfill_assets.step.preflight import CheckedUpstream, checked_upstream
+from backfill_assets.step.request import Hook, StepReport
+from backfill_assets.storage import TableVersion
+
+BULK, APPLY = "bulk", "apply"
+
+
+@dataclass
+class _State:
+    """The state rows a barrier read (facts, index and dimension rows of its keys)."""
+
+    facts: pa.Table
+    index: list[pa.Table]
+    dimensions: list[pa.Table]
+
+
+@dataclass
+class _Barrier:
+    """One join barrier once both sides are checked and the tables exist."""
+
+    spark: SparkSession
+    tables: MVTables
+    upstream: CheckedUpstream
+    sides: list[sources.Side]
+    store: JoinStore
+    out: Output
+    progress: object  # the progress table (deltalake.DeltaTable)
+    hook: Hook
+    report: StepReport
+
+    @property
+    def vnodes(self) -> tuple[int, ...]:
+        return tuple(range(self.store.vnode_count))
+
+    def progress_pair(self) -> Pair | None:
+        """The pair the progress records: every fact vnode at one version, and the dimension
+        versions its last commit carried (None: no barrier yet)."""
+        rows = read_progress(self.progress, self.upstream.key_order, self.vnodes)
+        versions = {v for _, v in rows.values()}
+        if len(rows) != len(self.vnodes) or len(versions) != 1:
+            return None
+        snap = TableVersion(self.tables.progress, self.tables.storage_options, self.progress)
+        held = self.store.held(snap, PROGRESS)
+        return held if held is not None and held.fact == versions.pop() else None
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """Every table a barrier commits, in order: the state tables, then the MV's."""
+        return (*self.store.phases, *self.out.phases)
+
+    def _held(self) -> tuple[dict[str, TableVersion], dict[str, Pair | None]]:
+        snaps = {p: self.store.snapshot(p) for p in self.store.phases}
+        held = {p: self.store.held(s, p) for p, s in snaps.items()}
+        return snaps, held | {p: self.out.held(p) for p in self.out.phases}
+
+    def run(self, target: Pair) -> StepReport:
+        """Complete a barrier a crash left behind, then bring every table to ``target``."""
+        at = self.progress_pair()
+        snaps, held = self._held()
+        ahead = [p for p in self.phases if held[p] is not None and held[p] != at]
+        if ahead:
+            pending = held[ahead[0]]
+            self.report.recovered = list(self.vnodes)
+            self._step(at, pending, snaps, held)
+            at = pending
+            snaps, held = self._held()
+        if at is not None and target.fact < at.fact:
+            refuse_stale(self._finished(at.fact), self.vnodes, target.fact, self.tables.mv)
+        if at is not None:  # a dimension never goes back: a run pinned before a newer one
+            target = Pair(target.fact, tuple(max(t, a) for t, a in
+                                             zip(target.dimensions, at.dimensions, strict=True)))
+        if at is None or target != at:
+            self._step(at, target, snaps, held)
+            at = target
+        self.report.v_new = at.fact
+        self.report.extra["dimension_versions"] = list(at.dimensions)
+        self.report.progress = {v: Completed(None, 0) for v in self.vnodes}
+        self.report.versions = {v: at.fact for v in self.vnodes}
+        return self.report
+
+    def _finished(self, version: int) -> BackfillState:
+        return BackfillState(self.upstream.key_order, self.vnodes, {
+            v: (Completed(None, 0), version) for v in self.vnodes})
+
+    def _step(self, at: Pair | None, to: Pair, snaps: dict[str, TableVersion],
+              held: dict[str, Pair | None]) -> None:
+        """Bring the tables behind ``to`` there from ``at``, then the progress."""
+        behind = [p for p in self.phases if held[p] != to]
+        old = {p: snaps[p] if p in behind else self._before(p, snaps[p], at)
+               for p in self.store.phases}
+        self.hook("before_write")
+        self.report.extra["join_path"] = BULK if at is None else APPLY
+        update, state = self._bulk(to) if at is None else self._apply(at, to, old)
+        self._write(to, behind, snaps, update, state)
+        for phase in self.out.phases:
+            if phase in behind:
+                self.out.write(phase, update.joined, to, self.hook)
+                self.hook(f"after_{phase}_commit")
+        self.hook("before_progress_commit")
+        rows = progress_rows(self._finished(to.fact), self.vnodes, to.fact,
+                             self.upstream.key_order)
+        owned_tables.overwrite_vnodes(
+            self.progress, pa.Table.from_pylist(rows, progress_schema(self.upstream.key_order)),
+            mv_name=self.store.name, phase=PROGRESS, vnodes=self.vnodes, version=to.fact,
+            storage_options=self.tables.storage_options,
+            extra=to.txns(self.store.name, PROGRESS))
+        self.hook("after_progress_commit")
+
+    def _before(self, phase: str, snap: TableVersion, at: Pair | None) -> TableVersion:
+        """A table that already holds the pending barrier, as it was before its commit (one
+        commit per barrier): the state the barrier's update is computed from."""
+        if at is None:
+            return snap  # a bulk barrier starts from empty state (read nothing)
+        prior = self.store.snapshot(phase, snap.table.version() - 1)
+        if self.store.held(prior, phase) != at:
+            raise JoinStateMismatch(
+                f"join MV {self.store.name!r}: table {phase} holds a barrier its progress "
+                "does not, and its commit before does not hold the progress's pair: reset "
+                "the MV to rebuild its state")
+        return prior
+
+    def _bulk(self, to: Pair) -> tuple[JoinUpdate, _State]:
+        """Every row of both tables at ``to`` as +1 changes over empty state."""
+        so, jt = self.tables.storage_options, self.store.jt
+        facts = sources.rows_at(self.spark, self.tables.upstream, to.fact,
+                                jt.fact_change_schema, so)
+        dims = [sources.rows_at(self.spark, s.uri, v, schema, so) for s, v, schema in
+                zip(self.sides, to.dimensions, jt.dimension_change_schemas, strict=True)]
+        empty = _State(jt.fact_schema.empty_table(), [s.empty_table() for s in jt.index_schemas],
+                       [s.empty_table() for s in jt.dimension_schemas])
+        self.report.snapshot_rows = facts.num_rows
+        self.report.engine = "driver"
+        return jt.apply(empty.facts, empty.index, empty.dimensions, facts, dims), empty
+
+    def _apply(self, at: Pair, to: Pair, old: dict[str, TableVersion]
+               ) -> tuple[JoinUpdate, _State]:
+        """Both change feeds over (at, to], and the state rows of the keys they reach."""
+        so, jt, store = self.tables.storage_options, self.store.jt, self.store
+        pk = list(jt.plan.pk)
+        fc = sources.signed_changes(self.tables.upstream, at.fact, to.fact,
+                                    jt.fact_change_schema, pk, so, fact=True)
+        dcs = [sources.signed_changes(s.uri, a, b, schema, list(s.join.key), so, fact=False)
+               for s, a, b, schema in zip(self.sides, at.dimensions, to.dimensions,
+                                          jt.dimension_change_schemas, strict=True)]
+        changed_pks, changed_keys = jt.changed_keys(fc, dcs)
+        index = [store.read(old[index_phase(i)], index_phase(i),
+                            keys.rename_columns(list(s.on)), by=list(s.on))
+                 for i, (s, keys) in enumerate(zip(jt.plan.sides, changed_keys, strict=True))]
+        facts = store.read(old[FACTS], FACTS, jt.reached_pks(changed_pks, index, changed_keys))
+        lookups = jt.lookup_keys(facts, fc, changed_keys)
+        dims = [store.read(old[dimension_phase(i)], dimension_phase(i), keys)
+                for i, keys in enumerate(lookups)]
+        self.report.engine = "driver"
+        self.report.forwarded_rows = fc.num_rows + sum(c.num_rows for c in dcs)
+        self.report.extra.update(fact_changes=fc.num_rows,
+                                 dimension_changes=sum(c.num_rows for c in dcs),
+                                 facts_reached=facts.num_rows)
+        return jt.apply(facts, index, dims, fc, dcs), _State(facts, index, dims)
+
+    def _write(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
+               update: JoinUpdate, state: _State) -> None:
+        """The commits of the state tables behind ``to``, in order, each a keyed write of
+        the rows it held for the changed keys -> the rows they hold after."""
+        store, pk = self.store, list(self.store.jt.plan.pk)
+        writes = {FACTS: (_held(state.facts, update.fact_upserts, update.fact_deletes, pk),
+                          update.fact_upserts)}
+        for i, side in enumerate(store.jt.plan.sides):
+            writes[index_phase(i)] = (update.index_deletes[i], update.index_upserts[i])
+            key = list(side.key)
+            writes[dimension_phase(i)] = (
+                _held(state.dimensions[i], update.dimension_upserts[i],
+                      update.dimension_deletes[i], key), update.dimension_upserts[i])
+        for phase in store.phases:
+            if phase in behind:
+                store.write(phase, snaps[phase], *writes[phase], to, self.hook)
+                self.hook(f"after_{phase}_commit")
+        self.report.extra["joined_changes"] = update.joined.num_rows
+
+
+def _held(rows: pa.Table, upserts: pa.Table, deletes: pa.Table, key: list[str]) -> pa.Table:
+    """The held ``rows`` of the keys a write changes (upserted or deleted)."""
+    keys = pa.concat_tables([upserts.select(key), deletes.select(key).cast(
+        upserts.select(key).schema)])
+    probe = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+    return rows.join(probe.group_by(key, use_threads=False).aggregate([]), keys=key,
+                     join_type="left semi", use_threads=False).select(rows.schema.names)
+
+
+def open_barrier(spark: SparkSession, d, tables: MVTables, version: int | None,
+                 hook: Hook, controls: Controls) -> tuple[_Barrier, Pair]:
+    """Check the upstream, every dimension and the definition (Spark's analysis of its
+    expressions over the joined rows), then create the missing tables: nothing is written
+    before every check passed."""
+    upstream = checked_upstream(tables, d, version, joins_served=True)
+    fact_types = {f.name: sources._lenient(f) for f in upstream.schema}
+    sides, joined = sources.checked_sides(tables, d.joins, fact_types)
+    out = output_of(spark, d, tables, upstream, sides, joined)
+    store = out.store
+    progress = owned_tables.ensure_table(
+        tables.progress, progress_schema(upstream.key_order), tables.storage_options,
+        cdf=False, description=upstream.pin(d, store.mv_schema))
+    store.ensure()
+    out.ensure()
+    report = StepReport(upstream.version, tuple(range(d.vnode_count)), controls.chunk_size or 0,
+                        engine="driver")
+    barrier = _Barrier(spark, tables, upstream, sides, store, out, progress, hook, report)
+    return barrier, Pair(upstream.version, tuple(s.version for s in sides))
+
+
+def run(spark: SparkSession, d, tables: MVTables, version: int | None, controls: Controls,
+        hook: Hook) -> StepReport:
+    """One join barrier (see the module docstring) with the controls in force."""
+    started = time.monotonic()
+    barrier, target = open_barrier(spark, d, tables, version, hook, controls)
+    report = barrier.run(target)
+    report.seconds = time.monotonic() - started
+    return report

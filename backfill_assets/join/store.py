@@ -1,0 +1,187 @@
+"""A join MV's Delta tables (facts, index and dimension per join, the MV), read by key and
+written through the storage door, each commit carrying the barrier's version pair.
+
+Why a pair in every commit: a join barrier moves the fact to v_fact and every dimension to
+its v_dim, and a table brought forward must say to which pair, since either side may move
+alone. The fact version is the app transactions `{mv}/{phase}/{vnode}` (as every MV table's);
+each dimension's is one more app id, `{mv}/{phase}/dimension/{i}` (`dimension_txn`).
+Recovery asks each table which pair it holds and brings forward only those behind; never
+"are the rows already there".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from backfill_assets import storage
+from backfill_assets.aggregate.store import Table
+from backfill_assets.arrow.join_state import JoinTables
+from backfill_assets.core.names import VNODE
+from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.step.request import Hook
+
+FACTS, MV, PROGRESS = "join_facts", "mv", "progress"
+
+
+def index_phase(i: int) -> str:
+    return f"join_index_{i}"
+
+
+def dimension_phase(i: int) -> str:
+    return f"join_dimension_{i}"
+
+
+def dimension_txn(mv_name: str, phase: str, i: int) -> str:
+    """The app id of join ``i``'s dimension version in a commit of ``phase``."""
+    return f"{mv_name}/{phase}/dimension/{i}"
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A barrier's versions: the fact's and each dimension's (in the definition's order)."""
+
+    fact: int
+    dimensions: tuple[int, ...]
+
+    def txns(self, mv_name: str, phase: str) -> dict[str, int]:
+        """The dimension app ids a commit of ``phase`` carries (the fact's are per vnode)."""
+        return {dimension_txn(mv_name, phase, i): v for i, v in enumerate(self.dimensions)}
+
+
+def pair_of(txns: dict[str, int], mv_name: str, phase: str, vnodes: Sequence[int],
+            joins: int) -> Pair | None:
+    """The pair a table's app transactions hold for ``phase`` (None: not all of it)."""
+    facts = [txns.get(owned_tables.txn_id(mv_name, phase, v)) for v in vnodes]
+    dims = [txns.get(dimension_txn(mv_name, phase, i)) for i in range(joins)]
+    if any(v is None for v in (*facts, *dims)) or len(set(facts)) != 1:
+        return None
+    return Pair(facts[0], tuple(dims))
+
+
+@dataclass(frozen=True)
+class JoinStore:
+    """The tables of one join MV: ``mv_schema`` is the MV's (ending with `vnode`)."""
+
+    name: str
+    tables: MVTables
+    jt: JoinTables
+    mv_schema: pa.Schema
+    vnode_count: int
+
+    @property
+    def joins(self) -> int:
+        return len(self.jt.plan.sides)
+
+    @property
+    def phases(self) -> tuple[str, ...]:
+        """The state tables a barrier writes, in commit order (the MV's tables follow:
+        join/output.py)."""
+        return (FACTS, *(index_phase(i) for i in range(self.joins)),
+                *(dimension_phase(i) for i in range(self.joins)))
+
+    def table(self, phase: str) -> Table:
+        root, pk, jt = self.tables.join_state, tuple(self.jt.plan.pk), self.jt
+        if phase == FACTS:
+            return Table(f"{root}/facts", jt.fact_schema, pk, FACTS, False)
+        if phase == MV:
+            return Table(self.tables.mv, self.mv_schema, pk, MV, True)
+        i = int(phase.rsplit("_", 1)[1])
+        side = jt.plan.sides[i]
+        if phase == index_phase(i):
+            return Table(f"{root}/index_{i}", jt.index_schemas[i], (*side.on, *pk), phase, False)
+        return Table(f"{root}/dimension_{i}", jt.dimension_schemas[i], side.key, phase, False)
+
+    def ensure(self) -> None:
+        """Create the missing state tables, empty (merge-on-read, keyed by their key columns)."""
+        for phase in self.phases:
+            t = self.table(phase)
+            owned_tables.ensure_data_table(t.uri, _nullable(t.schema),
+                                           self.tables.storage_options, cdf=t.cdf,
+                                           key_names=list(t.key), vnode_count=self.vnode_count)
+
+    def snapshot(self, phase: str, version: int | None = None) -> storage.TableVersion:
+        """The table at its Delta ``version`` (latest when None)."""
+        t, so = self.table(phase), self.tables.storage_options
+        return storage.TableVersion(t.uri, so, owned_tables.open_if_exists(t.uri, so, version))
+
+    def held(self, snap: storage.TableVersion, phase: str) -> Pair | None:
+        """The pair the table's commits hold at ``snap``."""
+        return pair_of(snap.txn_versions, self.name, phase, range(self.vnode_count),
+                       self.joins)
+
+    def read(self, snap: storage.TableVersion, phase: str, keys: pa.Table | None,
+             by: list[str] | None = None) -> pa.Table:
+        """The rows whose ``by`` columns (default: the key) equal a row of ``keys`` (all
+        rows when None) at ``snap``: only the files of those keys' vnodes are read (``by``
+        holds the columns the table's vnode hashes, or all of its key)."""
+        t = self.table(phase)
+        if keys is not None and keys.num_rows == 0:
+            return t.schema.empty_table()
+        key = by or list(t.key)
+        vnodes = None
+        if keys is not None:
+            keys = keys.select(key)
+            vnodes = sorted(set(self.jt.with_vnode(keys, _hash_key(phase, t, self.jt))
+                                .column(VNODE).to_pylist()))
+        rows = owned_tables.read_rows(snap.table, vnodes).select(t.schema.names).cast(t.schema)
+        if keys is None:
+            return rows
+        probe = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+        return rows.join(probe, keys=key, join_type="left semi", use_threads=False) \
+            .select(t.schema.names)
+
+    def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
+              pair: Pair, hook: Hook) -> None:
+        """One commit of the table: the rows of the changed keys ``before`` -> ``after`` (a
+        key only before is deleted), carrying the barrier's pair."""
+        keyed_write(self.name, self.vnode_count, self.table(phase), snap, before, after, pair,
+                    hook)
+
+
+def keyed_write(name: str, vnode_count: int, t: Table, snap: storage.TableVersion,
+                before: pa.Table, after: pa.Table, pair: Pair, hook: Hook) -> None:
+    """One commit of table ``t`` (uri, schema, key, phase) of MV ``name``: the rows of the
+    changed keys ``before`` -> ``after``, carrying ``pair`` (the fact version per vnode, each
+    dimension's version)."""
+    intent = owned_tables.intent(name, t.phase, range(vnode_count), pair.fact,
+                                 extra=pair.txns(name, t.phase))
+
+    def inner(point: str) -> None:
+        hook(f"{t.phase}_{point}")
+
+    storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
+        before.select(t.schema.names).cast(t.schema),
+        after.select(t.schema.names).cast(t.schema)), hook=inner)
+
+
+def held_by(uri: str, tables: MVTables, name: str, phase: str, vnode_count: int,
+            joins: int) -> Pair | None:
+    """The pair the latest commits of the table at ``uri`` hold for ``phase``."""
+    so = tables.storage_options
+    table = owned_tables.open_if_exists(uri, so)
+    if table is None:
+        return None
+    return pair_of(storage.TableVersion(uri, so, table).txn_versions, name, phase,
+                   range(vnode_count), joins)
+
+
+def _hash_key(phase: str, t: Table, jt: JoinTables) -> list[str]:
+    """The columns a table's vnode hashes: the fact pk (facts, MV), the join key (index:
+    its `on` columns, hashed with the dimension key's types), the declared key."""
+    if phase.startswith("join_index_"):
+        return list(jt.plan.sides[int(phase.rsplit("_", 1)[1])].on)
+    return list(t.key)
+
+
+def _nullable(schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f.with_nullable(True) for f in schema])
+
+
+def recorded_pair(name: str, tables: MVTables, joins: int, vnode_count: int) -> Pair | None:
+    """The pair the MV's progress records (None: no barrier yet): what the oracle recomputes
+    the join at, and what a sensor compares with both tables' latest versions."""
+    return held_by(tables.progress, tables, name, PROGRESS, vnode_count, joins)

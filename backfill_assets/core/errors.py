@@ -89,6 +89,27 @@ class InvalidSnapshotChunk(BackfillError):
     """A snapshot read result that contradicts what was asked for (too many rows, ...)."""
 
 
+class InvalidJoin(InvalidMVDefinition):
+    """An MV's joins cannot be maintained as written: a join key that is not the dimension's
+    declared key, an unknown column, a name clash, a kind other than inner / left
+    (docs/JOINS.md)."""
+
+
+class JoinMVNotServed(InvalidJoin):
+    """An MV with joins reached a barrier: its definition and algebra exist (docs/JOINS.md)
+    but no step runs a join yet, and running it as a row MV would write wrong rows."""
+
+
+class DimensionKeyNotUnique(BackfillError):
+    """A dimension holds two rows for one value of its declared key (a join would multiply
+    the fact rows that reference it): the declared key is not the dimension's key."""
+
+
+class JoinStateMismatch(BackfillError):
+    """Signed changes retract a fact or dimension row the join state never held, or insert
+    one it already holds: the state is not the one these changes follow."""
+
+
 # --- storage / Spark adapters, settings (resources/, storage/, upstream/, engine/)
 
 
@@ -147,6 +168,10 @@ class HistoryUnavailable(BackfillError):
 
 class InvalidVersionRange(BackfillError, ValueError):
     """A version range whose start is after its end, or negative."""
+
+
+class DimensionWithoutChangeFeed(InvalidJoin, ChangeFeedDisabled):
+    """A joined dimension has no change data feed, so its changes could never reach the MV."""
 
 
 # --- object storage (backfill_assets/storage/store/objects.py)

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from backfill_assets.core import aggregate_definition as agg
+from backfill_assets.core import join_definition as jd
 from backfill_assets.core.codec import RESERVED_COLUMNS
-from backfill_assets.core.errors import BackfillError, InvalidMVDefinition
+from backfill_assets.core.errors import BackfillError, InvalidJoin, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.names import VNODE, name_problems
 from backfill_assets.core.progress import is_count
@@ -29,7 +30,7 @@ MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the defau
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
            "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows",
-           "group_by", "aggregates")
+           "group_by", "aggregates", "joins")
 _REQUIRED = ("name", "upstream", "primary_key", "columns")  # an aggregate MV has no columns
 _PK_FIELDS = ("name", "type", "descending", "nulls_first")
 
@@ -60,6 +61,7 @@ class MVDefinition:
     catch_up_rows: int = CATCH_UP_STEP_ROWS  # snapshot mode: change rows per catch-up step
     group_by: tuple[agg.GroupColumn, ...] = ()  # an aggregate MV (docs/AGGREGATES.md)
     aggregates: tuple[agg.Aggregate, ...] = ()
+    joins: tuple[jd.Join, ...] = ()  # lookup joins with dimensions (docs/JOINS.md)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> MVDefinition:
@@ -84,6 +86,8 @@ class MVDefinition:
         if aggregate:
             fields["group_by"] = agg.parse_group_by(d.get("group_by", ()))
             fields["aggregates"] = agg.parse_aggregates(d.get("aggregates", ()))
+        if "joins" in d:
+            fields["joins"] = jd.parse_joins(d["joins"])
         computed = _as_list(d.get("computed", ()), "computed")
         fields["computed"] = tuple(_computed(c) for c in computed)
         return cls(**fields)  # type: ignore[arg-type]
@@ -123,6 +127,8 @@ class MVDefinition:
         if self.is_aggregate:
             out["group_by"] = [[g.name, g.expr] for g in self.group_by]
             out["aggregates"] = [[a.name, a.text] for a in self.aggregates]
+        if self.joins:  # an MV without joins keeps the fingerprint it always had
+            out["joins"] = [j.recorded() for j in self.joins]
         return out
 
     @property
@@ -152,29 +158,35 @@ class MVDefinition:
                 out.append(f"{key} changed from {before!r} to {after!r}")
         return out
 
-    def validate(self, upstream_columns: Mapping[str, str]) -> MVDefinition:
+    def validate(self, upstream_columns: Mapping[str, str],
+                 joined: Mapping[str, str] | None = None) -> MVDefinition:
         """Refuse a structurally wrong definition (listing every problem and its fix);
-        return the definition with pk types resolved from ``upstream_columns``."""
+        return it with pk types resolved from ``upstream_columns``. Joined columns read like
+        upstream ones (``joined``: their types, `join_definition.check_dimension`)."""
+        available = {**upstream_columns, **jd.joined_names(self.joins), **(joined or {})}
         problems = self._control_problems() + (
-            self._aggregate_problems(upstream_columns) if self.is_aggregate
-            else self._column_problems(upstream_columns))
+            self._aggregate_problems(available) if self.is_aggregate
+            else self._column_problems(available))
+        joins = jd.join_problems(self.joins, self.upstream, upstream_columns, self.primary_key)
         added = [*(c.name for c in self.computed), *(g.name for g in self.group_by),
-                 *(a.name for a in self.aggregates)]
+                 *(a.name for a in self.aggregates), *jd.joined_names(self.joins)]
         problems += name_problems(upstream_columns, [c for c in added if isinstance(c, str)])
         resolved, type_problems = self._resolve_pk(upstream_columns)
-        self._refuse(problems + type_problems)
+        self._refuse(joins + problems + type_problems, InvalidJoin if joins else None)
         return dataclasses.replace(self, primary_key=resolved)
 
     def check_controls(self) -> MVDefinition:
         """Refuse what is wrong without the upstream's schema (name, upstream, mode, controls,
-        filter): a catalog of MVs refuses such a definition when it loads, not at its first
-        run. Returns the definition unchanged."""
-        self._refuse(self._control_problems())
+        filter, joins): a catalog of MVs refuses such a definition when it loads, not at its
+        first run. Returns the definition unchanged."""
+        joins = jd.join_problems(self.joins, self.upstream, None, self.primary_key)
+        self._refuse(joins + self._control_problems(), InvalidJoin if joins else None)
         return self
 
-    def _refuse(self, problems: list[str]) -> None:
+    def _refuse(self, problems: list[str], error: type[InvalidMVDefinition] | None = None
+                ) -> None:
         if problems:
-            raise InvalidMVDefinition(
+            raise (error or InvalidMVDefinition)(
                 f"MV definition {self.name!r} is invalid: " + "; ".join(problems)
             )
 

@@ -37,6 +37,7 @@ from backfill_assets.core.errors import (
     UpstreamSchemaChanged,
     VnodeCountChanged,
 )
+from backfill_assets.core.join_definition import refuse_unserved_joins
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import owned_tables
@@ -110,6 +111,7 @@ def checked_upstream(tables: MVTables, d: MVDefinition, version: int | None,
     columns = {f.name: _lenient_type_name(f) for f in upstream}
     key_order = _key_order(d, columns)
     d.validate(columns)
+    refuse_unserved_joins(d)
     if check is not None:
         check(table, d, key_order, tables)
     return CheckedUpstream(table.version(), carried, key_order, mv_schema, identities)

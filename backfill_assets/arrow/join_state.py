@@ -1,0 +1,322 @@
+"""The lookup-join algebra over Arrow tables: the join state tables' schemas, and one barrier of
+signed fact and dimension changes turned into state upserts and deletes and signed joined rows.
+
+Why Arrow: a barrier must cost its changed rows and the fact rows they reach, never a scan of
+the fact table, so every step here is an Arrow hash join or group-by over the changes and the
+state rows of the keys they touch (core/join_algebra.py is the reference, with the same
+semantics and the same order rule: each reached fact row gives -(its joined row before) and
++(its joined row after), equal pairs cancelled). Arrow's hash join never matches a null key,
+which is SQL's rule for join columns, so join keys are joined; netting groups (a null is a
+value there), as the aggregate state does.
+
+Tables (docs/JOINS.md):
+- facts: the fact columns the MV reads (pk first), `vnode` of the fact pk; key: the pk;
+- index, per join: the join key (the fact's join columns), the fact pk, `vnode` of the join
+  key; key: join key + pk; only facts whose join key has no null;
+- dimension, per join: its declared key, the columns the join carries, `vnode` of the key;
+  key: the declared key (the same vnode as the index rows it matches);
+- changes in: `SIGN` (+1 row after / -1 row before), netted per key, with each side's columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from backfill_assets.arrow.aggregate_state import SIGN
+from backfill_assets.arrow.types import arrow_type
+from backfill_assets.core.errors import DimensionKeyNotUnique, JoinStateMismatch
+from backfill_assets.core.join_algebra import JoinPlan
+from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
+from backfill_assets.core.vnode import vnodes_of
+
+_MATCH = f"{INTERNAL_PREFIX}match"
+_KEY = f"{INTERNAL_PREFIX}key_"
+_N = f"{INTERNAL_PREFIX}n"
+
+
+@dataclass
+class JoinUpdate:
+    """One barrier's writes (upserts are whole rows, deletes the keys with `vnode`; the
+    per-join lists follow the plan's joins) and its signed joined rows."""
+
+    fact_upserts: pa.Table
+    fact_deletes: pa.Table
+    index_upserts: list[pa.Table]
+    index_deletes: list[pa.Table]
+    dimension_upserts: list[pa.Table]
+    dimension_deletes: list[pa.Table]
+    joined: pa.Table
+
+
+class JoinTables:
+    """A join MV's state schemas and its barrier function, for a plan, the fact columns'
+    types, each dimension's column types and the MV's vnode count."""
+
+    def __init__(self, plan: JoinPlan, fact_types: Mapping[str, str],
+                 dimension_types: Sequence[Mapping[str, str]], vnode_count: int):
+        self.plan, self.vnode_count = plan, vnode_count
+        self.fact_types = {c: fact_types[c] for c in plan.fact_columns}
+        self.dim_types = [{c: t[c] for c in s.dimension_columns}
+                          for s, t in zip(plan.sides, dimension_types, strict=True)]
+        fields = {c: pa.field(c, arrow_type(t)) for c, t in self.fact_types.items()}
+        vnode = pa.field(VNODE, pa.int32())
+        pk = [fields[c] for c in plan.pk]
+        self.fact_schema = pa.schema([*fields.values(), vnode])
+        self.fact_change_schema = pa.schema([pa.field(SIGN, pa.int8()), *fields.values()])
+        self.index_schemas = [pa.schema([*(fields[c] for c in s.on), *pk, vnode])
+                              for s in plan.sides]
+        self.dimension_schemas = [pa.schema([*_fields(t).values(), vnode])
+                                  for t in self.dim_types]
+        self.dimension_change_schemas = [pa.schema([pa.field(SIGN, pa.int8()),
+                                                    *_fields(t).values()])
+                                         for t in self.dim_types]
+        carried = [pa.field(n, arrow_type(t[c])) for s, t in zip(plan.sides, self.dim_types,
+                                                                 strict=True)
+                   for n, c in s.columns]
+        self.joined_schema = pa.schema([pa.field(SIGN, pa.int8()), *fields.values(), *carried])
+
+    def apply(self, facts: pa.Table, index: Sequence[pa.Table], dimensions: Sequence[pa.Table],
+              fact_changes: pa.Table, dimension_changes: Sequence[pa.Table]) -> JoinUpdate:
+        """The writes and signed joined rows of one barrier. The state tables must hold (at
+        least) the rows of the keys the changes touch: facts of the changed pks and of the
+        pks the index lists under changed dimension keys, index rows of the changed
+        dimension keys, dimension rows of the changed keys and of the reached facts' join
+        keys; other rows are ignored. Raises JoinStateMismatch / DimensionKeyNotUnique as
+        the reference does."""
+        pk = list(self.plan.pk)
+        fc = fact_changes.select(self.fact_change_schema.names).cast(self.fact_change_schema)
+        f_before, f_after = _sides(fc, pk, "fact")
+        facts = facts.select(self.fact_schema.names[:-1])
+        _check_held(f_before, f_after, facts, pk, "fact")
+        changed_pks = _distinct(pa.concat_tables([f_before.select(pk), f_after.select(pk)]))
+        dims = [self._dimension(i, d, c) for i, (d, c) in enumerate(
+            zip(dimensions, dimension_changes, strict=True))]
+        held, new_held, changed_keys = ([d[k] for d in dims] for k in range(3))
+        reached = [changed_pks] + [
+            _semi(index[i].select([*s.on, *pk]), keys, list(s.on), list(s.key)).select(pk)
+            for i, (s, keys) in enumerate(zip(self.plan.sides, changed_keys, strict=True))]
+        old_facts = _semi(facts, _distinct(pa.concat_tables(reached)), pk, pk)
+        new_facts = pa.concat_tables([_anti(old_facts, changed_pks, pk, pk),
+                                      f_after.select(facts.schema.names)])
+        joined = _net(pa.concat_tables([
+            _signed(self._joined(old_facts, held), -1),
+            _signed(self._joined(new_facts, new_held), 1)]), self.joined_schema)
+        old_changed = _semi(old_facts, changed_pks, pk, pk)
+        index_writes = [self._index_moves(s, old_changed, f_after) for s in self.plan.sides]
+        gone = _anti(f_before.select(pk), f_after.select(pk), pk, pk)
+        return JoinUpdate(
+            self._with_vnode(f_after.select(facts.schema.names), pk).cast(self.fact_schema),
+            self._with_vnode(gone, pk), [w[0] for w in index_writes],
+            [w[1] for w in index_writes], [d[3][0] for d in dims], [d[3][1] for d in dims],
+            joined)
+
+    # The reads a barrier needs, in three keyed rounds (RisingWave's lookups into its join
+    # state): what `apply` reads of the state tables, and nothing more.
+
+    def changed_keys(self, fact_changes: pa.Table, dimension_changes: Sequence[pa.Table]
+                     ) -> tuple[pa.Table, list[pa.Table]]:
+        """Round one, from the changes alone: the fact pks they name, and per join the
+        dimension keys they name (a null key reaches nothing). Read the index rows of these
+        dimension keys."""
+        pk = list(self.plan.pk)
+        keys = []
+        for side, changes, schema in zip(self.plan.sides, dimension_changes,
+                                         self.dimension_schemas, strict=True):
+            k = list(side.key)
+            named = changes.select(k).cast(_only(schema, k))
+            keys.append(_distinct(named.filter(_no_null(named, k))))
+        return _distinct(fact_changes.select(pk)), keys
+
+    def reached_pks(self, changed_pks: pa.Table, index: Sequence[pa.Table],
+                    changed_keys: Sequence[pa.Table]) -> pa.Table:
+        """Round two: the fact pks whose rows the barrier reads: the changed ones and those
+        the index lists under a changed dimension key."""
+        pk = list(self.plan.pk)
+        listed = [_semi(rows.select([*s.on, *pk]), keys, list(s.on), list(s.key)).select(pk)
+                  for s, rows, keys in zip(self.plan.sides, index, changed_keys, strict=True)]
+        return _distinct(pa.concat_tables([changed_pks.select(pk).cast(
+            _only(self.fact_schema, pk)), *listed]))
+
+    def lookup_keys(self, facts: pa.Table, fact_changes: pa.Table,
+                    changed_keys: Sequence[pa.Table]) -> list[pa.Table]:
+        """Round three: per join, the dimension keys whose rows the barrier reads: the
+        changed keys and the join keys of the reached facts, before and after."""
+        out = []
+        for side, keys, schema in zip(self.plan.sides, changed_keys, self.dimension_schemas,
+                                      strict=True):
+            k = list(side.key)
+            parts = [keys.select(k)]
+            for rows in (facts, fact_changes):
+                on = rows.select(list(side.on)).filter(_no_null(rows, side.on))
+                parts.append(on.rename_columns(k).cast(_only(schema, k)))
+            out.append(_distinct(pa.concat_tables(parts)))
+        return out
+
+    def _dimension(self, i: int, held: pa.Table, changes: pa.Table
+                   ) -> tuple[pa.Table, pa.Table, pa.Table, tuple[pa.Table, pa.Table]]:
+        """(held rows, rows after, keys whose carried row changed, (upserts, deletes))."""
+        side, schema = self.plan.sides[i], self.dimension_change_schemas[i]
+        key, columns = list(side.key), schema.names[1:]
+        dc = changes.select(schema.names).cast(schema)
+        dc = dc.filter(_no_null(dc, key))  # a null key matches nothing: never kept
+        before, after = _sides(dc, key, "dimension")
+        held = held.select(columns)
+        _check_held(before, after, held, key, "dimension")
+        both = pa.concat_tables([_signed(before.select(columns), -1),
+                                 _signed(after.select(columns), 1)])
+        summed = both.group_by(columns, use_threads=False).aggregate([(SIGN, "sum")])
+        moved = _distinct(summed.filter(pc.not_equal(summed.column(f"{SIGN}_sum"), 0))
+                          .select(key))
+        after = _semi(after, moved, key, key).select(columns)
+        new = pa.concat_tables([_anti(held, moved, key, key), after])
+        deletes = _anti(_semi(before.select(key), moved, key, key), after, key, key)
+        upserts = self._with_vnode(after, key).cast(self.dimension_schemas[i])
+        return held, new, moved, (upserts, self._with_vnode(deletes, key))
+
+    def _joined(self, facts: pa.Table, dimensions: Sequence[pa.Table]) -> pa.Table:
+        """Each fact row with every join's carried columns (a left join pads a missing
+        dimension row with nulls; an inner join drops the fact row). Columns of the null
+        type go around the joins (Arrow's join cannot carry them) and come back as nulls."""
+        out = _drop_null_typed(facts.select(list(self.plan.fact_columns)))
+        for i, (side, dims) in enumerate(zip(self.plan.sides, dimensions, strict=True)):
+            keys = [f"{_KEY}{i}_{j}" for j in range(len(side.key))]
+            right = {k: pc.cast(dims.column(c), out.schema.field(f).type)
+                     for k, c, f in zip(keys, side.key, side.on, strict=True)}
+            right |= {n: dims.column(c) for n, c in side.columns
+                      if not pa.types.is_null(dims.schema.field(c).type)}
+            right[_MATCH] = pa.repeat(pa.scalar(True), dims.num_rows)
+            out = out.join(pa.table(right), keys=list(side.on), right_keys=keys,
+                           join_type="left outer", coalesce_keys=True, use_threads=False)
+            if side.kind == "inner":
+                out = out.filter(pc.is_valid(out.column(_MATCH)))
+            out = out.drop_columns([c for c in (*keys, _MATCH) if c in out.schema.names])
+        return _with_nulls(out, self.joined_schema.names[1:])
+
+    def _index_moves(self, side, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table]:
+        """The index rows the changed facts leave and enter (a fact whose join key did not
+        change writes nothing): (upserts, deletes)."""
+        cols = [*side.on, *self.plan.pk]
+        rows = pa.concat_tables([_signed(old.filter(_no_null(old, side.on)).select(cols), -1),
+                                 _signed(new.filter(_no_null(new, side.on)).select(cols), 1)])
+        net = rows.group_by(cols, use_threads=False).aggregate([(SIGN, "sum")])
+        sums = net.column(f"{SIGN}_sum")
+        return (self._with_vnode(net.filter(pc.greater(sums, 0)).select(cols), side.on),
+                self._with_vnode(net.filter(pc.less(sums, 0)).select(cols), side.on))
+
+    def _with_vnode(self, table: pa.Table, key: Sequence[str]) -> pa.Table:
+        """``table`` with the `vnode` of ``key`` (non-null) appended (O(rows), on the driver);
+        a join key hashes with its dimension key's types, so both land on one vnode."""
+        types = [self.fact_types.get(k) or _type_of(self.dim_types, k) for k in key]
+        keys = list(zip(*(table.column(k).to_pylist() for k in key), strict=True))
+        return table.append_column(VNODE, pa.array(vnodes_of(keys, types, self.vnode_count),
+                                                   pa.int32()))
+
+
+def _only(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:
+    return pa.schema([schema.field(n) for n in names])
+
+
+def _fields(types: Mapping[str, str]) -> dict[str, pa.Field]:
+    return {c: pa.field(c, arrow_type(t)) for c, t in types.items()}
+
+
+def _type_of(types: Sequence[Mapping[str, str]], column: str) -> str:
+    return next(t[column] for t in types if column in t)
+
+
+def _no_null(table: pa.Table, columns: Sequence[str]) -> pa.Array:
+    mask = pa.repeat(pa.scalar(True), table.num_rows)
+    for c in columns:
+        mask = pc.and_(mask, pc.is_valid(table.column(c)))
+    return mask
+
+
+def _signed(table: pa.Table, sign: int) -> pa.Table:
+    return table.drop_columns([c for c in (SIGN,) if c in table.schema.names]).add_column(
+        0, SIGN, pa.repeat(pa.scalar(sign, pa.int8()), table.num_rows))
+
+
+def _distinct(table: pa.Table) -> pa.Table:
+    return table.group_by(table.schema.names, use_threads=False).aggregate([])
+
+
+def _semi(table: pa.Table, keys: pa.Table, left: list[str], right: list[str]) -> pa.Table:
+    """The rows of ``table`` whose ``left`` columns equal some ``right`` row of ``keys``."""
+    return _match(table, keys, left, right, "left semi")
+
+
+def _anti(table: pa.Table, keys: pa.Table, left: list[str], right: list[str]) -> pa.Table:
+    return _match(table, keys, left, right, "left anti")
+
+
+def _match(table: pa.Table, keys: pa.Table, left: list[str], right: list[str],
+           how: str) -> pa.Table:
+    names = [f"{_KEY}{i}" for i in range(len(right))]
+    probe = pa.table({n: pc.cast(keys.column(r), table.schema.field(c).type)
+                      for n, r, c in zip(names, right, left, strict=True)})
+    out = _drop_null_typed(table).join(probe, keys=left, right_keys=names, join_type=how,
+                                       use_threads=False)
+    return _with_nulls(out, table.schema.names)
+
+
+def _drop_null_typed(table: pa.Table) -> pa.Table:
+    """``table`` without its columns of the null type, which Arrow's join cannot carry."""
+    return table.drop_columns([f.name for f in table.schema if pa.types.is_null(f.type)])
+
+
+def _with_nulls(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table``'s columns as ``names``, a missing one (of the null type) all nulls."""
+    return pa.table({n: table.column(n) if n in table.schema.names else pa.nulls(
+        table.num_rows) for n in names})
+
+
+def _sides(changes: pa.Table, key: list[str], what: str) -> tuple[pa.Table, pa.Table]:
+    """(rows before, rows after) of netted changes; refuses a key twice on one side."""
+    sign = changes.column(SIGN)
+    if pc.all(pc.is_in(sign, pa.array([1, -1], pa.int8()))).as_py() not in (True, None):
+        raise JoinStateMismatch(f"a signed {what} change needs sign +1 or -1")
+    out = []
+    for s in (-1, 1):
+        rows = changes.filter(pc.equal(sign, s))
+        counts = rows.group_by(key, use_threads=False).aggregate([([], "count_all")])
+        if pc.any(pc.greater(counts.column("count_all"), 1)).as_py():
+            if s > 0 and what == "dimension":
+                raise DimensionKeyNotUnique(
+                    "the dimension inserts two rows for one key at one barrier: its declared "
+                    "key is not unique; declare the dimension's real key")
+            raise JoinStateMismatch(f"a {what} key changes twice in one batch: net the changes "
+                                    "per key first")
+        out.append(rows)
+    return out[0], out[1]
+
+
+def _check_held(before: pa.Table, after: pa.Table, held: pa.Table, key: list[str],
+                what: str) -> None:
+    """A -1 names a held key; a +1 a key not held unless it is retracted too."""
+    if _anti(before.select(key), held.select(key), key, key).num_rows:
+        raise JoinStateMismatch(f"a {what} change retracts a key the join state never held: "
+                                "reset the MV to rebuild its state")
+    kept = _anti(_semi(after.select(key), held.select(key), key, key), before.select(key),
+                 key, key)
+    if kept.num_rows:
+        if what == "dimension":
+            raise DimensionKeyNotUnique(
+                f"the dimension inserts key {kept.slice(0, 1).to_pylist()[0]}, which it "
+                "already holds: its declared key is not unique; declare the dimension's "
+                "real key")
+        raise JoinStateMismatch("a fact key is inserted while the state holds it: reset the "
+                                "MV to rebuild its state")
+
+
+def _net(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Signed joined rows with equal -1/+1 pairs cancelled (grouped: a null is a value)."""
+    columns = schema.names[1:]
+    rows = rows.select(schema.names).cast(schema)
+    summed = rows.group_by(columns, use_threads=False).aggregate([(SIGN, "sum")])
+    kept = summed.filter(pc.not_equal(summed.column(f"{SIGN}_sum"), 0))
+    return _signed(kept.select(columns), 1).set_column(
+        0, SIGN, pc.cast(kept.column(f"{SIGN}_sum"), pa.int8()))

@@ -24,16 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.arrow.group_keys import canonical_texts, text_vnodes
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.aggregates import (
+    Aggregate,
     AggregatePlan,
-    exact_value,
+    exact_values,
     float_sum,
     group_vnode,
-    unscaled,
 )
 from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
 from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
@@ -284,37 +286,65 @@ class AggregateTables:
         return out
 
     def _mv_rows(self, state: pa.Table, kept: pa.Table) -> pa.Table:
-        """The MV rows of the live touched groups, in Spark's types (O(touched groups))."""
+        """The MV rows of the live touched groups, in Spark's types, a column at a time
+        (O(touched groups); a bulk finishes every group here)."""
         kept_values = self._kept_values(kept)
-        rows = []
-        for row in state.to_pylist():
-            group = tuple(row[n] for n in self.group_names)
-            out = {n: row[n] for n in self.group_names}
-            for i, a in enumerate(self.plan.aggregates):
-                count = row[count_column(i)] if a.arg is not None else row[ROWS]
-                if i in self.running:
-                    units = unscaled(row[sum_column(i)], self.plan.sum_scale(i))
-                    out[a.name] = exact_value(self.plan, i, units, count)
-                elif i in self.kept:
-                    value = kept_values.get(group, {}).get(i)
-                    if a.function == "avg" and count:
-                        value = value / float(count)
-                    out[a.name] = (value or 0) if a.distinct else value if count else None
-                else:
-                    out[a.name] = count
-            out[VNODE] = row[VNODE]
-            rows.append(out)
+        groups = list(zip(*(state.column(n).to_pylist() for n in self.group_names),
+                          strict=True)) if self.kept else []
+        columns: list[object] = [state.column(n) for n in self.group_names]
         try:
-            return pa.Table.from_pylist(rows, schema=self.mv_schema)
+            for i, a in enumerate(self.plan.aggregates):
+                counts = state.column(count_column(i) if a.arg is not None else ROWS)
+                if i in self.running:
+                    units = decimal_units(state.column(sum_column(i)))
+                    values = exact_values(self.plan, i, units, counts.to_pylist())
+                elif i in self.kept:
+                    values = [self._kept_value(a, kept_values.get(g, {}).get(i), count)
+                              for g, count in zip(groups, counts.to_pylist(), strict=True)]
+                else:
+                    values = counts
+                field = self.mv_schema.field(a.name)
+                columns.append(values.cast(field.type) if isinstance(values, pa.ChunkedArray)
+                               else pa.array(values, field.type))
+            columns.append(state.column(VNODE))
+            return pa.Table.from_arrays(columns, schema=self.mv_schema)
         except (pa.ArrowInvalid, OverflowError) as e:
             raise AggregateOverflow(f"an aggregate leaves its Spark type: {e}") from e
 
+    @staticmethod
+    def _kept_value(a: Aggregate, value: object, count: int) -> object:
+        """A kept aggregate's MV value from its value over the kept input (avg: its sum)."""
+        if a.function == "avg" and count:
+            value = value / float(count)  # type: ignore[operator]
+        return (value or 0) if a.distinct else value if count else None
+
     def _with_vnode(self, table: pa.Table) -> pa.Table:
-        """``table`` with the `vnode` of its group key appended (O(rows), on the driver)."""
+        """``table`` with the `vnode` of its group key appended."""
+        return table.append_column(VNODE, self.group_vnodes(table))
+
+    def group_vnodes(self, table: pa.Table) -> pa.Array:
+        """The vnode of each row's group: a column at a time where Arrow gives the
+        canonical texts (arrow/group_keys.py), else a row at a time (`group_vnode`)."""
         types = list(self.plan.group_types)
+        texts = [canonical_texts(table.column(n), t) for n, t in zip(self.group_names, types,
+                                                                      strict=True)]
+        if all(t is not None for t in texts):
+            return text_vnodes(texts, table.num_rows, self.vnode_count)  # type: ignore[arg-type]
         keys = zip(*(table.column(n).to_pylist() for n in self.group_names), strict=True)
-        vnodes = [group_vnode(k, types, self.vnode_count) for k in keys]
-        return table.append_column(VNODE, pa.array(vnodes, pa.int32()))
+        return pa.array([group_vnode(k, types, self.vnode_count) for k in keys], pa.int32())
+
+
+def decimal_units(column: pa.ChunkedArray) -> list[int]:
+    """The unscaled ints of a non-null decimal128 column, read from its 16-byte two's
+    complement values (a Decimal per value costs more than the whole aggregate)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    raw = np.frombuffer(array.buffers()[1], dtype="<i8").reshape(-1, 2)
+    raw = raw[array.offset:array.offset + len(array)]
+    low, high = raw[:, 0], raw[:, 1]
+    out = low.tolist()
+    for j in np.flatnonzero(high != (low >> 63)).tolist():  # beyond int64
+        out[j] = (int(high[j]) << 64) + (int(low[j]) & (2**64 - 1))
+    return out
 
 
 def _only_groups(table: pa.Table, groups: pa.Table, names: list[str]) -> pa.Table:

@@ -296,8 +296,7 @@ class AggregateTables:
             for i, a in enumerate(self.plan.aggregates):
                 counts = state.column(count_column(i) if a.arg is not None else ROWS)
                 if i in self.running:
-                    units = decimal_units(state.column(sum_column(i)))
-                    values = exact_values(self.plan, i, units, counts.to_pylist())
+                    values = self._running_values(state, i, counts)
                 elif i in self.kept:
                     values = [self._kept_value(a, kept_values.get(g, {}).get(i), count)
                               for g, count in zip(groups, counts.to_pylist(), strict=True)]
@@ -310,6 +309,21 @@ class AggregateTables:
             return pa.Table.from_arrays(columns, schema=self.mv_schema)
         except (pa.ArrowInvalid, OverflowError) as e:
             raise AggregateOverflow(f"an aggregate leaves its Spark type: {e}") from e
+
+    def _running_values(self, state: pa.Table, i: int, counts: pa.ChunkedArray
+                        ) -> pa.ChunkedArray | list[object]:
+        """Running aggregate i of every group: a sum is its exact state sum in the result's
+        type (Arrow's checked cast, null over no input), an avg Spark's rounding per group;
+        a sum the cast refuses goes through the reference, which names the overflow."""
+        sums = state.column(sum_column(i))
+        if self.plan.aggregates[i].function == "sum":
+            result = self.mv_schema.field(self.plan.aggregates[i].name).type
+            try:
+                return pc.if_else(pc.equal(counts, 0), pa.scalar(None, result),
+                                  sums.cast(result))
+            except pa.ArrowInvalid:
+                pass
+        return exact_values(self.plan, i, decimal_units(sums), counts.to_pylist())
 
     @staticmethod
     def _kept_value(a: Aggregate, value: object, count: int) -> object:

@@ -1,19 +1,28 @@
 """An aggregate's group keys a column at a time (arrow/group_keys.py) against the row-at-a-time
 reference they replace (core/vnode.py `canonical_value_text`, json.dumps,
 core/aggregates.py `group_vnode`), over random group columns of every vectorised type with
-nulls, quotes, backslashes and non-ASCII text; what they do not prove falls back (None)."""
+nulls, quotes, backslashes and non-ASCII text; what they do not prove falls back (None).
+And a decimal column's unscaled integers (arrow/types.py `decimal_units`), which the MV's
+finish reads instead of a Decimal per value."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from decimal import Decimal
 
 import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from backfill_assets.arrow.group_keys import canonical_texts, json_lists, text_vnodes
-from backfill_assets.core.aggregates import group_vnode
+from backfill_assets.arrow.group_keys import (
+    canonical_texts,
+    group_vnodes,
+    json_lists,
+    text_vnodes,
+)
+from backfill_assets.arrow.types import decimal_units
+from backfill_assets.core.aggregates import group_vnode, unscaled
 from backfill_assets.core.vnode import canonical_value_text
 
 _TEXT = st.text(alphabet=['a', 'é', '"', '\\', '/', ' ', '日', '\u2028', "'", '\x7f',
@@ -55,3 +64,21 @@ def test_what_is_not_proven_falls_back():
     assert json_lists([pa.array(["a\nb"])], 1) is None  # JSON escapes control characters
     assert canonical_texts(pa.array([dt.date(999, 1, 1)]), "date") is None  # three-digit year
     assert canonical_texts(pa.array([1.5]), "double") is None
+
+
+def test_a_type_without_a_column_form_hashes_a_row_at_a_time():
+    money = pa.array([Decimal("1.50"), None, Decimal("-0.01")], pa.decimal128(10, 2))
+    days = pa.array([dt.date(999, 1, 1), dt.date(2024, 2, 29), None], pa.date32())
+    types = ["decimal(10,2)", "date"]
+    rows = list(zip(money.to_pylist(), days.to_pylist(), strict=True))
+    assert group_vnodes([money, days], types, 64).to_pylist() == [
+        group_vnode(r, types, 64) for r in rows]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.decimals(-10**36 + 1, 10**36 - 1, places=2, allow_nan=False), max_size=20),
+       st.integers(0, 3))
+def test_decimal_units_are_the_exact_unscaled_integers(values, cut):
+    array = pa.array(values, pa.decimal128(38, 2))
+    chunked = pa.chunked_array([array[:cut], array[cut:]] if cut < len(values) else [array])
+    assert decimal_units(chunked) == [unscaled(v, 2) for v in values]

@@ -24,18 +24,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backfill_assets.arrow.group_keys import canonical_texts, text_vnodes
-from backfill_assets.arrow.types import arrow_type
+from backfill_assets.arrow.group_keys import group_vnodes
+from backfill_assets.arrow.types import arrow_type, decimal_units
 from backfill_assets.core.aggregates import (
     Aggregate,
     AggregatePlan,
     exact_values,
     float_sum,
-    group_vnode,
 )
 from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
 from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
@@ -337,28 +335,9 @@ class AggregateTables:
         return table.append_column(VNODE, self.group_vnodes(table))
 
     def group_vnodes(self, table: pa.Table) -> pa.Array:
-        """The vnode of each row's group: a column at a time where Arrow gives the
-        canonical texts (arrow/group_keys.py), else a row at a time (`group_vnode`)."""
-        types = list(self.plan.group_types)
-        texts = [canonical_texts(table.column(n), t) for n, t in zip(self.group_names, types,
-                                                                      strict=True)]
-        if all(t is not None for t in texts):
-            return text_vnodes(texts, table.num_rows, self.vnode_count)  # type: ignore[arg-type]
-        keys = zip(*(table.column(n).to_pylist() for n in self.group_names), strict=True)
-        return pa.array([group_vnode(k, types, self.vnode_count) for k in keys], pa.int32())
-
-
-def decimal_units(column: pa.ChunkedArray) -> list[int]:
-    """The unscaled ints of a non-null decimal128 column, read from its 16-byte two's
-    complement values (a Decimal per value costs more than the whole aggregate)."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    raw = np.frombuffer(array.buffers()[1], dtype="<i8").reshape(-1, 2)
-    raw = raw[array.offset:array.offset + len(array)]
-    low, high = raw[:, 0], raw[:, 1]
-    out = low.tolist()
-    for j in np.flatnonzero(high != (low >> 63)).tolist():  # beyond int64
-        out[j] = (int(high[j]) << 64) + (int(low[j]) & (2**64 - 1))
-    return out
+        """The vnode of each row's group (`group_keys.group_vnodes`)."""
+        return group_vnodes([table.column(n) for n in self.group_names],
+                            list(self.plan.group_types), self.vnode_count)
 
 
 def _only_groups(table: pa.Table, groups: pa.Table, names: list[str]) -> pa.Table:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.core.aggregates import group_vnode
 from backfill_assets.core.vnode import SEPARATOR, check_vnode_count
 
 _FIRST_DAY, _LAST_DAY = -354285, 2932896  # 1000-01-01 and 9999-12-31, days since 1970
@@ -65,3 +66,15 @@ def text_vnodes(texts: Sequence[pa.Array], rows: int, vnode_count: int) -> pa.Ar
         joined = pa.array([""] * rows, pa.string())
     return pa.array([zlib.crc32(s.encode("utf-8")) % vnode_count for s in joined.to_pylist()],
                     pa.int32())
+
+
+def group_vnodes(columns: Sequence[pa.Array | pa.ChunkedArray], types: Sequence[str],
+                 vnode_count: int) -> pa.Array:
+    """The vnode of each row's group given its group columns: a column at a time where Arrow
+    gives the canonical texts, else a row at a time (`core.aggregates.group_vnode`)."""
+    rows = len(columns[0]) if columns else 0
+    texts = [canonical_texts(c, t) for c, t in zip(columns, types, strict=True)]
+    if all(t is not None for t in texts):
+        return text_vnodes(texts, rows, vnode_count)  # type: ignore[arg-type]
+    keys = zip(*(c.to_pylist() for c in columns), strict=True)
+    return pa.array([group_vnode(k, types, vnode_count) for k in keys], pa.int32())

@@ -17,6 +17,7 @@ so a table brought forward by any path after a crash lands where the others are.
 
 from __future__ import annotations
 
+import base64
 import time
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ from backfill_assets.aggregate.projection import (
     bulk_partials,
     bulk_values,
     projection_of,
+    recorded_schemas,
     signed_rows,
 )
 from backfill_assets.aggregate.store import (
@@ -244,17 +246,27 @@ def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version
     """Check the upstream and the definition (Spark's analysis of its expressions), then
     create the missing tables: nothing is written before every check passed."""
     upstream = checked_upstream(tables, d, version)
-    proj = projection_of(spark, d, upstream.schema, upstream.key_order)
-    store = AggregateStore(d.name, tables, proj.tables, d.vnode_count)
     so = tables.storage_options
+    key = {"fingerprint": d.fingerprint, "upstream": base64.b64encode(
+        upstream.schema.serialize().to_pybytes()).decode("ascii")}
+    doc = storage.read_json(_plan_uri(tables), so)
+    recorded = doc["schemas"] if doc and doc.get("key") == key else None
+    proj = projection_of(spark, d, upstream.schema, upstream.key_order, recorded)
+    store = AggregateStore(d.name, tables, proj.tables, d.vnode_count)
     progress = owned_tables.ensure_table(
         tables.progress, progress_schema(upstream.key_order), so, cdf=False,
         description=upstream.pin(d, store.table(MV).schema))
     store.ensure()
+    if recorded is None:
+        storage.write_json(_plan_uri(tables), {"key": key, "schemas": recorded_schemas(proj)}, so)
     report = StepReport(upstream.version, tuple(range(d.vnode_count)), controls.chunk_size or 0,
                         engine="driver")
     return _Barrier(spark, d, tables, upstream, proj, store, progress, hook, report), \
         upstream.version
+
+
+def _plan_uri(tables: MVTables) -> str:
+    return storage.objects.join(tables.aggregate_plan, "plan.json")
 
 
 def run(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,

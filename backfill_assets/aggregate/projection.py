@@ -12,6 +12,8 @@ aggregate plan needs (`AggregatePlan.of`).
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -48,6 +50,7 @@ class Projection:
     values: MVDefinition  # stage two: group expressions and arguments over stage one's rows
     upstream_schema: pa.Schema  # the carried upstream columns + `vnode`
     rows_schema: pa.Schema  # stage one's output (+ `vnode`)
+    values_schema: pa.Schema  # stage two's output (+ `vnode`)
     plan: AggregatePlan
     tables: AggregateTables
 
@@ -60,10 +63,12 @@ _PROJECTIONS: LRU[tuple, Projection] = LRU(32, name="aggregate projections")
 
 
 def projection_of(spark: SparkSession, d: MVDefinition, upstream: pa.Schema,
-                  key_order: KeyOrder) -> Projection:
+                  key_order: KeyOrder, recorded: Mapping[str, str] | None = None) -> Projection:
     """The definition's projection over the carried ``upstream`` columns, analysed by Spark
     once per process, definition and schema (`validate_expressions` refuses an expression
-    that does not parse or resolve, by name; `AggregatePlan.of` a type it cannot keep)."""
+    that does not parse or resolve, by name; `AggregatePlan.of` a type it cannot keep).
+    ``recorded``: the stages' schemas an earlier analysis gave (`recorded_schemas`), taken
+    as the answer, so a barrier whose projection compiles to Arrow starts no JVM."""
     key = (repr(d), upstream.serialize().to_pybytes())
     known = _PROJECTIONS.get(key)
     if known is not None:
@@ -72,22 +77,34 @@ def projection_of(spark: SparkSession, d: MVDefinition, upstream: pa.Schema,
     upstream = pa.schema([*fields, pa.field(VNODE, pa.int32())])
     rows = MVDefinition(d.name, d.upstream, d.primary_key, tuple(f.name for f in fields),
                         d.filter, d.computed, vnode_count=d.vnode_count)
-    rows_schema = validate_expressions(spark, rows, upstream)
+    rows_schema = validate_expressions(spark, rows, upstream, _schema(recorded, "rows"))
     args = [(i, a) for i, a in enumerate(d.aggregates) if a.arg is not None]
     computed = [*(ComputedColumn(group_column(i), g.expr) for i, g in enumerate(d.group_by)),
                 *(ComputedColumn(value_column(i), a.arg) for i, a in args)]
     values = MVDefinition(d.name, d.upstream, d.primary_key, tuple(key_order.names),
                           computed=tuple(computed), vnode_count=d.vnode_count)
-    typed = validate_expressions(spark, values, rows_schema)
+    typed = validate_expressions(spark, values, rows_schema, _schema(recorded, "values"))
     types = {g.name: type_name(typed.field(group_column(i)).type)
              for i, g in enumerate(d.group_by)}
     types |= {a.name: type_name(typed.field(value_column(i)).type) for i, a in args}
     plan = AggregatePlan.of(d.group_by, d.aggregates, types)
     pk = [(c.name, c.type) for c in key_order.columns]
-    out = Projection(rows, values, upstream, rows_schema, plan,
+    out = Projection(rows, values, upstream, rows_schema, typed, plan,
                      AggregateTables(plan, pk, d.vnode_count))
     _PROJECTIONS.put(key, out)
     return out
+
+
+def recorded_schemas(p: Projection) -> dict[str, str]:
+    """The two stages' schemas as text, for `projection_of`'s ``recorded``."""
+    return {name: base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+            for name, schema in (("rows", p.rows_schema), ("values", p.values_schema))}
+
+
+def _schema(recorded: Mapping[str, str] | None, name: str) -> pa.Schema | None:
+    if not recorded or name not in recorded:
+        return None
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(recorded[name])))
 
 
 def signed_rows(spark: SparkSession, p: Projection, before: pa.Table, after: pa.Table

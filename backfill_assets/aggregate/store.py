@@ -1,7 +1,7 @@
 """An aggregate MV's three Delta tables (group state, kept input, MV), read by touched group
 and written through the storage door with an app transaction per table.
 
-Why a hidden group key (`GROUP_KEY`, the group's canonical text, never null): a group whose
+Why a key column of its own (`GROUP_KEY`, the group's canonical text, never null): a group whose
 columns hold nulls is a group like any other (SQL's GROUP BY), but a key lookup, like any
 join, never matches a null; each table is keyed by that text instead (the kept input by it
 and the upstream pk), and its rows carry the group columns as they are.
@@ -25,13 +25,13 @@ from pyspark.sql import SparkSession
 from backfill_assets import storage
 from backfill_assets.arrow.aggregate_state import AggregateTables
 from backfill_assets.arrow.group_keys import canonical_texts, json_lists
-from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
+from backfill_assets.core.aggregate_definition import GROUP_KEY
+from backfill_assets.core.names import VNODE
 from backfill_assets.core.vnode import SEPARATOR, canonical_value_text, check_vnode_count
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook
 
-GROUP_KEY = f"{INTERNAL_PREFIX}group"
 STATE, INPUT, MV = "agg_state", "agg_input", "mv"  # the phases of the app transactions
 
 

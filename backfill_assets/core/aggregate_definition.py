@@ -25,6 +25,9 @@ from backfill_assets.core.key_types import parse_key_type
 from backfill_assets.core.sql_calls import row_expression_problems
 
 FUNCTIONS = ("count", "sum", "avg", "min", "max")
+# the MV's key column: the group key as text (a key lookup never matches a null group value),
+# so no output may take its name
+GROUP_KEY = "group_key"
 SUPPORTED = "count(*), count(expr), count(DISTINCT expr), sum(expr), avg(expr), min(expr), " \
             "max(expr)"
 INTEGERS = ("tinyint", "smallint", "int", "bigint")
@@ -200,7 +203,10 @@ def definition_problems(group_by: tuple[GroupColumn, ...], aggregates: tuple[Agg
     """Why this group_by / aggregates pair cannot be maintained (empty: it can, as far as the
     core sees). ``available``: the names an expression may read (upstream columns and computed
     columns) -> type name ("" when not known yet)."""
-    out = []
+    out = [f"output {n!r} is named like the MV's own key column {GROUP_KEY!r} (the group key "
+           "as text): give it another name"
+           for n in [*(g.name for g in group_by), *(a.name for a in aggregates)]
+           if n.lower() == GROUP_KEY]
     lower = {n.lower(): t for n, t in available.items()}
     for g in group_by:
         out += row_expression_problems(g.expr, f"group_by {g.name!r}")

@@ -74,6 +74,12 @@ class MVTables:
         return f"{self.root}/aggregate_input"
 
     @property
+    def aggregate_plan(self) -> str:
+        """An aggregate MV's folder of its analysed projection (a JSON document: no JVM for
+        later barriers)."""
+        return f"{self.root}/aggregate_plan"
+
+    @property
     def root(self) -> str:
         """The folder (or object-store prefix) holding the MV's tables and its small documents:
         runtime controls, follower stop requests, the no-shuffle run layout."""

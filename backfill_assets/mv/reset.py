@@ -36,7 +36,7 @@ from backfill_assets.storage import objects
 def mv_state_paths(tables: MVTables) -> list[str]:
     """Every table and file that makes up the MV's state."""
     return [tables.mv, tables.replica, tables.progress, tables.aggregate_state,
-            tables.aggregate_input, layout_path(tables.root)]
+            tables.aggregate_input, tables.aggregate_plan, layout_path(tables.root)]
 
 
 def reset_mv(mv_name: str, tables: MVTables, confirm: str) -> list[str]:

@@ -1,20 +1,28 @@
 """Aggregate MVs run as barriers: after every barrier the MV equals Spark's GROUP BY of the
 upstream at the barrier's version (verify/aggregate_oracle.py), values and types, under
 random DML from the platform's writer (group moves, deletes of the current min/max, nulls,
-decimals, filter crossings), on the driver path and the recompute path; delta-spark reads
-the MV and its change feed."""
+decimals, filter crossings), on the driver path and the recompute path; every reader
+(delta-rs, DataFusion, polars, Delta-Spark) sees the MV, and its change feed replays into it."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 from decimal import Decimal
 
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from backfill_assets.aggregate.store import GROUP_KEY
+from backfill_assets.barrier.follower import follow
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import AggregateModeUnsupported
 from backfill_assets.mv.controls import Controls
 from backfill_assets.upstream.writer import DmlBatch
 from backfill_assets.verify.aggregate_oracle import verify_aggregate
 from tests.reliability import harness as H
+from tests.support import assert_mv_readers_and_feed, assert_verified, caught_up, wait_for
 
 AGGREGATES = {"revenue": "sum(amount)", "orders": "count(*)", "avg_amount": "avg(amount)",
               "qty_sum": "sum(qty)", "avg_qty": "avg(qty)", "biggest": "max(amount)",
@@ -57,9 +65,12 @@ def extremes_batch(live, rng: random.Random, tops: list[int]) -> DmlBatch:
 
 
 def assert_exact(spark, d, tables) -> int:
+    """Spark's GROUP BY equals the MV; delta-rs, DataFusion, polars and the Spark reader read
+    the same rows; the MV's change feed since the last check replays into them."""
     verdict = verify_aggregate(spark, d, tables)
     assert not verdict.type_problems, verdict.type_problems
     assert verdict.ok, [v for v in verdict.failures()][:4]
+    assert_mv_readers_and_feed(spark, tables.mv, [GROUP_KEY])
     return verdict.rows_compared
 
 
@@ -125,3 +136,68 @@ def test_arrangement_mode_is_refused_by_name_and_writes_nothing(spark, warehouse
         raise AssertionError("an arrangement-mode aggregate MV ran")
     import os
     assert not os.path.exists(tables.root)
+
+
+def test_continuous_mode_follows_an_aggregate_mv(spark, warehouse):
+    """The follower (barrier/follower.py) runs an aggregate MV's barriers through the same
+    door while the upstream keeps changing; once it has caught up, the MV is exact."""
+    live = H.orders(warehouse, 52)
+    live.create(rows=80)
+    raw = aggregate_raw("agg_follow", live.uri)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    stop, records = threading.Event(), []
+    follower = threading.Thread(target=follow, args=(spark, d, tables, list(range(8))),
+                                kwargs={"on_barrier": records.append, "stop": stop,
+                                        "poll_seconds": 0.2, "log": lambda _: None})
+    follower.start()
+    try:
+        for _ in range(4):
+            live.apply(live.random_batch(6))
+            time.sleep(0.3)
+        version = H.latest(live.uri)
+        wait_for("the follower to catch up", lambda: caught_up(tables, version, 8), 180)
+    finally:
+        stop.set()
+        follower.join(60)
+    assert len(records) >= 2
+    assert_exact(spark, d, tables)
+
+
+def test_a_resnapshot_recomputes_every_group_at_the_same_version(spark, warehouse):
+    """resnapshot_job's path (barrier/resnapshot.py) for an aggregate MV: every table
+    recomputed at the upstream's version; the MV's feed holds only real differences (none)."""
+    from backfill_assets.barrier.resnapshot import resnapshot
+
+    live = H.orders(warehouse, 53)
+    live.create(rows=50)
+    raw = aggregate_raw("agg_resnap", live.uri)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    run_barrier(spark, d, tables, [0])
+    assert_exact(spark, d, tables)
+    before = H.latest(tables.mv)
+    report = resnapshot(spark, d, tables, [0, 1])
+    assert report.extra["aggregate_path"] == "recompute" and "recomputed" in \
+        report.extra["resnapshot"]
+    feed = DeltaTable(tables.mv).load_cdf(starting_version=before + 1) \
+        if H.latest(tables.mv) > before else None
+    assert feed is None or pa.table(feed).num_rows == 0  # nothing differed
+    assert_exact(spark, d, tables)
+
+
+def test_a_row_mv_over_an_aggregate_mv(spark, warehouse):
+    """The aggregate MV is an upstream like any Delta table with a change feed: a row MV over
+    it (keyed by the group columns, filtered on an aggregate) stays exact as both advance."""
+    live = H.orders(warehouse, 54)
+    live.create(rows=150)
+    raw = aggregate_raw("agg_under", live.uri)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    top_raw = {"name": "busy_months", "upstream": tables.mv, "primary_key": ["name", "month"],
+               "columns": ["name", "month", "revenue", "orders"], "filter": "orders > 1",
+               "vnode_count": 4}
+    top, top_tables = H.definition(top_raw), H.tables_of(warehouse, top_raw)
+    for _ in range(3):
+        live.apply(live.random_batch(10))  # names are never null here: a key of the row MV
+        run_barrier(spark, d, tables, [0])
+        assert_exact(spark, d, tables)
+        run_barrier(spark, top, top_tables, list(range(4)))
+        assert_verified(spark, top, top_tables)

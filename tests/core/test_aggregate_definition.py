@@ -122,3 +122,10 @@ def test_expression_types_are_checked_once_spark_has_analysed_them() -> None:
         check_input_types(group_by, aggs, {"day": "date", "t": "string"})
     with pytest.raises(InvalidAggregate, match=r"no type for \['t'\]"):
         check_input_types(group_by, aggs, {"day": "date"})
+
+
+def test_an_output_named_like_the_mv_key_column_is_refused() -> None:
+    """The MV's own key column is `group_key` (the group key as text): no output takes it."""
+    d = make(aggregates={"GROUP_KEY": "count(*)"})
+    with pytest.raises(InvalidMVDefinition, match="group_key"):
+        d.validate(UPSTREAM)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,7 +36,16 @@ from backfill_assets.aggregate.projection import (
     recorded_schemas,
     signed_rows,
 )
-from backfill_assets.aggregate.store import INPUT, MV, STATE, AggregateStore, group_texts, with_key
+from backfill_assets.aggregate.store import (
+    GROUP_KEY,
+    INPUT,
+    MV,
+    STATE,
+    AggregateStore,
+    group_texts,
+    group_vnodes,
+    with_key,
+)
 from backfill_assets.arrow import netting
 from backfill_assets.arrow.aggregate_state import ROWS
 from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT
@@ -66,6 +75,9 @@ class _Barrier:
     progress: object  # the progress table (deltalake.DeltaTable)
     hook: Hook
     report: StepReport
+    # each table's commit of the barrier: the version it planned on, what it committed
+    committed: dict[str, tuple[storage.TableVersion, storage.Applied]] = field(
+        default_factory=dict)
 
     @property
     def vnodes(self) -> tuple[int, ...]:
@@ -130,11 +142,16 @@ class _Barrier:
         write_progress(self.progress, state, state.key_order, self.d.name, self.vnodes, to,
                        force=True, storage_options=self.tables.storage_options)
         self.hook("after_progress_commit")
+        compacted = [p for p, c in self.committed.items()
+                     if self.store.compact(self.spark, p, c, self.vnodes)]
+        if compacted:
+            self.report.extra["compacted"] = compacted
+        self.committed.clear()
 
     def _choice(self, at: int, to: int, forced: str | None) -> cost.AggregateChoice:
         so = self.tables.storage_options
         changes = sum(storage.estimate_change_rows(self.tables.upstream, at, to, so).values())
-        return cost.choose(changes, self._upstream_rows(to), forced)
+        return cost.choose(changes, lambda: self._upstream_rows(to), forced)
 
     def _upstream_rows(self, version: int) -> int:
         """The upstream's rows at ``version``, from its log's file statistics."""
@@ -153,12 +170,16 @@ class _Barrier:
                                   storage_options=self.tables.storage_options)
         df = with_vnode(df, list(self.upstream.key_order.names), self.upstream.key_types,
                         self.d.vnode_count)
-        values = bulk_values(df, self.proj).cache()
-        try:
-            state = bulk_partials(values, self.proj)
-            kept = bulk_inputs(values, self.proj)
-        finally:
-            values.unpersist()
+        values = bulk_values(df, self.proj)
+        if not self.proj.tables.kept:  # one aggregation, one pass: nothing to cache
+            state, kept = bulk_partials(values, self.proj), None
+        else:  # the kept input is a second job over the same rows
+            values = values.cache()
+            try:
+                state = bulk_partials(values, self.proj)
+                kept = bulk_inputs(values, self.proj)
+            finally:
+                values.unpersist()
         self.report.snapshot_rows = self._upstream_rows(to)
         self.report.extra.update(groups=state.num_rows, rows_aggregated=sum(
             state.column(ROWS).to_pylist()))
@@ -177,38 +198,45 @@ class _Barrier:
         netted = netting.net_with_prior(raw, key_names)
         changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
         keys = pc.unique(group_texts(changes, self.proj.tables))
+        vnodes = group_vnodes(changes, self.proj.tables)
         self.report.forwarded_rows = changes.num_rows
         self.report.extra.update({"touched_groups": len(keys), "changed_keys": netted.keys})
-        self._write(to, behind, (changes, keys), None, None)
+        self._write(to, behind, (changes, keys, vnodes), None, None)
 
-    def _write(self, to: int, behind: list[str], changes: tuple[pa.Table, pa.Array] | None,
+    def _write(self, to: int, behind: list[str],
+               changes: tuple[pa.Table, pa.Array, list[int]] | None,
                state: pa.Table | None, kept: pa.Table | None) -> None:
-        """The commits of the tables behind ``to``, in order. ``changes`` (signed rows and
-        their groups' keys): each table brought forward from its touched groups' rows;
-        otherwise ``state`` and ``kept`` are every group's, and replace each table whole."""
+        """The commits of the tables behind ``to``, in order. ``changes`` (signed rows,
+        their groups' keys and vnodes): each table brought forward from its touched groups'
+        rows; otherwise ``state`` and ``kept`` are every group's, and replace each table whole."""
         t, store = self.proj.tables, self.store
-        keys = changes[1] if changes is not None else None
+        keys, vnodes = (changes[1], changes[2]) if changes is not None else (None, None)
         if STATE in behind:
-            snap, old = store.read(STATE, keys)
+            snap, old = store.read(STATE, keys, vnodes)
             if changes is not None:
                 state, _ = t.state_update(old, changes[0])
-            store.write(STATE, snap, old, with_key(state, t), to, self.vnodes, self.hook)
+            state = with_key(state, t)
+            self.committed[STATE] = (snap, store.write(STATE, snap, old, state, to,
+                                                       self.vnodes, self.hook))
             self.hook("after_agg_state_commit")
         elif changes is not None or state is None:
-            state = store.read(STATE, keys)[1]
+            state = store.read(STATE, keys, vnodes)[1]
         if INPUT in store.phases:
             if INPUT in behind:
-                snap, old = store.read(INPUT, keys)
+                snap, old = store.read(INPUT, keys, vnodes)
                 if changes is not None:
                     kept = t.input_of(t.input_update(old, changes[0])[0])
-                store.write(INPUT, snap, old, with_key(kept, t), to, self.vnodes, self.hook)
+                self.committed[INPUT] = (snap, store.write(INPUT, snap, old, with_key(kept, t),
+                                                           to, self.vnodes, self.hook))
                 self.hook("after_agg_input_commit")
             elif changes is not None or kept is None:
-                kept = store.read(INPUT, keys)[1]
+                kept = store.read(INPUT, keys, vnodes)[1]
         if MV in behind:
-            snap, old = store.read(MV, keys)
+            snap, old = store.read(MV, keys, vnodes)
             mv = t.mv_rows(state, kept if kept is not None else t.input_schema.empty_table())
-            store.write(MV, snap, old, with_key(mv, t), to, self.vnodes, self.hook)
+            texts = state.column(GROUP_KEY) if GROUP_KEY in state.schema.names else None
+            self.committed[MV] = (snap, store.write(MV, snap, old, with_key(mv, t, texts), to,
+                                                    self.vnodes, self.hook))
             self.report.extra["groups_written"] = mv.num_rows
             self.hook("after_mv_commit")
 

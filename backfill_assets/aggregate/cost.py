@@ -13,6 +13,7 @@ state and kept input read and rewritten), and the driver path keeps at most
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from backfill_assets.core.cost_choice import (
@@ -36,25 +37,35 @@ class AggregateChoice:
 
     path: str
     apply_seconds: float
-    recompute_seconds: float
+    recompute_seconds: float | None  # None: not estimated (applying won below its floor)
     change_rows: int
-    upstream_rows: int
+    upstream_rows: int | None
 
     def figures(self) -> dict[str, object]:
         """For the barrier's metadata."""
         return {"aggregate_path": self.path, "apply_estimate_s": round(self.apply_seconds, 3),
-                "recompute_estimate_s": round(self.recompute_seconds, 3),
+                "recompute_estimate_s": None if self.recompute_seconds is None
+                else round(self.recompute_seconds, 3),
                 "change_rows_estimate": self.change_rows,
                 "upstream_rows_estimate": self.upstream_rows}
 
 
-def choose(change_rows: int, upstream_rows: int, forced: str | None = None) -> AggregateChoice:
+def choose(change_rows: int, upstream_rows: int | Callable[[], int],
+           forced: str | None = None) -> AggregateChoice:
     """Apply or recompute for a barrier of about ``change_rows`` over an upstream of about
-    ``upstream_rows`` (both from the upstream's log); ``forced``: the `barrier_choice`
-    control (apply / resnapshot), else by cost. Touched groups are at most the change rows
-    (every row its own group), the estimate taken here."""
+    ``upstream_rows`` rows (a count, or how to count them; both from the upstream's log);
+    ``forced``: the `barrier_choice` control (apply / resnapshot), else by cost. Touched
+    groups are at most the change rows (every row its own group), the estimate taken here.
+    A count is asked for only when a recompute could win: counting goes through every
+    upstream file's statistics, a cost that grows with the upstream, and applying below the
+    recompute's fixed cost always wins (the upstream's estimate is then reported as None)."""
     apply = APPLY_FIXED_SECONDS + change_rows * (1 + GROUP_ROWS) * DEFAULT_APPLY_SECONDS_PER_ROW
-    recompute = RESNAPSHOT_FIXED_SECONDS + upstream_rows * DEFAULT_RESNAPSHOT_SECONDS_PER_ROW
+    certain = forced == APPLY or (forced in (None, "auto") and change_rows <= DRIVER_CHANGE_ROWS
+                                  and RESNAPSHOT_FIXED_SECONDS > apply * (1 - RESNAPSHOT_MARGIN))
+    if certain and callable(upstream_rows):
+        return AggregateChoice(APPLY, apply, None, change_rows, None)
+    rows = upstream_rows() if callable(upstream_rows) else upstream_rows
+    recompute = RESNAPSHOT_FIXED_SECONDS + rows * DEFAULT_RESNAPSHOT_SECONDS_PER_ROW
     if forced == APPLY:
         path = APPLY
     elif forced is not None and forced != "auto":
@@ -63,4 +74,4 @@ def choose(change_rows: int, upstream_rows: int, forced: str | None = None) -> A
         path = RECOMPUTE
     else:
         path = RECOMPUTE if recompute <= apply * (1 - RESNAPSHOT_MARGIN) else APPLY
-    return AggregateChoice(path, apply, recompute, change_rows, upstream_rows)
+    return AggregateChoice(path, apply, recompute, change_rows, rows)

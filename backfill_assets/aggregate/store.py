@@ -20,9 +20,11 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import SparkSession
 
 from backfill_assets import storage
 from backfill_assets.arrow.aggregate_state import AggregateTables
+from backfill_assets.arrow.group_keys import canonical_texts, json_lists
 from backfill_assets.core.aggregate_definition import GROUP_KEY
 from backfill_assets.core.names import VNODE
 from backfill_assets.core.vnode import SEPARATOR, canonical_value_text, check_vnode_count
@@ -35,18 +37,34 @@ STATE, INPUT, MV = "agg_state", "agg_input", "mv"  # the phases of the app trans
 
 def group_texts(rows: pa.Table, t: AggregateTables) -> pa.Array:
     """Each row's group key as text: the JSON list of its columns' canonical texts (null as
-    JSON null, so a null and an empty string are different groups)."""
+    JSON null, so a null and an empty string are different groups); a column at a time
+    where Arrow gives the same text (arrow/group_keys.py), else a row at a time."""
     types = list(t.plan.group_types)
+    texts = [canonical_texts(rows.column(n), ty) for n, ty in zip(t.group_names, types,
+                                                                   strict=True)]
+    if all(x is not None for x in texts):
+        lists = json_lists(texts, rows.num_rows)  # type: ignore[arg-type]
+        if lists is not None:
+            return lists
     columns = [rows.column(n).to_pylist() for n in t.group_names]
-    texts = [json.dumps([None if v is None else canonical_value_text(v, ty)
-                         for v, ty in zip(values, types, strict=True)], ensure_ascii=False)
-             for values in zip(*columns, strict=True)] if columns else []
-    return pa.array(texts, pa.string())
+    return pa.array([json.dumps([None if v is None else canonical_value_text(v, ty)
+                                 for v, ty in zip(values, types, strict=True)],
+                                ensure_ascii=False)
+                     for values in zip(*columns, strict=True)] if columns else [], pa.string())
 
 
-def with_key(rows: pa.Table, t: AggregateTables) -> pa.Table:
-    """``rows`` (ending with `vnode`) with `GROUP_KEY` just before `vnode`."""
-    return rows.add_column(rows.schema.get_field_index(VNODE), GROUP_KEY, group_texts(rows, t))
+def group_vnodes(rows: pa.Table, t: AggregateTables) -> list[int]:
+    """The distinct vnodes of the groups of ``rows`` (the files a keyed read opens)."""
+    return sorted(set(t.group_vnodes(rows).to_pylist()))
+
+
+def with_key(rows: pa.Table, t: AggregateTables, texts: pa.ChunkedArray | None = None
+             ) -> pa.Table:
+    """``rows`` (ending with `vnode`) with `GROUP_KEY` just before `vnode`; ``texts``: the
+    keys of the same groups in the same order, known already (an MV finished from state
+    rows reuses theirs)."""
+    texts = group_texts(rows, t) if texts is None else texts
+    return rows.add_column(rows.schema.get_field_index(VNODE), GROUP_KEY, texts)
 
 
 def _keyed_schema(schema: pa.Schema) -> pa.Schema:
@@ -106,22 +124,25 @@ class AggregateStore:
         values = list(found.values())
         return None if not values or any(v is None for v in values) else min(values)
 
-    def read(self, phase: str, keys: pa.Array | None) -> tuple[storage.TableVersion, pa.Table]:
+    def read(self, phase: str, keys: pa.Array | None, vnodes: Sequence[int] | None = None
+             ) -> tuple[storage.TableVersion, pa.Table]:
         """The table's latest version and its rows of the groups ``keys`` (all rows when
-        None): only the files of those groups' vnodes are read."""
+        None): only the files of those groups' vnodes (``vnodes`` when the caller knows
+        them) are read."""
         t, so = self.table(phase), self.tables.storage_options
         delta = owned_tables.open_if_exists(t.uri, so)
         snap = storage.TableVersion(t.uri, so, delta)
         if keys is not None and len(keys) == 0:
             return snap, t.schema.empty_table()
-        vnodes = None if keys is None else sorted(set(_vnodes_of(keys, self)))
+        if keys is not None and vnodes is None:
+            vnodes = sorted(set(_vnodes_of(keys, self)))
         rows = owned_tables.read_rows(delta, vnodes)
         if keys is not None:
             rows = rows.filter(pc.is_in(rows.column(GROUP_KEY), keys))
         return snap, rows.select(t.schema.names).cast(t.schema)
 
     def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
-              version: int, vnodes: Sequence[int], hook: Hook) -> None:
+              version: int, vnodes: Sequence[int], hook: Hook) -> storage.Applied:
         """One commit of the table: the rows of the changed keys ``before`` -> ``after``
         (a key only before is deleted), carrying the barrier's app transaction."""
         t = self.table(phase)
@@ -130,9 +151,23 @@ class AggregateStore:
         def inner(point: str) -> None:
             hook(f"{phase}_{point}")
 
-        storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
+        return storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
             before.select(t.schema.names).cast(t.schema),
             after.select(t.schema.names).cast(t.schema)), hook=inner)
+
+    def compact(self, spark: SparkSession, phase: str,
+                committed: tuple[storage.TableVersion, storage.Applied],
+                vnodes: Sequence[int]) -> bool:
+        """Compaction of the table a barrier committed to, by the row MV's rule: only when
+        `storage.compaction_due` says its files passed a threshold (each barrier adds a
+        file, and a barrier reads every file of its touched vnodes); whether it ran. Rows
+        are kept as they are (no data change, no app transaction), so a crash in it loses
+        nothing."""
+        if not storage.compaction_due(*committed, vnodes):
+            return False
+        t = self.table(phase)
+        snap = storage.TableVersion.load(t.uri, None, self.tables.storage_options)
+        return storage.compact(spark, snap, list(t.key), vnodes).compacted_files > 0
 
 
 def _vnodes_of(keys: pa.Array, store: AggregateStore) -> list[int]:

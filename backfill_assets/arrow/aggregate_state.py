@@ -27,13 +27,13 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from backfill_assets.arrow.types import arrow_type
+from backfill_assets.arrow.group_keys import group_vnodes
+from backfill_assets.arrow.types import arrow_type, decimal_units
 from backfill_assets.core.aggregates import (
+    Aggregate,
     AggregatePlan,
-    exact_value,
+    exact_values,
     float_sum,
-    group_vnode,
-    unscaled,
 )
 from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
 from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
@@ -284,37 +284,60 @@ class AggregateTables:
         return out
 
     def _mv_rows(self, state: pa.Table, kept: pa.Table) -> pa.Table:
-        """The MV rows of the live touched groups, in Spark's types (O(touched groups))."""
+        """The MV rows of the live touched groups, in Spark's types, a column at a time
+        (O(touched groups); a bulk finishes every group here)."""
         kept_values = self._kept_values(kept)
-        rows = []
-        for row in state.to_pylist():
-            group = tuple(row[n] for n in self.group_names)
-            out = {n: row[n] for n in self.group_names}
-            for i, a in enumerate(self.plan.aggregates):
-                count = row[count_column(i)] if a.arg is not None else row[ROWS]
-                if i in self.running:
-                    units = unscaled(row[sum_column(i)], self.plan.sum_scale(i))
-                    out[a.name] = exact_value(self.plan, i, units, count)
-                elif i in self.kept:
-                    value = kept_values.get(group, {}).get(i)
-                    if a.function == "avg" and count:
-                        value = value / float(count)
-                    out[a.name] = (value or 0) if a.distinct else value if count else None
-                else:
-                    out[a.name] = count
-            out[VNODE] = row[VNODE]
-            rows.append(out)
+        groups = list(zip(*(state.column(n).to_pylist() for n in self.group_names),
+                          strict=True)) if self.kept else []
+        columns: list[object] = [state.column(n) for n in self.group_names]
         try:
-            return pa.Table.from_pylist(rows, schema=self.mv_schema)
+            for i, a in enumerate(self.plan.aggregates):
+                counts = state.column(count_column(i) if a.arg is not None else ROWS)
+                if i in self.running:
+                    values = self._running_values(state, i, counts)
+                elif i in self.kept:
+                    values = [self._kept_value(a, kept_values.get(g, {}).get(i), count)
+                              for g, count in zip(groups, counts.to_pylist(), strict=True)]
+                else:
+                    values = counts
+                field = self.mv_schema.field(a.name)
+                columns.append(values.cast(field.type) if isinstance(values, pa.ChunkedArray)
+                               else pa.array(values, field.type))
+            columns.append(state.column(VNODE))
+            return pa.Table.from_arrays(columns, schema=self.mv_schema)
         except (pa.ArrowInvalid, OverflowError) as e:
             raise AggregateOverflow(f"an aggregate leaves its Spark type: {e}") from e
 
+    def _running_values(self, state: pa.Table, i: int, counts: pa.ChunkedArray
+                        ) -> pa.ChunkedArray | list[object]:
+        """Running aggregate i of every group: a sum is its exact state sum in the result's
+        type (Arrow's checked cast, null over no input), an avg Spark's rounding per group;
+        a sum the cast refuses goes through the reference, which names the overflow."""
+        sums = state.column(sum_column(i))
+        if self.plan.aggregates[i].function == "sum":
+            result = self.mv_schema.field(self.plan.aggregates[i].name).type
+            try:
+                return pc.if_else(pc.equal(counts, 0), pa.scalar(None, result),
+                                  sums.cast(result))
+            except pa.ArrowInvalid:
+                pass
+        return exact_values(self.plan, i, decimal_units(sums), counts.to_pylist())
+
+    @staticmethod
+    def _kept_value(a: Aggregate, value: object, count: int) -> object:
+        """A kept aggregate's MV value from its value over the kept input (avg: its sum)."""
+        if a.function == "avg" and count:
+            value = value / float(count)  # type: ignore[operator]
+        return (value or 0) if a.distinct else value if count else None
+
     def _with_vnode(self, table: pa.Table) -> pa.Table:
-        """``table`` with the `vnode` of its group key appended (O(rows), on the driver)."""
-        types = list(self.plan.group_types)
-        keys = zip(*(table.column(n).to_pylist() for n in self.group_names), strict=True)
-        vnodes = [group_vnode(k, types, self.vnode_count) for k in keys]
-        return table.append_column(VNODE, pa.array(vnodes, pa.int32()))
+        """``table`` with the `vnode` of its group key appended."""
+        return table.append_column(VNODE, self.group_vnodes(table))
+
+    def group_vnodes(self, table: pa.Table) -> pa.Array:
+        """The vnode of each row's group (`group_keys.group_vnodes`)."""
+        return group_vnodes([table.column(n) for n in self.group_names],
+                            list(self.plan.group_types), self.vnode_count)
 
 
 def _only_groups(table: pa.Table, groups: pa.Table, names: list[str]) -> pa.Table:

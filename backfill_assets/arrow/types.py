@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pyarrow as pa
 
 from backfill_assets.core.errors import InvalidKeyType
@@ -81,3 +82,16 @@ def normalize_schema(schema: pa.Schema) -> pa.Schema:
             t = pa.binary()
         fields.append(pa.field(f.name, t, nullable=f.nullable))
     return pa.schema(fields)
+
+
+def decimal_units(column: pa.ChunkedArray) -> list[int]:
+    """The unscaled ints of a non-null decimal128 column, read from its 16-byte two's
+    complement values (a Decimal per value costs more than the whole aggregate)."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    raw = np.frombuffer(array.buffers()[1], dtype="<i8").reshape(-1, 2)
+    raw = raw[array.offset:array.offset + len(array)]
+    low, high = raw[:, 0], raw[:, 1]
+    out = low.tolist()
+    for j in np.flatnonzero(high != (low >> 63)).tolist():  # beyond int64
+        out[j] = (int(high[j]) << 64) + (int(low[j]) & (2**64 - 1))
+    return out

@@ -233,11 +233,24 @@ def _value(plan: AggregatePlan, i: int, a: Aggregate, state: GroupState,
 def exact_value(plan: AggregatePlan, i: int, units: int, count: int) -> object:
     """Aggregate i (an integer or decimal sum / avg) of a group whose running state is the
     exact sum ``units`` over ``count`` non-null inputs, in Spark's type and rounding."""
+    return exact_values(plan, i, [units], [count])[0]
+
+
+def exact_values(plan: AggregatePlan, i: int, units: Sequence[int], counts: Sequence[int]
+                 ) -> list[object]:
+    """`exact_value` of many groups, aggregate i's types resolved once (a bulk finishes
+    every group of the MV at once)."""
+    a, scale, dec = plan.aggregates[i], plan.sum_scale(i), decimal_of(plan.result_types[i])
+    integers = plan.input_types[i] in INTEGERS
+    return [_exact(a, integers, scale, dec, u, c) for u, c in zip(units, counts, strict=True)]
+
+
+def _exact(a: Aggregate, integers: bool, scale: int, dec: tuple[int, int] | None, units: int,
+           count: int) -> object:
     if count == 0:
         return None
-    a, scale, dec = plan.aggregates[i], plan.sum_scale(i), decimal_of(plan.result_types[i])
     if a.function == "sum":
-        if plan.input_types[i] in INTEGERS:
+        if integers:
             if not -_BIGINT <= units < _BIGINT:
                 raise AggregateOverflow(
                     f"sum {a.name!r} is {units}, beyond bigint (Spark fails too): sum "

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import random
 
+import dagster as dg
 import pytest
 
 from backfill_assets.aggregate.arrangement import _Steps
 from backfill_assets.aggregate.barrier import open_barrier
-from backfill_assets.barrier.runner import run_barrier
+from backfill_assets.barrier.runner import figures, run_barrier
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.recovery import vnode_states
+from backfill_assets.wiring.checks import progress_evaluation
 from tests.aggregate.test_aggregate_barriers import aggregate_raw, assert_exact, extremes_batch
 from tests.aggregate.test_aggregate_kills import APPLY_KILLS, HELD, _killed
 from tests.reliability import harness as H
@@ -43,6 +45,10 @@ def test_an_aggregate_backfill_by_positions_is_exact_at_every_barrier(spark, war
             break
         partial += 1
         assert report.extra["vnodes_finished"] < VNODES
+        figs = figures(d, tables, Controls())  # a partial aggregate is never shown finished
+        check = progress_evaluation(figs, {})
+        assert figs.state == "backfilling" and figs.vnodes_finished < VNODES
+        assert not check.passed and check.severity == dg.AssetCheckSeverity.WARN
     assert finished and partial >= 3, f"{partial} partial barriers"
     for _ in range(2):  # finished: the change feed alone, every change visible
         live.apply(live.random_batch(10))
@@ -62,7 +68,7 @@ def test_a_kill_at_every_commit_boundary_of_a_step_neither_loses_nor_double_coun
     rng = random.Random(11)
     live = H.orders(warehouse, 11)
     live.create(rows=200)
-    raw = aggregate_raw("agg_arr_kill", live.uri, VNODES, mode="arrangement", chunk_size=6)
+    raw = aggregate_raw("agg_arr_kill", live.uri, VNODES, mode="arrangement", chunk_size=2)
     d, tables = H.definition(raw), H.tables_of(warehouse, raw)
     run_barrier(spark, d, tables, [0])
     tops: list[int] = []

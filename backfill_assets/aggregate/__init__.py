@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pyspark.sql import SparkSession
 
-from backfill_assets.aggregate import barrier
+from backfill_assets.aggregate import arrangement, barrier
 from backfill_assets.core.errors import AggregateModeUnsupported
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
@@ -18,7 +18,7 @@ from backfill_assets.step.request import Hook, StepReport, no_hook
 
 __all__ = ["run_barrier"]
 
-MODES = ("snapshot",)
+MODES = ("snapshot", *arrangement.MODES)
 
 
 def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
@@ -28,14 +28,17 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     every upstream vnode whatever ``vnodes`` a run names: the groups are keyed by the group
     key, so any upstream row may move any group, and one barrier brings the whole MV to one
     version (a second run of the same barrier finds it done). Paused (rate limit 0): nothing
-    runs. Refuses arrangement and no_shuffle modes by name (`AggregateModeUnsupported`).
+    runs. Arrangement and no_shuffle: one step of per-vnode positions (aggregate/arrangement.py).
     ``recompute``: every table recomputed at the version even when the MV is there already
     (an aggregate MV's re-snapshot: resnapshot_job)."""
-    if d.mode not in MODES:
+    if d.mode not in MODES or (recompute and d.mode != "snapshot"):
         raise AggregateModeUnsupported(
             f"MV {d.name!r} is an aggregate MV in mode {d.mode!r}: aggregate MVs are built in "
-            "snapshot mode (one bulk aggregation at the pinned version, then the change feed); "
-            "set mode: snapshot in the definition (or remove the mode key)")
+            f"modes {', '.join(MODES)}, and re-snapshotted in snapshot mode only (an "
+            "arrangement backfill restarts by reset); set a supported mode in the definition "
+            "or reset the MV")
     if controls.rate_limit == 0:
         return StepReport(version if version is not None else -1, tuple(vnodes), 0)
+    if d.mode in arrangement.MODES:
+        return arrangement.run(spark, d, tables, version, controls, hook)
     return barrier.run(spark, d, tables, version, controls, hook, recompute)

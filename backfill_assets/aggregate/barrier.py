@@ -241,6 +241,13 @@ class _Barrier:
             self.hook("after_mv_commit")
 
 
+def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
+                 keys: pa.Array) -> None:
+    """Signed rows into the tables ``behind`` through this barrier's apply, each commit
+    carrying ``txn`` (the arrangement mode's step: aggregate/arrangement.py)."""
+    b._write(txn, behind, (changes, keys), None, None)
+
+
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,
                  controls: Controls, hook: Hook) -> tuple[_Barrier, int]:
     """Check the upstream and the definition (Spark's analysis of its expressions), then

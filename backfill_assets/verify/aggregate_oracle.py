@@ -1,5 +1,6 @@
 """The independent oracle of an aggregate MV: Spark's own GROUP BY over the upstream at the
-version the MV's progress records, compared with the MV row for row, value and type.
+version the MV's progress records (during an arrangement backfill: over the rows each
+upstream vnode's position covers), compared with the MV row for row, value and type.
 
 It shares nothing with the barrier's path but the definition's text: the upstream is read
 with deltalake (not the storage layer's reader), the whole query is Spark SQL
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -25,10 +26,12 @@ from backfill_assets.core.aggregate_definition import FLOATS, canonical_type
 from backfill_assets.core.aggregates import group_vnode
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
+from backfill_assets.core.progress import Completed, InProgress
+from backfill_assets.core.vnode import vnode_of
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import read_progress
-from backfill_assets.step.preflight import checked_upstream
+from backfill_assets.step.preflight import CheckedUpstream, checked_upstream
 from backfill_assets.storage import spark_schema
 from backfill_assets.verify.oracle import Verdict, VnodeVerdict
 
@@ -47,14 +50,30 @@ def aggregate_query(d: MVDefinition, view: str) -> str:
 
 
 def expected_groups(spark: SparkSession, d: MVDefinition, tables: MVTables,
-                    version: int) -> pa.Table:
-    """Spark's GROUP BY of the upstream at ``version`` (read with deltalake)."""
+                    version: int, covered: CheckedUpstream | None = None,
+                    progress: Mapping[int, tuple] | None = None) -> pa.Table:
+    """Spark's GROUP BY of the upstream at ``version`` (read with deltalake); with
+    ``progress`` (an arrangement backfill's positions), over the rows they cover only: a key
+    of a finished vnode, or at or below its vnode's position (the plain-Python vnode hash)."""
     upstream = owned_tables.open_if_exists(tables.upstream, tables.storage_options, version)
     rows = owned_tables.read_rows(upstream)
     rows = rows.drop_columns([c for c in rows.column_names if c == VNODE])
+    if covered is not None and progress is not None:
+        rows = rows.filter(pa.array(_covered(rows, d, covered, progress), pa.bool_()))
     view = f"{INTERNAL_PREFIX}oracle_upstream"
     spark.createDataFrame(rows, schema=spark_schema(rows.schema)).createOrReplaceTempView(view)
     return spark.sql(aggregate_query(d, view)).toArrow()
+
+
+def _covered(rows: pa.Table, d: MVDefinition, up: CheckedUpstream,
+             progress: Mapping[int, tuple]) -> list[bool]:
+    order = up.key_order
+    out = []
+    for key in zip(*(rows.column(n).to_pylist() for n in order.names), strict=True):
+        p = progress.get(vnode_of(key, up.key_types, d.vnode_count), (None,))[0]
+        out.append(isinstance(p, Completed) or (
+            isinstance(p, InProgress) and order.compare(key, p.current_pos) <= 0))
+    return out
 
 
 def verify_aggregate(spark: SparkSession, d: MVDefinition, tables: MVTables,
@@ -73,9 +92,12 @@ def verify_aggregate(spark: SparkSession, d: MVDefinition, tables: MVTables,
     actual_rows = owned_tables.read_rows(mv) if mv is not None else None
     verdict = Verdict()
     expected_rows = None
-    if len(versions) == 1 and len(progress) == d.vnode_count:
+    partial = d.mode != "snapshot" and progress and not all(
+        isinstance(p, Completed) for p, _ in progress.values())
+    if len(versions) == 1 and (len(progress) == d.vnode_count or partial):
         version = versions.pop()
-        expected_rows = expected_groups(spark, d, tables, version)
+        expected_rows = expected_groups(spark, d, tables, version,
+                                        upstream if partial else None, progress)
     elif progress:
         verdict.type_problems.append(f"upstream vnodes at different versions: {versions}")
     outputs = [*(g.name for g in d.group_by), *(a.name for a in d.aggregates)]

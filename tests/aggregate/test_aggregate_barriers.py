@@ -17,7 +17,6 @@ from deltalake import DeltaTable
 from backfill_assets.aggregate.store import GROUP_KEY
 from backfill_assets.barrier.follower import follow
 from backfill_assets.barrier.runner import run_barrier
-from backfill_assets.core.errors import AggregateModeUnsupported
 from backfill_assets.mv.controls import Controls
 from backfill_assets.upstream.writer import DmlBatch
 from backfill_assets.verify.aggregate_oracle import verify_aggregate
@@ -121,21 +120,6 @@ def test_delta_spark_reads_the_aggregate_mv_and_its_change_feed(spark, warehouse
     kinds = {r["_change_type"] for r in feed.select("_change_type").distinct().collect()}
     assert "insert" in kinds and kinds <= {"insert", "update_preimage", "update_postimage",
                                            "delete"}
-
-
-def test_arrangement_mode_is_refused_by_name_and_writes_nothing(spark, warehouse):
-    live = H.orders(warehouse, 51)
-    live.create(rows=10)
-    raw = aggregate_raw("agg_arr", live.uri, mode="arrangement")
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    try:
-        run_barrier(spark, d, tables, [0])
-    except AggregateModeUnsupported as e:
-        assert "snapshot" in str(e)
-    else:
-        raise AssertionError("an arrangement-mode aggregate MV ran")
-    import os
-    assert not os.path.exists(tables.root)
 
 
 def test_continuous_mode_follows_an_aggregate_mv(spark, warehouse):

@@ -5,7 +5,7 @@ GROUP BY after it."""
 from __future__ import annotations
 
 from backfill_assets.join.demo_dimension import write_customers
-from backfill_assets.wiring.checks import run_oracle
+from backfill_assets.verify.join_oracle import verify_join
 from resources.mv import mv_tables
 from tests.test_catalog_barriers import VNODES, Platform
 
@@ -19,8 +19,8 @@ JOINED = {"upstream": "upstream", "primary_key": ["id"], "vnode_count": VNODES,
 class JoinPlatform(Platform):
     def exact(self, mv: str) -> None:
         d = self.catalog.definition(mv)
-        verdict, _ = run_oracle(self.spark, d, mv_tables(d, self.settings))
-        assert verdict.ok, (mv, verdict.failures()[:3])
+        verdict = verify_join(self.spark, d, mv_tables(d, self.settings))
+        assert verdict.ok, (mv, verdict.pair, verdict.missing, verdict.extra)
 
 
 def test_a_dimension_only_commit_makes_the_sensor_request_a_barrier(spark, tmp_path,

@@ -20,6 +20,7 @@ import yaml
 
 from backfill_assets.core.catalog import Catalog, Source, assemble
 from backfill_assets.core.errors import InvalidMVDefinition, InvalidSettings
+from backfill_assets.core.join_definition import tables_read
 from backfill_assets.core.lineage import MVNode
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.owned_tables import MVTables
@@ -48,13 +49,24 @@ def load_catalog(settings: Settings | None = None) -> Catalog:
 def catalog_of(sources: list[Source], settings: Settings) -> Catalog:
     """The catalog of already read ``sources``, with the settings' defaults and tables."""
     defaults = {"vnode_count": settings.vnode_count, "chunk_size": settings.chunk_size}
-
-    def node_of(d: MVDefinition) -> MVNode:
-        t = MVTables.under(settings.warehouse_root, d.name, d.upstream)
-        return MVNode(d.name, (t.upstream,), t.mv, (t.progress, t.replica))
+    root = settings.warehouse_root.rstrip("/")
+    mv_names = {s.claimed_name for s in sources if s.error is None}
 
     def output_of(name: str) -> str:
-        return MVTables.under(settings.warehouse_root, name, name).mv
+        return MVTables.under(root, name, name).mv
+
+    def dimension_of(name: str) -> str:
+        # as join/sources.dimension_uri finds it at run time, but from the catalog's names,
+        # so lineage holds before the other MV's output is first written
+        if "://" in name or name.startswith("/"):
+            return name
+        return output_of(name) if name in mv_names else f"{root}/{name}"
+
+    def node_of(d: MVDefinition) -> MVNode:
+        t = MVTables.under(root, d.name, d.upstream)
+        dimensions = tuple(dimension_of(n) for n in tables_read(d)[1:])
+        reads = tuple(dict.fromkeys((t.upstream, *dimensions)))
+        return MVNode(d.name, reads, t.mv, (t.progress, t.replica))
 
     return assemble(sources, defaults, node_of, output_of)
 

@@ -173,3 +173,27 @@ def test_an_mv_waits_only_for_the_mvs_it_reads(tmp_path) -> None:
     assert ready_now(lineage, ["c"], ["b"]) == []  # b's barrier in flight: c after it
     assert ready_now(lineage, ["c"], ["a"]) == []  # through b
     assert ready_now(lineage, ["c", "d"], ["d"]) == ["c"]  # d in flight: itself only
+
+
+JOIN = {"upstream": "upstream", "primary_key": ["id"], "vnode_count": 4,
+        "joins": [{"table": "customers", "key": ["customer"], "on": {"name": "customer"},
+                   "columns": ["segment"], "kind": "left"},
+                  {"table": "a", "key": ["id"], "on": {"id": "id"}, "columns": ["region"]}],
+        "group_by": ["segment", "region"], "aggregates": {"orders": "count(*)"}}
+
+
+def test_a_join_mv_reads_its_dimensions_in_lineage(tmp_path) -> None:
+    """A dimension is an upstream asset of the join MV: a shared external table, or another
+    MV's output by its name (the way join/ resolves it), so the UI draws it and that MV's
+    barrier runs first."""
+    s = folder_settings(tmp_path, {"a.yaml": ROW, "j.yaml": JOIN})
+    _, graph = graph_of(build_definitions(s))
+    parents = {p.to_user_string() for p in graph.get(dg.AssetKey(["j", "downstream_mv"]))
+               .parent_keys}
+    assert parents == {"tables/upstream", "tables/customers", "a/downstream_mv"}
+    from resources.catalog import load_catalog
+
+    catalog = load_catalog(s)
+    assert catalog.lineage.reads["j"] == ("a",) and catalog.names[0] == "a"
+    assert catalog.upstreams["j"].endswith("/upstream")  # the fact stays the upstream
+    assert "customers" in {k.rsplit("/", 1)[-1] for k in catalog.lineage.external}

@@ -148,3 +148,31 @@ def test_make_ui_finds_no_instance_file_to_warn_about():
     assert not any(os.path.exists(os.path.join(ROOT, n)) for n in ("dagster.yaml", "dagster.yml"))
     with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as f:
         assert "$(DAGSTER_HOME)/dagster.yaml: deploy/dagster.yaml" in f.read()
+
+
+def test_operating_commands_name_their_mv(catalog_defs):
+    """docs/OPERATING.md runs against the demo's catalog of several MVs, where a job run
+    that names no MV is refused: each of its commands (but the upstream's load) names one
+    of the catalog's MVs by tag or config."""
+    with open(os.path.join(ROOT, "docs", "OPERATING.md"), encoding="utf-8") as f:
+        text = f.read()
+    names = {k.path[0] for k in catalog_defs.resolve_all_asset_keys() if len(k.path) == 2}
+    lines = re.findall(r"dagster (?:job execute|asset materialize)[^\n`]*",
+                       text.replace("\\\n", " "))
+    unnamed = []
+    for line in lines:
+        argv = shlex.split(line.split(" #")[0])
+        if _option(argv, "-j") in ("upstream_load_job", None) and "--select" not in argv:
+            continue
+        tags = json.loads(_option(argv, "--tags") or "{}")
+        config = _option(argv, "-c")
+        mv = tags.get("backfill/mv")
+        if mv is None and config:
+            with open(os.path.join(ROOT, config), encoding="utf-8") as f:
+                mv = re.search(r"\bmv: (\w+)", f.read())
+            mv = mv and mv.group(1)
+        if "--select" in argv:
+            mv = _option(argv, "--select").split("/")[0]
+        if mv not in names:
+            unnamed.append(line)
+    assert len(lines) >= 12 and not unnamed, unnamed

@@ -11,6 +11,9 @@ Continuous mode (BACKFILL_CONTINUOUS=1): it makes sure one `follower_job` run pe
 alive, and restarts one whose run ended (a SIGKILLed follower is marked FAILURE by run
 monitoring), unless the followers were stopped on request.
 
+A join MV is due on a commit to its fact or to any dimension (`join.barrier_due`): at the
+fact's head a dimension commit is a barrier for every vnode.
+
 In both modes a range is skipped while any backfill or follower run over overlapping vnodes is
 in flight (by run status), or a Dagster backfill launched from the asset pages still has
 overlapping vnodes to do (its runs come later: racing them would cost a red run), and every
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from backfill_assets import join
 from backfill_assets.barrier.follower import stop_request
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv import owned_tables
@@ -95,7 +99,8 @@ def barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: M
     # upstream and progress versions is a new barrier, not the one before the pause again
     knobs = f"c{int((controls_changed_at(tables) or 0) * 1000)}"
     requests, waiting = [], []
-    current = _current_vnodes(progress, version, paused)
+    # a dimension commit is a new barrier at the same fact version, for every vnode
+    current = set() if p.dimension_moved else _current_vnodes(progress, version, paused)
     for first, last in vnode_ranges(d.vnode_count, ranges):
         if all(v in current for v in range(first, last + 1)):
             continue  # this range already took this version: no second run for it
@@ -177,18 +182,27 @@ class Where:
     unfinished: bool
     paused: bool
     version: int  # the upstream's head
+    # a join MV at the fact's head whose dimension moved since its last barrier
+    dimension_moved: bool = False
 
     @property
     def idle(self) -> bool:
-        """Nothing to do at the head: every vnode at it, and finished or paused."""
+        """Nothing to do at the head: every vnode at it, and finished or paused, and no
+        dimension of a join MV moved."""
         return self.at is not None and self.at >= self.version and \
-            (not self.unfinished or self.paused)
+            (not self.unfinished or self.paused) and not self.dimension_moved
 
 
 def where(d: MVDefinition, tables: MVTables, version: int) -> Where:
+    """Where ``d`` stands at upstream ``version``. A join MV is due on a commit to either
+    side (docs/JOINS.md): at the fact's head, it asks whether a dimension moved past the
+    version pair its progress records."""
     progress = owned_tables.open_if_exists(tables.progress, tables.storage_options)
     at, unfinished = _where(progress, d.vnode_count)
-    return Where(progress, at, unfinished, read_controls(tables).rate_limit == 0, version)
+    paused = read_controls(tables).rate_limit == 0
+    moved = bool(getattr(d, "joins", ())) and not paused and at is not None \
+        and at >= version and join.barrier_due(d, tables)
+    return Where(progress, at, unfinished, paused, version, moved)
 
 
 def _where(progress, vnode_count: int) -> tuple[int | None, bool]:

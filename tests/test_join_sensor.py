@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from backfill_assets.join.demo_dimension import write_customers
 from backfill_assets.verify.join_oracle import verify_join
+from backfill_assets.wiring.checks import run_oracle
 from resources.mv import mv_tables
 from tests.test_catalog_barriers import VNODES, Platform
 
@@ -21,6 +22,10 @@ class JoinPlatform(Platform):
         d = self.catalog.definition(mv)
         verdict = verify_join(self.spark, d, mv_tables(d, self.settings))
         assert verdict.ok, (mv, verdict.pair, verdict.missing, verdict.extra)
+        # verify_job's and the check's path (wiring/checks.run_oracle) reaches the same oracle
+        reported, meta = run_oracle(self.spark, d, mv_tables(d, self.settings))
+        assert reported.ok and reported.rows_compared == verdict.rows_compared > 0
+        assert meta["vnodes_failed"].value == 0
 
 
 def test_a_dimension_only_commit_makes_the_sensor_request_a_barrier(spark, tmp_path,

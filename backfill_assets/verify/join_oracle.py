@@ -22,6 +22,9 @@ from backfill_assets.join.store import Pair, recorded_pair
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.column_identity import used_columns
 from backfill_assets.verify.aggregate_oracle import aggregate_query
+from backfill_assets.verify.oracle import Verdict, VnodeVerdict
+
+WHOLE_MV = -1  # the vnode a join MV's one comparison is reported under: it is compared whole
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,22 @@ class JoinVerdict:
     missing: list[dict]
     extra: list[dict]
     type_problems: list[str]
+    missing_count: int = 0
+    extra_count: int = 0
+    actual_count: int = 0
 
     @property
     def ok(self) -> bool:
         return self.pair is not None and not (self.missing or self.extra
                                               or self.type_problems)
+
+    def as_verdict(self) -> Verdict:
+        """The verdict in the shape verify_job and the check report (one row, `WHOLE_MV`)."""
+        version = self.pair.fact if self.pair is not None else None
+        problems = self.type_problems or ([] if self.pair is not None else
+                                          ["no barrier has run: nothing to compare"])
+        return Verdict([VnodeVerdict(WHOLE_MV, version, self.rows_compared, self.actual_count,
+                                     self.missing_count, self.extra_count)], list(problems))
 
 
 def expected_rows(spark: SparkSession, d: MVDefinition, tables: MVTables, pair: Pair
@@ -80,6 +94,9 @@ def verify_join(spark: SparkSession, d: MVDefinition, tables: MVTables,
                      if actual.schema[f.name].dataType != f.dataType]
     actual = actual.selectExpr(*(f"CAST(`{f.name}` AS {f.dataType.simpleString()}) AS "
                                  f"`{f.name}`" for f in expected.schema.fields))
-    missing = [r.asDict() for r in expected.exceptAll(actual).limit(show).collect()]
-    extra = [r.asDict() for r in actual.exceptAll(expected).limit(show).collect()]
-    return JoinVerdict(pair, expected.count(), missing, extra, type_problems)
+    lacking, surplus = expected.exceptAll(actual), actual.exceptAll(expected)
+    missing = [r.asDict() for r in lacking.limit(show).collect()]
+    extra = [r.asDict() for r in surplus.limit(show).collect()]
+    return JoinVerdict(pair, expected.count(), missing, extra, type_problems,
+                       lacking.count() if missing else 0, surplus.count() if extra else 0,
+                       actual.count())

@@ -26,6 +26,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.recovery import vnode_states
 from backfill_assets.verify.aggregate_oracle import verify_aggregate
+from backfill_assets.verify.join_oracle import verify_join
 from backfill_assets.verify.oracle import Verdict, verify
 from backfill_assets.wiring.keys import MVAssets, single
 from backfill_assets.wiring.metadata import figures_metadata
@@ -43,7 +44,10 @@ def run_oracle(spark: SparkSession, d: MVDefinition, tables,
                say: Callable[[str], None] = lambda _: None) -> tuple[Verdict, dict]:
     """Verify every vnode; the verdict plus the check's metadata (failing vnodes first).
     `say` hears each stage as it ends."""
-    if d.is_aggregate:  # Spark's own GROUP BY at the MV's version (verify/aggregate_oracle.py)
+    if d.joins:  # the join (and GROUP BY) recomputed by Spark SQL at the recorded version pair
+        verdict = verify_join(spark, d, tables).as_verdict()
+        say(f"compared {verdict.rows_compared} rows with Spark's join")
+    elif d.is_aggregate:  # Spark's own GROUP BY at the MV's version (verify/aggregate_oracle.py)
         verdict = verify_aggregate(spark, d, tables)
         say(f"compared {verdict.rows_compared} groups with Spark's GROUP BY")
     else:

@@ -1,6 +1,8 @@
-"""`make demo`: the whole product on the embedded default, end to end, over a catalog of three
+"""`make demo`: the whole product on the embedded default, end to end, over a catalog of four
 MVs (`jobs/configs/mvs/`: the row MV `orders_mv`, `big_orders` over it in no_shuffle mode,
-`eu_orders` over the same upstream with another filter; BACKFILL_MV_CONFIG serves one instead).
+`eu_orders` over the same upstream with another filter, and the aggregate MV
+`revenue_by_region_day` (revenue and orders per region per day, docs/AGGREGATES.md);
+BACKFILL_MV_CONFIG serves one instead).
 
 1. `upstream_load_job` creates an upstream of DEMO_ROWS rows;
 2. a writer keeps committing changes to it (one Delta version per second) while

@@ -14,6 +14,7 @@ from backfill_assets.core.errors import AggregateModeUnsupported
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, StepReport, no_hook
 
 __all__ = ["run_barrier"]
@@ -31,7 +32,8 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     runs. Arrangement and no_shuffle: one step of per-vnode positions (aggregate/arrangement.py).
     ``recompute``: every table recomputed at the version even when the MV is there already
     (an aggregate MV's re-snapshot: resnapshot_job)."""
-    if d.mode not in MODES or (recompute and d.mode != "snapshot"):
+    bulk = mode_named(d.mode).bulk  # snapshot mode: one bulk aggregation, then the change feed
+    if recompute and not bulk:
         raise AggregateModeUnsupported(
             f"MV {d.name!r} is an aggregate MV in mode {d.mode!r}: aggregate MVs are built in "
             f"modes {', '.join(MODES)}, and re-snapshotted in snapshot mode only (an "
@@ -39,6 +41,6 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
             "or reset the MV")
     if controls.rate_limit == 0:
         return StepReport(version if version is not None else -1, tuple(vnodes), 0)
-    if d.mode in arrangement.MODES:
+    if not bulk:  # positions per upstream vnode, or one shared (aggregate/arrangement.py)
         return arrangement.run(spark, d, tables, version, controls, hook)
     return barrier.run(spark, d, tables, version, controls, hook, recompute)

@@ -34,8 +34,6 @@ from pyspark.sql import SparkSession
 from backfill_assets import storage
 from backfill_assets.aggregate.barrier import _Barrier, apply_signed, open_barrier
 from backfill_assets.aggregate.projection import signed_rows
-from backfill_assets.aggregate.store import group_texts
-from backfill_assets.arrow import netting
 from backfill_assets.core.changes import is_visible
 from backfill_assets.core.errors import CorruptProgressRow
 from backfill_assets.core.keys import Key
@@ -48,7 +46,6 @@ from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import progress_rows, read_progress, refuse_stale, write_progress
-from backfill_assets.step.key_checks import check_change_keys
 from backfill_assets.step.request import Hook, StepReport
 
 MODES = {"arrangement": PerVnodePositions, "no_shuffle": SharedPosition}
@@ -131,11 +128,10 @@ class _Steps:
             state.advance_version(v, v_new)
         after = pa.concat_tables([after, chunk])
         changes = signed_rows(b.spark, b.proj, before, after)
-        keys = pc.unique(group_texts(changes, b.proj.tables))
         b.report.snapshot_rows += chunk.num_rows
         b.report.forwarded_rows += before.num_rows + after.num_rows - chunk.num_rows
-        b.report.extra.update(touched_groups=len(keys), chunk_rows=chunk.num_rows)
-        apply_signed(b, step, behind, changes, keys)
+        b.report.extra["chunk_rows"] = chunk.num_rows
+        apply_signed(b, step, behind, changes)
         b.hook("before_progress_commit")
         so = b.tables.storage_options
         write_progress(b.progress, state, self.key_order, b.d.name, b.vnodes, step, force=True,
@@ -150,14 +146,7 @@ class _Steps:
         schema = b.proj.upstream_schema
         if v_prev is None or v_new <= v_prev:
             return schema.empty_table(), schema.empty_table()
-        key_names = list(self.key_order.names)
-        keep = [f.name for f in b.upstream.schema if f.name != VNODE]
-        raw = storage.read_raw_changes(b.tables.upstream, v_prev, v_new, keep,
-                                       storage_options=b.tables.storage_options)
-        raw = raw.select([*keep, "_change_type", "_commit_version"])
-        check_change_keys(raw, key_names, b.tables.upstream)
-        raw = netting.with_vnode(raw, key_names, b.upstream.key_types, b.d.vnode_count)
-        netted = netting.net_with_prior(raw, key_names)
+        netted = b.netted(v_prev, v_new)
         return self._visible(netted.before, state), self._visible(netted.after, state)
 
     def _visible(self, rows: pa.Table, state: BackfillState) -> pa.Table:

@@ -188,6 +188,15 @@ class _Barrier:
     def _apply(self, at: int, to: int, behind: list[str]) -> None:
         """The change range (at, to] netted per key, as signed rows into the touched groups."""
         self.report.engine = "driver"
+        netted = self.netted(at, to)
+        changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
+        self.report.forwarded_rows = changes.num_rows
+        self.report.extra["changed_keys"] = netted.keys
+        apply_signed(self, to, behind, changes)
+
+    def netted(self, at: int, to: int) -> netting.Netted:
+        """The upstream's change range (at, to] netted per key: each key's pre-image at ``at``
+        and post-image at ``to`` (the row MV's driver netting), with the upstream's vnode."""
         key_names = list(self.upstream.key_order.names)
         keep = [f.name for f in self.upstream.schema if f.name != VNODE]
         raw = storage.read_raw_changes(self.tables.upstream, at, to, keep,
@@ -195,13 +204,7 @@ class _Barrier:
         raw = raw.select([*keep, "_change_type", "_commit_version"])
         check_change_keys(raw, key_names, self.tables.upstream)
         raw = netting.with_vnode(raw, key_names, self.upstream.key_types, self.d.vnode_count)
-        netted = netting.net_with_prior(raw, key_names)
-        changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
-        keys = pc.unique(group_texts(changes, self.proj.tables))
-        vnodes = group_vnodes(changes, self.proj.tables)
-        self.report.forwarded_rows = changes.num_rows
-        self.report.extra.update({"touched_groups": len(keys), "changed_keys": netted.keys})
-        self._write(to, behind, (changes, keys, vnodes), None, None)
+        return netting.net_with_prior(raw, key_names)
 
     def _write(self, to: int, behind: list[str],
                changes: tuple[pa.Table, pa.Array, list[int]] | None,
@@ -241,11 +244,12 @@ class _Barrier:
             self.hook("after_mv_commit")
 
 
-def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
-                 keys: pa.Array) -> None:
-    """Signed rows into the tables ``behind`` through this barrier's apply, each commit
-    carrying ``txn`` (the arrangement mode's step: aggregate/arrangement.py)."""
-    b._write(txn, behind, (changes, keys), None, None)
+def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table) -> None:
+    """Signed rows into the tables ``behind``, reading and writing only their groups, each
+    commit carrying ``txn`` (the barrier's version; arrangement mode's step number)."""
+    keys = pc.unique(group_texts(changes, b.proj.tables))
+    b.report.extra["touched_groups"] = len(keys)
+    b._write(txn, behind, (changes, keys, group_vnodes(changes, b.proj.tables)), None, None)
 
 
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,

@@ -31,6 +31,7 @@ from backfill_assets.core.vnode import vnode_of
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.recovery import read_progress
+from backfill_assets.step.modes import mode_named
 from backfill_assets.step.preflight import CheckedUpstream, checked_upstream
 from backfill_assets.storage import spark_schema
 from backfill_assets.verify.oracle import Verdict, VnodeVerdict
@@ -92,7 +93,7 @@ def verify_aggregate(spark: SparkSession, d: MVDefinition, tables: MVTables,
     actual_rows = owned_tables.read_rows(mv) if mv is not None else None
     verdict = Verdict()
     expected_rows = None
-    partial = d.mode != "snapshot" and progress and not all(
+    partial = not mode_named(d.mode).bulk and progress and not all(
         isinstance(p, Completed) for p, _ in progress.values())
     if len(versions) == 1 and (len(progress) == d.vnode_count or partial):
         version = versions.pop()

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage
+from backfill_assets.aggregate import held
 from backfill_assets.arrow.aggregate_state import AggregateTables
 from backfill_assets.arrow.group_keys import canonical_texts, json_lists
 from backfill_assets.core.aggregate_definition import GROUP_KEY
@@ -127,13 +128,21 @@ class AggregateStore:
     def read(self, phase: str, keys: pa.Array | None, vnodes: Sequence[int] | None = None
              ) -> tuple[storage.TableVersion, pa.Table]:
         """The table's latest version and its rows of the groups ``keys`` (all rows when
-        None): only the files of those groups' vnodes (``vnodes`` when the caller knows
-        them) are read."""
+        None): from the rows this process holds at that version (aggregate/held.py), else
+        the whole table read and held when it is small enough, else only the files of those
+        groups' vnodes (``vnodes`` when the caller knows them)."""
         t, so = self.table(phase), self.tables.storage_options
         delta = owned_tables.open_if_exists(t.uri, so)
         snap = storage.TableVersion(t.uri, so, delta)
         if keys is not None and len(keys) == 0:
             return snap, t.schema.empty_table()
+        whole = held.rows_at(t.uri, _table_id(snap), snap.version)
+        if whole is None and held.fits(snap.live_rows):
+            whole = owned_tables.read_rows(delta).select(t.schema.names).cast(t.schema)
+            held.hold(t.uri, _table_id(snap), snap.version, whole)
+        if whole is not None:
+            return snap, whole if keys is None else whole.filter(
+                pc.is_in(whole.column(GROUP_KEY), value_set=keys))
         if keys is not None and vnodes is None:
             vnodes = sorted(set(_vnodes_of(keys, self)))
         rows = owned_tables.read_rows(delta, vnodes)
@@ -151,9 +160,12 @@ class AggregateStore:
         def inner(point: str) -> None:
             hook(f"{phase}_{point}")
 
-        return storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
-            before.select(t.schema.names).cast(t.schema),
-            after.select(t.schema.names).cast(t.schema)), hook=inner)
+        before = before.select(t.schema.names).cast(t.schema)
+        after = after.select(t.schema.names).cast(t.schema)
+        applied = storage.apply_keyed(snap, list(t.key), intent,
+                                      storage.KeyedRows(before, after), hook=inner)
+        held.committed(t.uri, _table_id(snap), snap.version, applied.version, before, after)
+        return applied
 
     def compact(self, spark: SparkSession, phase: str,
                 committed: tuple[storage.TableVersion, storage.Applied],
@@ -167,7 +179,14 @@ class AggregateStore:
             return False
         t = self.table(phase)
         snap = storage.TableVersion.load(t.uri, None, self.tables.storage_options)
-        return storage.compact(spark, snap, list(t.key), vnodes).compacted_files > 0
+        report = storage.compact(spark, snap, list(t.key), vnodes)
+        if report.compacted_files:
+            held.moved(t.uri, _table_id(snap), snap.version, report.version)
+        return report.compacted_files > 0
+
+
+def _table_id(snap: storage.TableVersion) -> str:
+    return snap.table.metadata().id
 
 
 def _vnodes_of(keys: pa.Array, store: AggregateStore) -> list[int]:

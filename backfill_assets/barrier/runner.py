@@ -76,10 +76,13 @@ def figures(d: MVDefinition, tables: MVTables, controls: Controls,
     rows = owned_tables.read_rows(progress, None, [codec.FINISHED, codec.ROW_COUNT, codec.VERSION])
     finished = sum(1 for f in rows[codec.FINISHED].to_pylist() if f)
     versions = [v for v in rows[codec.VERSION].to_pylist() if v is not None]
-    counted = owned_tables.open_if_exists(tables.upstream, so, version)
+    upstream = owned_tables.open_if_exists(tables.upstream, so)
+    # the latest version is counted from the table kept open (brought forward by its new
+    # commits); an older one is loaded, a replay of the upstream's whole log
+    counted = upstream if version in (None, upstream.version()) else \
+        owned_tables.open_if_exists(tables.upstream, so, version)
     upstream_rows = sum(n or 0 for n in
                         counted.get_add_actions(flatten=True).column("num_records").to_pylist())
-    upstream = owned_tables.open_if_exists(tables.upstream, so)
     mv_version = min(versions) if versions else None
     return MVFigures(
         snapshot_rows_done=_rows_done(rows), upstream_rows=upstream_rows,

@@ -54,6 +54,7 @@ class MaintenanceReport:
     dv_files_deleted: int = 0
     vacuumed_files: int = 0
     checkpoint: int | None = None
+    version: int | None = None  # the compaction's commit (its writer's caches move to it)
 
 
 def files_to_compact(files: Sequence[DataFile], seek_layout: bool = False) -> list[DataFile]:
@@ -142,9 +143,10 @@ def compact(spark: SparkSession, snap: TableVersion, key_names: Sequence[str],
     if written != live:
         raise AssertionError(f"compaction of {snap.uri} read {written} rows, the log records "
                              f"{live} live rows: nothing was committed")
-    commit(snap, Change(adds=[a for a in adds if a.rows], removes=chosen, data_change=False),
-           Intent(operation="OPTIMIZE"))
-    return MaintenanceReport(compacted_files=len(chosen), rewritten_rows=written)
+    version = commit(snap, Change(adds=[a for a in adds if a.rows], removes=chosen,
+                                  data_change=False), Intent(operation="OPTIMIZE"))
+    return MaintenanceReport(compacted_files=len(chosen), rewritten_rows=written,
+                             version=version)
 
 
 def _rewrite_on_driver(snap: TableVersion, files: Sequence[DataFile], key_names: Sequence[str],

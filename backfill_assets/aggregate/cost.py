@@ -9,6 +9,13 @@ and it is recorded in the barrier's metadata (`StepReport.extra`). The unit cost
 MV's defaults (core/cost_choice.py); a touched group costs a few change rows' worth (its
 state and kept input read and rewritten), and the driver path keeps at most
 `DRIVER_CHANGE_ROWS` in memory.
+
+Why no third path that rewrites the MV whole from the held group state past some fraction of
+touched groups: with the state held (aggregate/held.py) neither path reads a table file, and
+the whole rewrite would still write the touched groups' change file (the MV's feed holds only
+real group updates) plus every untouched group again, where the keyed apply writes the
+touched groups and one deletion vector per file they were in. The keyed write stays the
+smaller; a barrier whose changes approach the upstream's size recomputes instead.
 """
 
 from __future__ import annotations

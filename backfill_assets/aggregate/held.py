@@ -26,6 +26,7 @@ from backfill_assets import storage
 from backfill_assets.core.aggregate_definition import GROUP_KEY
 
 HELD_ROWS = 4_000_000  # rows of one table held at most (a larger one is read by key)
+READ_WHOLE_ROWS = 500_000  # a table read whole on a miss, whatever the barrier touches
 _CHUNKS = 16  # a held table's chunks (one per commit) before they are joined into one
 _HELD_BYTES = 512 << 20
 
@@ -57,6 +58,16 @@ def rows_at(uri: str, table_id: str, version: int) -> pa.Table | None:
 def fits(live_rows: int) -> bool:
     """Whether a table of ``live_rows`` rows is held (else it is read by key every barrier)."""
     return live_rows <= HELD_ROWS
+
+
+def read_whole(live_rows: int, touched_vnodes: int | None, vnode_count: int) -> bool:
+    """Whether a barrier that finds nothing held reads the whole table (and holds it) rather
+    than its touched vnodes (``touched_vnodes``; None: every row is wanted): when it fits,
+    and the whole costs about what the touched vnodes would (a small table, or half its
+    vnodes touched). A process per barrier (a sensor's runs) then never reads a large table
+    whole to hold rows no later barrier of it will use."""
+    return fits(live_rows) and (touched_vnodes is None or live_rows <= READ_WHOLE_ROWS
+                                or 2 * touched_vnodes >= vnode_count)
 
 
 def hold(uri: str, table_id: str, version: int, rows: pa.Table) -> None:

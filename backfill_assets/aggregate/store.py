@@ -137,14 +137,16 @@ class AggregateStore:
         if keys is not None and len(keys) == 0:
             return snap, t.schema.empty_table()
         whole = held.rows_at(t.uri, _table_id(snap), snap.version)
-        if whole is None and held.fits(snap.live_rows):
-            whole = owned_tables.read_rows(delta).select(t.schema.names).cast(t.schema)
-            held.hold(t.uri, _table_id(snap), snap.version, whole)
+        if whole is None:
+            if keys is not None and vnodes is None:
+                vnodes = sorted(set(_vnodes_of(keys, self)))
+            if held.read_whole(snap.live_rows, None if keys is None else len(vnodes or ()),
+                               self.vnode_count):
+                whole = owned_tables.read_rows(delta).select(t.schema.names).cast(t.schema)
+                held.hold(t.uri, _table_id(snap), snap.version, whole)
         if whole is not None:
             return snap, whole if keys is None else whole.filter(
                 pc.is_in(whole.column(GROUP_KEY), value_set=keys))
-        if keys is not None and vnodes is None:
-            vnodes = sorted(set(_vnodes_of(keys, self)))
         rows = owned_tables.read_rows(delta, vnodes)
         if keys is not None:
             rows = rows.filter(pc.is_in(rows.column(GROUP_KEY), keys))

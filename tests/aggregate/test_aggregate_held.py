@@ -55,7 +55,8 @@ def _assert_held_equals_a_fresh_read(store: AggregateStore) -> int:
         fresh = owned_tables.read_rows(snap.table).select(t.schema.names).cast(t.schema)
         assert rows.schema == fresh.schema
         assert _sorted(rows, t.key) == _sorted(fresh, t.key), phase
-        assert len(set(rows.select(list(t.key)).to_pylist())) == rows.num_rows, phase
+        keys = {tuple(r.values()) for r in rows.select(list(t.key)).to_pylist()}
+        assert len(keys) == rows.num_rows, phase
         held_tables += 1
     return held_tables
 

@@ -85,6 +85,8 @@ def test_a_version_the_process_did_not_write_is_never_answered(spark, warehouse)
     rng = random.Random(4902)
     live, d, tables, store = _first_barrier(spark, warehouse, 4902, "agg_held_other", 200)
     state = store.table(store.phases[0])
+    live.apply(extremes_batch(live, rng, []))
+    run_barrier(spark, d, tables, [0])  # a second file and a DV, so there is what to compact
     # another writer: a compaction outside the store moves the version
     snap = storage.TableVersion.load(state.uri, None, tables.storage_options)
     table_id = snap.table.metadata().id

@@ -1,8 +1,8 @@
 """The demo's dimension: a `customers` table keyed by `customer` (the demo upstream's `name`,
 "n0" .. "n99999"), written with the platform's writer, so the demo's join MV
-(jobs/configs/join_mv.yaml) has a dimension that moves: segments change, customers leave and
-come back, and customers the first load left out arrive late (their orders' left-joined rows
-are padded with nulls until then)."""
+(jobs/configs/mvs/revenue_by_segment.yaml) has a dimension that moves: segments change,
+customers leave and come back, and customers the first load left out arrive late (their
+orders' left-joined rows are padded with nulls until then)."""
 
 from __future__ import annotations
 

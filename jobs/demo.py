@@ -142,23 +142,6 @@ class _Writer(threading.Thread):
             self.stop.wait(1.0)
 
 
-def _customers(served) -> str | None:
-    """The `customers` dimension a served join MV reads, created with its first rows
-    (join/demo_dimension.py), or None when no MV joins it."""
-    from backfill_assets.join.demo_dimension import write_customers
-    from backfill_assets.join.sources import dimension_uri
-
-    for name in served.names:
-        mv = served.definition(name)
-        if any(j.table == "customers" for j in mv.joins):
-            tables = _tables(mv)
-            uri = dimension_uri(tables, "customers")
-            write_customers(uri, storage_options=dict(tables.storage_options))
-            print("the customers dimension: every customer but the late ones (every 10th)")
-            return uri
-    return None
-
-
 def main() -> int:
     _setup_env()
     if not _remote():
@@ -168,6 +151,7 @@ def main() -> int:
     import dagster as dg
 
     from backfill_assets import definitions
+    from backfill_assets.join.demo_dimension import demo_customers
     from jobs.demo_rounds import barrier_rounds, mvs_served, verified
 
     served = mvs_served(definitions)
@@ -176,7 +160,7 @@ def main() -> int:
     _create_upstream(instance)
     first = served.pick(served.names[0])[0]
     upstream = _tables(first).upstream
-    customers = _customers(served)
+    customers = demo_customers((m, _tables(m)) for m in map(served.definition, served.names))
     writer = _Writer(upstream, dict(_tables(first).storage_options), customers)
     writer.start()
     for name in served.names:

@@ -96,3 +96,61 @@ def test_an_aggregate_over_the_join_in_arrangement_mode(spark, warehouse):
     run_barrier(spark, d, tables, [0])
     assert_exact(spark, d, tables)
     _backfill(spark, d, tables, live, dim, rng)
+
+
+class SparkFacts:
+    """A fact table created and changed only through Delta-Spark SQL (MERGE upserts that
+    move join keys, UPDATE, DELETE), deletion vectors on: a foreign writer on the fact side."""
+
+    def __init__(self, spark, uri: str, rng: random.Random):
+        self.spark, self.uri, self.rng, self.next_id = spark, uri, rng, 0
+        spark.sql(f"CREATE TABLE delta.`{uri}` (id BIGINT, name STRING, amount DECIMAL(12,2), "
+                  "qty INT) USING delta TBLPROPERTIES (delta.enableChangeDataFeed = true, "
+                  "delta.enableDeletionVectors = true)")
+
+    def _rows(self, ids) -> str:
+        return ", ".join(f"({i}, 'n{i % 7}', {self.rng.randint(1, 9999) / 100:.2f}, "
+                         f"{self.rng.randint(0, 20)})" for i in ids)
+
+    def insert(self, n: int) -> None:
+        ids = range(self.next_id, self.next_id + n)
+        self.next_id += n
+        self.spark.sql(f"INSERT INTO delta.`{self.uri}` VALUES {self._rows(ids)}")
+
+    def random_dml(self) -> None:
+        """A MERGE of existing and new ids (join keys move), an UPDATE and a DELETE."""
+        ids = [self.rng.randrange(self.next_id) for _ in range(3)] + [self.next_id]
+        self.next_id += 1
+        self.spark.sql(f"MERGE INTO delta.`{self.uri}` t USING (SELECT * FROM VALUES "
+                       f"{self._rows(sorted(set(ids)))} AS s(id, name, amount, qty)) s "
+                       "ON t.id = s.id WHEN MATCHED THEN UPDATE SET * "
+                       "WHEN NOT MATCHED THEN INSERT *")
+        self.spark.sql(f"UPDATE delta.`{self.uri}` SET qty = (qty + 5) % 21 "
+                       f"WHERE id = {self.rng.randrange(self.next_id)}")
+        self.spark.sql(f"DELETE FROM delta.`{self.uri}` WHERE id = "
+                       f"{self.rng.randrange(self.next_id)}")
+
+
+def test_delta_spark_writers_on_both_sides_in_arrangement_mode(spark, warehouse):
+    """Both tables written only by Delta-Spark (MERGE, UPDATE, DELETE with deletion
+    vectors) while the arrangement backfill moves: exact at every step, then maintained."""
+    rng = random.Random(62)
+    facts = SparkFacts(spark, f"{warehouse}/facts", rng)
+    facts.insert(90)
+    dim = Dimension(spark, f"{warehouse}/tiers", rng)
+    dim.insert(range(0, 14))
+    raw = join_raw("joined_spark_arr", facts.uri, "left", mode="arrangement", chunk_size=5)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    report = run_barrier(spark, d, tables, [0])
+    for _ in range(12):
+        assert_exact(spark, d, tables)
+        if report.finished:
+            break
+        facts.random_dml()
+        dim.random_dml()
+        report = run_barrier(spark, d, tables, [0])
+    assert report.finished
+    facts.random_dml()
+    dim.random_dml()
+    run_barrier(spark, d, tables, [0])
+    assert_exact(spark, d, tables)

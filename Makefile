@@ -88,7 +88,7 @@ demo-cluster: env
 	$(PY) -m jobs.demo_cluster
 
 # `make demo` leaves its settings (warehouse, vnode count, its folder of MV definitions
-# jobs/configs/mvs) in $(DEMO_ENV): the UI then serves the demo's four MVs, a group each.
+# jobs/configs/mvs) in $(DEMO_ENV): the UI then serves the demo's five MVs, a group each.
 # Without that file the UI serves the defaults (./warehouse, the one MV of jobs/configs/mv.yaml).
 DEMO_ENV ?= $(CURDIR)/demo.env
 UI_HOST ?= 127.0.0.1

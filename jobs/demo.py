@@ -1,11 +1,13 @@
-"""`make demo`: the whole product on the embedded default, end to end, over a catalog of four
+"""`make demo`: the whole product on the embedded default, end to end, over a catalog of five
 MVs (`jobs/configs/mvs/`: the row MV `orders_mv`, `big_orders` over it in no_shuffle mode,
-`eu_orders` over the same upstream with another filter, and the aggregate MV
-`revenue_by_region_day` (revenue and orders per region per day, docs/AGGREGATES.md);
-BACKFILL_MV_CONFIG serves one instead).
+`eu_orders` over the same upstream with another filter, the aggregate MV
+`revenue_by_region_day` (revenue and orders per region per day, docs/AGGREGATES.md) and the
+join MV `revenue_by_segment` (revenue per customer segment and country, orders joined to the
+`customers` dimension, docs/JOINS.md); BACKFILL_MV_CONFIG serves one instead).
 
-1. `upstream_load_job` creates an upstream of DEMO_ROWS rows;
-2. a writer keeps committing changes to it (one Delta version per second) while
+1. `upstream_load_job` creates an upstream of DEMO_ROWS rows, and the demo the `customers`
+   dimension (join/demo_dimension.py) when an MV joins it;
+2. a writer keeps committing changes to both (one Delta version per second each) while
 3. `backfill_job` runs rounds of barriers, one per MV in lineage order (`big_orders` after
    `orders_mv`, so it reads that round's commit), in this process, on the real Dagster
    instance under DAGSTER_HOME, so every run shows in `dagster dev`, until every vnode of
@@ -116,20 +118,26 @@ def _create_upstream(instance) -> None:
 
 
 class _Writer(threading.Thread):
-    """Commits one DML version per second to the upstream until stopped."""
+    """Commits one DML version per second to the upstream until stopped, and one to the
+    join MV's `customers` dimension (``dimension``) beside it: both sides of the join move."""
 
-    def __init__(self, uri: str, storage_options: dict | None = None) -> None:
+    def __init__(self, uri: str, storage_options: dict | None = None,
+                 dimension: str | None = None) -> None:
         super().__init__(daemon=True)
         self.uri, self.stop, self.versions = uri, threading.Event(), 0
-        self.storage_options = storage_options or None
+        self.storage_options, self.dimension = storage_options or None, dimension
 
     def run(self) -> None:
+        from backfill_assets.join.demo_dimension import write_customers
         from backfill_assets.upstream.writer import LoadParams, run_load
 
         while not self.stop.is_set():
             run_load(self.uri, LoadParams(seed=1000 + self.versions, versions=1,
                                           changes_per_version=200),
                      storage_options=self.storage_options)
+            if self.dimension:
+                write_customers(self.dimension, changes=20, seed=1000 + self.versions,
+                                storage_options=self.storage_options)
             self.versions += 1
             self.stop.wait(1.0)
 
@@ -143,6 +151,7 @@ def main() -> int:
     import dagster as dg
 
     from backfill_assets import definitions
+    from backfill_assets.join.demo_dimension import demo_customers
     from jobs.demo_rounds import barrier_rounds, mvs_served, verified
 
     served = mvs_served(definitions)
@@ -151,7 +160,8 @@ def main() -> int:
     _create_upstream(instance)
     first = served.pick(served.names[0])[0]
     upstream = _tables(first).upstream
-    writer = _Writer(upstream, dict(_tables(first).storage_options))
+    customers = demo_customers((m, _tables(m)) for m in map(served.definition, served.names))
+    writer = _Writer(upstream, dict(_tables(first).storage_options), customers)
     writer.start()
     for name in served.names:
         mv = served.definition(name)
@@ -162,7 +172,7 @@ def main() -> int:
     print(f"Spark session started in {jvm:.1f} s, before the first barrier (so the barriers' "
           "times and the rate below do not include it)")
     totals = barrier_rounds(instance, served, writer, MAINTENANCE_BARRIERS, QUIET)
-    _continuous_phase(instance, served)
+    _continuous_phase(instance, served, customers)
     for name in served.names:  # in lineage order: a reader catches up on its upstream MV
         _catch_up(instance, served, name)
     seconds = time.monotonic() - started
@@ -227,7 +237,7 @@ def _how(mv) -> str:
     return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
 
 
-def _continuous_phase(instance, served) -> None:
+def _continuous_phase(instance, served, customers: str | None) -> None:
     """Continuous mode (README): one follower_job run per MV on a warm Spark session follows a
     writer committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops them."""
     from backfill_assets.barrier.follower import clear_stop
@@ -247,7 +257,7 @@ def _continuous_phase(instance, served) -> None:
 
     threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in served.names]
     first = served.definition(served.names[0])
-    writer = _Writer(_tables(first).upstream, dict(_tables(first).storage_options))
+    writer = _Writer(_tables(first).upstream, dict(_tables(first).storage_options), customers)
     with _stdout_kept():
         for i, t in enumerate(threads):  # one at a time, each settled first (see below)
             t.start()
@@ -335,13 +345,14 @@ def _catch_up(instance, served, name: str) -> None:
     demo ends with every MV at its upstream's latest version: `make ui` then has nothing to
     do (its sensor runs no barrier) and shows the demo's verification as it was recorded."""
     from backfill_assets.barrier.runner import controls_in_force, figures
+    from backfill_assets.join import barrier_due
     from backfill_assets.wiring.liveness import MV_TAG
     from jobs.workspace_runs import run_in_workspace
 
     mv = served.definition(name)
     tables = _tables(mv)
     figs = figures(mv, tables, controls_in_force(mv, tables))
-    if figs is not None and figs.lag_versions:
+    if figs is not None and (figs.lag_versions or (mv.joins and barrier_due(mv, tables))):
         run_in_workspace(instance, "backfill_job", run_config=QUIET, tags={MV_TAG: name})
         print(f"  one more barrier of {name}: it was {figs.lag_versions} versions behind")
 

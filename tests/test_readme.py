@@ -30,7 +30,8 @@ from jobs.ports import free_port
 FENCE = re.compile(r"^```(bash|python)\n(.*?)^```", re.M | re.S)
 PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 DEMO_ROWS = "30000"
-DEMO_MVS = ("orders_mv", "big_orders", "eu_orders", "revenue_by_region_day")  # jobs/configs/mvs
+DEMO_MVS = ("orders_mv", "big_orders", "eu_orders", "revenue_by_region_day",
+            "revenue_by_segment")  # jobs/configs/mvs
 
 
 def blocks(path: str = os.path.join(ROOT, "README.md")) -> list[tuple[str, str]]:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier
+from backfill_assets.barrier.runner import controls_in_force, figures, run_barrier, watched_uris
 from backfill_assets.core.errors import ConcurrentBackfillRun
 from backfill_assets.core.figures import MVFigures
 from backfill_assets.core.mv_definition import MVDefinition
@@ -35,7 +35,7 @@ from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import read_controls
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook, StepReport, no_hook
-from backfill_assets.storage import objects, read_json, wait_for_commit, write_json
+from backfill_assets.storage import objects, read_json, wait_for_any_commit, write_json
 
 DEFAULT_POLL_SECONDS = 1.0
 MAX_CONFLICTS = 3  # consecutive ConcurrentBackfillRun before the follower gives the vnodes up
@@ -103,6 +103,7 @@ def follow(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Seque
     is found. Work: a new upstream version, or unfinished vnodes while not paused (a backfill
     must progress on an idle upstream). Controls are re-read before every barrier."""
     summary, done_version, unfinished, conflicts = FollowerSummary(), None, True, 0
+    watched, done = watched_uris(d, tables), None  # done: the watched versions the MV holds
     while True:
         if stop.is_set() or stop_request(tables) is not None:
             summary.stopped_by = "interrupt" if stop.is_set() else "stop request"
@@ -110,16 +111,16 @@ def follow(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Seque
         if max_barriers is not None and summary.barriers >= max_barriers:
             summary.stopped_by = "max barriers"
             return summary
-        latest = upstream_version(tables)
+        latest = _versions(watched, tables)
         paused = read_controls(tables).rate_limit == 0
         if latest is None:
             stop.wait(poll_seconds)
             continue
-        if latest == done_version and (not unfinished or paused):
+        if latest == done and (not unfinished or paused):
             # idle: wait on the next log entry itself, not a poll interval (log_wait.py); the
             # stop request and the controls are looked at again every poll_seconds
-            wait_for_commit(tables.upstream, latest + 1, tables.storage_options,
-                            timeout=poll_seconds, stop=stop)
+            wait_for_any_commit([(u, v + 1) for u, v in zip(watched, latest, strict=True)],
+                                tables.storage_options, timeout=poll_seconds, stop=stop)
             continue
         try:
             report = run_barrier(spark, d, tables, vnodes, hook=hook)
@@ -136,7 +137,14 @@ def follow(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Seque
         summary.barriers += 1
         first_new = None if done_version is None else done_version + 1
         done_version, unfinished = report.v_new, not report.finished
+        done = (report.v_new, *report.extra.get("dimension_versions", ()))
         on_barrier(_record(d, tables, summary.barriers, report, first_new))
+
+
+def _versions(uris: Sequence[str], tables: MVTables) -> tuple[int, ...] | None:
+    """The latest version of each watched table (log reads), None while one is missing."""
+    found = [owned_tables.open_if_exists(u, tables.storage_options) for u in uris]
+    return None if any(t is None for t in found) else tuple(t.version() for t in found)
 
 
 def _record(d: MVDefinition, tables: MVTables, number: int, report: StepReport,

@@ -64,6 +64,12 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
         return by_cost(spark, request, hook, controls.barrier_choice)
 
 
+def watched_uris(d: MVDefinition, tables: MVTables) -> tuple[str, ...]:
+    """The tables whose commits are work for ``d``, its upstream first: a join MV's
+    dimensions too (`join.watched_uris`), so a commit on either side reaches the MV."""
+    return join.watched_uris(d, tables) if d.joins else (tables.upstream,)
+
+
 def figures(d: MVDefinition, tables: MVTables, controls: Controls,
             version: int | None = None) -> MVFigures | None:
     """Percent done (upstream rows at `version`, default latest, from Delta file statistics),

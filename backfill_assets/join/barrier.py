@@ -132,11 +132,7 @@ class _Barrier:
         self.hook("before_write")
         self.report.extra["join_path"] = BULK if at is None else APPLY
         update, state = self._bulk(to) if at is None else self._apply(at, to, old)
-        self._write(to, behind, snaps, update, state)
-        for phase in self.out.phases:
-            if phase in behind:
-                self.out.write(phase, update.joined, to, self.hook)
-                self.hook(f"after_{phase}_commit")
+        self.commit_tables(to, behind, snaps, update, state)
         self.hook("before_progress_commit")
         rows = progress_rows(self._finished(to.fact), self.vnodes, to.fact,
                              self.upstream.key_order)
@@ -176,13 +172,20 @@ class _Barrier:
     def _apply(self, at: Pair, to: Pair, old: dict[str, TableVersion]
                ) -> tuple[JoinUpdate, _State]:
         """Both change feeds over (at, to], and the state rows of the keys they reach."""
-        so, jt, store = self.tables.storage_options, self.store.jt, self.store
+        so, jt = self.tables.storage_options, self.store.jt
         pk = list(jt.plan.pk)
         fc = sources.signed_changes(self.tables.upstream, at.fact, to.fact,
                                     jt.fact_change_schema, pk, so, fact=True)
         dcs = [sources.signed_changes(s.uri, a, b, schema, list(s.join.key), so, fact=False)
                for s, a, b, schema in zip(self.sides, at.dimensions, to.dimensions,
                                           jt.dimension_change_schemas, strict=True)]
+        return self.apply_changes(fc, dcs, old)
+
+    def apply_changes(self, fc: pa.Table, dcs: list[pa.Table], old: dict[str, TableVersion]
+                      ) -> tuple[JoinUpdate, _State]:
+        """Signed fact and dimension changes through `JoinTables.apply` over the state rows
+        of the keys they reach, read from ``old`` in three keyed rounds (never a scan)."""
+        jt, store = self.store.jt, self.store
         changed_pks, changed_keys = jt.changed_keys(fc, dcs)
         index = [store.read(old[index_phase(i)], index_phase(i),
                             keys.rename_columns(list(s.on)), by=list(s.on))
@@ -197,6 +200,15 @@ class _Barrier:
                                  dimension_changes=sum(c.num_rows for c in dcs),
                                  facts_reached=facts.num_rows)
         return jt.apply(facts, index, dims, fc, dcs), _State(facts, index, dims)
+
+    def commit_tables(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
+                      update: JoinUpdate, state: _State) -> None:
+        """The commits of the tables behind ``to``: the state tables, then the MV's."""
+        self._write(to, behind, snaps, update, state)
+        for phase in self.out.phases:
+            if phase in behind:
+                self.out.write(phase, update.joined, to, self.hook)
+                self.hook(f"after_{phase}_commit")
 
     def _write(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
                update: JoinUpdate, state: _State) -> None:

@@ -1,15 +1,18 @@
 """The demo's dimension: a `customers` table keyed by `customer` (the demo upstream's `name`,
 "n0" .. "n99999"), written with the platform's writer, so the demo's join MV
-(jobs/configs/join_mv.yaml) has a dimension that moves: segments change, customers leave and
-come back, and customers the first load left out arrive late (their orders' left-joined rows
-are padded with nulls until then)."""
+(jobs/configs/mvs/revenue_by_segment.yaml) has a dimension that moves: segments change,
+customers leave and come back, and customers the first load left out arrive late (their
+orders' left-joined rows are padded with nulls until then)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
+from backfill_assets.core.mv_definition import MVDefinition
+from backfill_assets.join.sources import dimension_uri
 from backfill_assets.mv import owned_tables
+from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.upstream.writer import DmlBatch, UpstreamSpec, apply_dml, create_upstream
 
 COLUMNS = {"customer": "string", "segment": "string", "country": "string"}
@@ -63,4 +66,17 @@ def write_customers(uri: str, *, customers: int = 100_000, changes: int = 0, see
                      spec=spec, storage_options=so or None)
 
 
-__all__ = ["customers_spec", "write_customers"]
+def demo_customers(mvs: Iterable[tuple[MVDefinition, MVTables]]) -> str | None:
+    """The `customers` dimension a join MV of ``mvs`` reads, created with its first rows
+    (every customer but the late ones), or None when no MV joins it: what the demo's writer
+    then changes beside the upstream."""
+    for d, tables in mvs:
+        if any(j.table == "customers" for j in d.joins):
+            uri = dimension_uri(tables, "customers")
+            write_customers(uri, storage_options=dict(tables.storage_options))
+            print("the customers dimension: every customer but the late ones (every 10th)")
+            return uri
+    return None
+
+
+__all__ = ["customers_spec", "demo_customers", "write_customers"]

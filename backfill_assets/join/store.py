@@ -181,7 +181,20 @@ def _nullable(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_nullable(True) for f in schema])
 
 
+def fact_txn(mv_name: str) -> str:
+    """The app id of the fact version in an arrangement step's progress commit, whose
+    per-vnode app ids hold the step number (docs/JOINS.md, "Arrangement mode")."""
+    return f"{mv_name}/{PROGRESS}/fact"
+
+
 def recorded_pair(name: str, tables: MVTables, joins: int, vnode_count: int) -> Pair | None:
     """The pair the MV's progress records (None: no barrier yet): what the oracle recomputes
     the join at, and what a sensor compares with both tables' latest versions."""
-    return held_by(tables.progress, tables, name, PROGRESS, vnode_count, joins)
+    so = tables.storage_options
+    table = owned_tables.open_if_exists(tables.progress, so)
+    if table is None:
+        return None
+    txns = storage.TableVersion(tables.progress, so, table).txn_versions
+    pair = pair_of(txns, name, PROGRESS, range(vnode_count), joins)
+    fact = txns.get(fact_txn(name))
+    return pair if pair is None or fact is None else Pair(fact, pair.dimensions)

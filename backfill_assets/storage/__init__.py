@@ -80,7 +80,7 @@ from backfill_assets.storage.delta.delta_rs import (
 )
 from backfill_assets.storage.delta.log import DataFile, TableVersion, check_readable
 from backfill_assets.storage.delta.log_head import TableHead, open_head
-from backfill_assets.storage.delta.log_wait import wait_for_commit
+from backfill_assets.storage.delta.log_wait import wait_for_any_commit, wait_for_commit
 from backfill_assets.storage.delta.mor_tables import ensure_mor_table, open_mor_table
 from backfill_assets.storage.delta.prune import VNODE, files_in_vnodes, vnode_stats_from_log
 from backfill_assets.storage.rows import key_cache, replica
@@ -134,6 +134,7 @@ __all__ = [
     "vnodes_for", "ensure_mor_table", "open_mor_table",
     # a version by log replay, its head, its next commit
     "DataFile", "TableVersion", "check_readable", "dv", "TableHead", "open_head", "wait_for_commit",
+    "wait_for_any_commit",
     "VNODE", "files_in_vnodes", "vnode_stats_from_log",
     # rows in and out
     "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",

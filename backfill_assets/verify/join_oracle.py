@@ -5,7 +5,9 @@ column types against Spark's.
 
 Why Spark SQL and not the join state: the MV is built by the Arrow join algebra from change
 feeds; the oracle shares none of that code, only the definition (`join_sql` writes the
-relation the MV equals, docs/JOINS.md)."""
+relation the MV equals, docs/JOINS.md). While an arrangement backfill is unfinished, the MV
+is the join of the fact rows its positions cover: the recompute reads only those (a key of a
+finished vnode, or at or below its vnode's position, by Spark's vnode hash)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,16 @@ from backfill_assets import storage
 from backfill_assets.core.join_definition import join_sql
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import VNODE
+from backfill_assets.core.progress import Completed, InProgress
+from backfill_assets.engine.netting import with_vnode
 from backfill_assets.join.sources import dimension_uri
 from backfill_assets.join.store import Pair, recorded_pair
+from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
+from backfill_assets.mv.recovery import read_progress
 from backfill_assets.step.column_identity import used_columns
+from backfill_assets.step.modes import mode_named
+from backfill_assets.step.preflight import checked_upstream
 from backfill_assets.verify.aggregate_oracle import aggregate_query
 from backfill_assets.verify.oracle import Verdict, VnodeVerdict
 
@@ -60,7 +68,8 @@ def expected_rows(spark: SparkSession, d: MVDefinition, tables: MVTables, pair: 
     row MV's projection in SQL (computed columns, WHERE filter, the columns), or the
     aggregate MV's GROUP BY (`aggregate_query`)."""
     so = tables.storage_options
-    fact = storage.read_version(spark, tables.upstream, pair.fact, storage_options=so)
+    fact = _covered(storage.read_version(spark, tables.upstream, pair.fact,
+                                         storage_options=so), d, tables)
     fact_view = f"__bf_fact_{d.name}"
     fact.createOrReplaceTempView(fact_view)
     views = {}
@@ -78,6 +87,24 @@ def expected_rows(spark: SparkSession, d: MVDefinition, tables: MVTables, pair: 
     if d.filter:
         joined = joined.where(f"coalesce({d.filter}, false)")
     return joined.selectExpr(*selected)
+
+
+def _covered(fact: DataFrame, d: MVDefinition, tables: MVTables) -> DataFrame:
+    """The fact rows an unfinished arrangement backfill's positions cover (all of them once
+    every vnode is finished, or in snapshot mode)."""
+    if mode_named(d.mode).bulk:
+        return fact
+    up = checked_upstream(tables, d, None, joins_served=True)
+    table = owned_tables.open_if_exists(tables.progress, tables.storage_options)
+    progress = read_progress(table, up.key_order, range(d.vnode_count)) if table else {}
+    if len(progress) == d.vnode_count and all(isinstance(p, Completed)
+                                              for p, _ in progress.values()):
+        return fact
+    terms = [f"{VNODE} = {v}" if isinstance(p, Completed) else
+             f"({VNODE} = {v} AND NOT ({up.key_order.sql_after(p.current_pos)}))"
+             for v, (p, _) in sorted(progress.items()) if isinstance(p, Completed | InProgress)]
+    covered = with_vnode(fact, list(up.key_order.names), up.key_types, d.vnode_count)
+    return covered.where(" OR ".join(terms) or "FALSE")
 
 
 def verify_join(spark: SparkSession, d: MVDefinition, tables: MVTables,

@@ -166,12 +166,12 @@ def test_tables_read_names_the_upstream_then_each_dimension_once() -> None:
 
 
 def test_the_demo_join_definition_loads() -> None:
-    """jobs/configs/join_mv.yaml: an aggregate over orders LEFT JOIN customers."""
+    """jobs/configs/mvs/revenue_by_segment.yaml: an aggregate over orders LEFT JOIN customers."""
     import yaml
 
     from backfill_assets.core.mv_definition import MVDefinition
 
-    with open("jobs/configs/join_mv.yaml") as f:
+    with open("jobs/configs/mvs/revenue_by_segment.yaml") as f:
         d = MVDefinition.from_dict(yaml.safe_load(f))
     assert d.is_aggregate and [j.table for j in d.joins] == ["customers"]
     assert d.joins[0].kind == "left" and d.joins[0].on == (("name", "customer"),)

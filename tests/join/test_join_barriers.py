@@ -11,7 +11,6 @@ import random
 import pytest
 
 from backfill_assets.barrier.runner import run_barrier
-from backfill_assets.core.errors import JoinModeUnsupported
 from backfill_assets.join import barrier_due
 from backfill_assets.verify.join_oracle import verify_join
 from tests.reliability import harness as H
@@ -107,16 +106,6 @@ def test_join_mv_equals_spark_join_after_every_barrier(spark, warehouse, kind):
     idle = run_barrier(spark, d, tables, [0])
     assert idle.v_new == report.v_new
     assert_exact(spark, d, tables)
-
-
-def test_arrangement_mode_is_refused_for_a_join_by_name(spark, warehouse):
-    live = H.orders(warehouse, 52)
-    live.create(rows=10)
-    Dimension(spark, f"{warehouse}/tiers", random.Random(1)).insert(range(3))
-    raw = join_raw("joined_arr", live.uri, "left", mode="arrangement")
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    with pytest.raises(JoinModeUnsupported, match="set mode: snapshot"):
-        run_barrier(spark, d, tables, [0])
 
 
 def test_an_aggregate_over_the_join_equals_spark_join_and_group_by(spark, warehouse):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from backfill_assets.storage.delta.log import commit_uri
 from backfill_assets.storage.store import objects
@@ -34,11 +34,20 @@ def wait_for_commit(table_uri: str, version: int, storage_options: Mapping[str, 
     """True as soon as commit `version` of the table exists; False after `timeout` seconds or
     once `stop` is set. Returns at the first look that finds it, so a commit that landed while
     the caller was busy costs no wait at all."""
-    uri = commit_uri(table_uri, version)
-    tick = tick_for(table_uri) if tick is None else tick
+    return wait_for_any_commit([(table_uri, version)], storage_options, timeout=timeout,
+                               stop=stop, tick=tick)
+
+
+def wait_for_any_commit(waits: Sequence[tuple[str, int]],
+                        storage_options: Mapping[str, str] | None, *, timeout: float,
+                        stop: threading.Event | None = None, tick: float | None = None) -> bool:
+    """`wait_for_commit` over several tables (table uri, version): True as soon as any of
+    those commits exists (a join MV's follower waits on its fact and every dimension)."""
+    uris = [commit_uri(table_uri, version) for table_uri, version in waits]
+    tick = max(tick_for(u) for u, _ in waits) if tick is None else tick
     deadline = time.monotonic() + timeout
     while True:
-        if objects.exists(uri, storage_options):
+        if any(objects.exists(uri, storage_options) for uri in uris):
             return True
         left = deadline - time.monotonic()
         if left <= 0 or (stop is not None and stop.is_set()):

@@ -45,7 +45,7 @@ def pool_tag(mv: str | None, names: list[str]) -> str:
     """A pool run's `backfill/mv`: "all", or its MVs ("a,b"): never one MV's own value, so the
     run queue's one-run-per-MV limit does not hold a pool and a one-MV run of its MVs apart
     (the follower itself refuses to follow an MV another follower follows)."""
-    return ALL if mv == ALL else ",".join(names)
+    return ALL if mv == ALL else ",".join(sorted(names))
 
 
 def follow_pool(context: dg.OpExecutionContext, srv: Served, settings: Settings, config,

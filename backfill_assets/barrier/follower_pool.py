@@ -145,8 +145,8 @@ def _turn(spark: SparkSession, m: PoolMember, heads: Heads, max_barriers: int | 
     now = heads.of(m.watched)
     if now[0] is None:
         return False  # its upstream does not exist yet
-    paused = read_controls(m.tables).rate_limit == 0
-    if now == m.done and (not m.unfinished or paused):
+    # idle: nothing new, and finished or paused (the controls read only when unfinished)
+    if now == m.done and (not m.unfinished or read_controls(m.tables).rate_limit == 0):
         return False
     try:
         report = run_barrier(spark, m.d, m.tables, m.vnodes, hook=hook)

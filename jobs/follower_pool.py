@@ -66,8 +66,9 @@ def follow_pool(context: dg.OpExecutionContext, srv: Served, settings: Settings,
             _record_error(context, srv, m)
 
     # MV_TAG: the run queue's per-MV slot is the pool's own ("all", or its list of MVs)
+    named = config.mv or context.run.tags.get(MV_TAG)
     context.instance.add_run_tags(context.run_id, {FOLLOWS_TAG: ",".join(state["follows"]),
-                                                   MV_TAG: pool_tag(config.mv, names)})
+                                                   MV_TAG: pool_tag(named, names)})
     stop = threading.Event()
     with stop_on_interrupt(stop, lambda: [request_stop(
             m.tables, f"run {context.run_id} was terminated") for m in members]):

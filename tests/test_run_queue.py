@@ -111,3 +111,20 @@ def test_runs_naming_their_mv_in_config_only_are_held_one_per_mv() -> None:
         time.sleep(0.01)
         _dequeue(instance)
         assert instance.get_run_by_id(a2.run_id).status == dg.DagsterRunStatus.STARTING
+
+
+def test_the_mv_a_run_is_queued_under() -> None:
+    """The tag the coordinator adds: the config's `mv` (any op), a follower's `mvs` sorted,
+    else the prefix of the assets the run was launched for; a tag the launch gave stays."""
+    from backfill_assets.wiring.run_coordinator import config_mv, mv_tag_for
+
+    assert config_mv({"ops": {"vnode_backfill": {"config": {"mv": "a"}}}}) == "a"
+    assert config_mv({"ops": {"follow_upstream": {"config": {"mvs": ["c", "a"]}}}}) == "a,c"
+    assert config_mv({"ops": {"x": {"config": {"mv": None}}}, "resources": {}}) is None
+    assert config_mv(None) is None and config_mv({"ops": {"x": None}}) is None
+    asset_run = dg.DagsterRun(job_name="__ASSET_JOB", run_config={},
+                              asset_selection=frozenset({dg.AssetKey(["b", "downstream_mv"])}))
+    assert mv_tag_for(asset_run) == "b"
+    tagged = dg.DagsterRun(job_name="backfill_job", tags={MV_TAG: "a"},
+                           run_config={"ops": {"vnode_backfill": {"config": {"mv": "b"}}}})
+    assert mv_tag_for(tagged) is None

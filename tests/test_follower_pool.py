@@ -71,7 +71,10 @@ def test_one_follower_run_serves_every_mv_and_one_failing_does_not_stop_the_othe
             assert verdict.ok, (n, verdict.failures()[:3])
 
     def all_caught_up(names, up: int) -> bool:
-        mv_a = DeltaTable(tables["a"].mv).version() if "b" in names else None
+        """Each MV at `up` of the upstream, b at a's latest (once a's first barrier wrote)."""
+        if not caught_up(tables["a"], up, VNODES):
+            return False
+        mv_a = DeltaTable(tables["a"].mv).version()
         return all(caught_up(tables[n], mv_a if n == "b" else up, VNODES) for n in names)
 
     thread = threading.Thread(target=follow, daemon=True)

@@ -108,8 +108,8 @@ def follow_many(spark: SparkSession, members: Sequence[PoolMember], *, stop: thr
     """Run each member's barriers whenever it has work (see `follower.follow`: a new version
     of a table it reads, or unfinished vnodes while not paused), members in the given order
     (lineage order: an MV after the MVs it reads), until `stop` is set or every member has
-    ended (its stop request, `max_barriers`, or its error). Each member's `summary` says why
-    it ended."""
+    ended (its stop request, `max_barriers`, or its error: `on_end` is told at once, so the
+    caller can say so while the others go on). Each member's `summary` says why it ended."""
     heads = Heads(members[0].tables.storage_options if members else {})
     while True:
         live = [m for m in members if m.live]

@@ -12,8 +12,8 @@
    (median of five; bound 1 s) and, after one commit to every upstream, the tick that starts
    a barrier for every MV (bound 5 s). The flat catalog is used, so one tick reaches every
    MV; in the chained one the readers start one tick later, after their upstream MV's barrier.
-3. **Followers** (`--followers N`): the memory of one process with one idle follower, then
-   with N idle followers of N MVs sharing its Spark session (threads, one run each).
+3. **Followers** (`--followers N`): the memory of one process with one idle follower of one
+   MV, then of one with one follower run serving N idle MVs (benchmarks/catalog_followers.py).
 Figures go to stdout and `benchmarks/results/catalog_scale_<N>.json`.
 """
 
@@ -131,60 +131,6 @@ def tick_figures(work: str, mvs: int, upstreams: int) -> dict:
             "barriers_after_commit_s": round(barriers_s, 1)}
 
 
-def follower_memory(work: str, followers: int) -> dict:
-    """RSS of one process (and its Spark JVM) with one idle follower, then with `followers`
-    idle followers of as many MVs, each a run in a thread of its own sharing the process's
-    warm Spark session (the shape "one warm process serving several MVs" would have)."""
-    import threading
-
-    import dagster as dg
-
-    from backfill_assets.definitions import build_definitions
-    from backfill_assets.upstream.writer import LoadParams, run_load
-    from benchmarks.measure import descendants, mib, proc_status
-    from resources.settings import load_settings
-
-    wh, folder = os.path.join(work, "follow_wh"), os.path.join(work, "follow")
-    write_catalog(folder, followers, 1, chained=False)
-    run_load(f"{wh}/up0", LoadParams(seed=1, initial_rows=200, versions=1,
-                                     changes_per_version=10), vnode_count=4)
-    defs = build_definitions(load_settings({"BACKFILL_WAREHOUSE": wh,
-                                            "BACKFILL_MV_DIR": folder}))
-    # on files: the ephemeral instance's in-memory SQLite refuses concurrent writers
-    os.makedirs(os.path.join(work, "follow_home"), exist_ok=True)
-    instance = dg.DagsterInstance.local_temp(os.path.join(work, "follow_home"))
-    job = defs.get_job_def("follower_job")
-
-    def rss() -> int:
-        pids = [os.getpid(), *descendants(os.getpid())]
-        return sum(proc_status(p, "VmRSS") or 0 for p in pids)
-
-    def follow(name: str) -> None:
-        job.execute_in_process(instance=instance, tags={"backfill/mv": name}, run_config={
-            "ops": {"follow_upstream": {"config": {"mv": name, "poll_seconds": 0.5}}}})
-
-    threads, sizes = [], {}
-    for i in range(followers):  # one at a time, each idle before the next starts
-        threads.append(threading.Thread(target=follow, args=(f"mv{i:02d}",), daemon=True))
-        threads[-1].start()
-        while len(instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))) \
-                <= i:
-            if not threads[-1].is_alive():
-                raise RuntimeError(f"follower {i} ended before it started following")
-            time.sleep(0.5)
-        time.sleep(3.0)  # its first barrier (the backfill of 200 rows), then idle
-        if i == 0:
-            sizes["one_follower_mib"] = mib(rss())
-    time.sleep(3.0)
-    sizes[f"{followers}_followers_mib"] = mib(rss())
-    defs.get_job_def("stop_follower_job").execute_in_process(
-        instance=instance, run_config={"ops": {"request_follower_stop": {"config": {"mv": "all"}}}})
-    for t in threads:
-        t.join(60)
-    sizes["ratio"] = round(sizes[f"{followers}_followers_mib"] / sizes["one_follower_mib"], 2)
-    return sizes
-
-
 def main(argv: list[str] | None = None) -> int:
     args = argparse.ArgumentParser()
     args.add_argument("--mvs", type=int, default=50)
@@ -201,11 +147,14 @@ def main(argv: list[str] | None = None) -> int:
             figures["ticks"] = tick_figures(work, a.mvs, a.upstreams)
             print(json.dumps(figures["ticks"]), flush=True)
         if a.followers:
+            from benchmarks.catalog_followers import follower_memory
+
             figures["followers"] = follower_memory(work, a.followers)
             print(json.dumps(figures["followers"]), flush=True)
     out = os.path.join(os.environ.get("BENCH_RESULTS", os.path.join(ROOT, "benchmarks",
                                                                      "results")),
-                       f"catalog_scale_{a.mvs}.json")
+                       f"catalog_scale_{a.mvs}" + ("_followers" if a.followers else "")
+                       + ".json")
     figures["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                                        capture_output=True, text=True).stdout.strip()
     figures["date_utc"] = time.strftime("%Y-%m-%d %H:%M", time.gmtime())

@@ -30,6 +30,8 @@ import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+import yaml
+
 from jobs.ports import free_port
 
 SENSOR_TICK_SECONDS = 6  # the daemon evaluates a sensor at most every 5 s
@@ -55,7 +57,21 @@ QUEUED = """{ runsOrError(filter: {statuses: [QUEUED, NOT_STARTED]}) {
 STOP_SENSOR = "mutation Stop($id: String!) { stopSensor(id: $id) { __typename } }"
 CANCEL = "mutation Cancel($ids: [String!]!) { terminateRuns(runIds: $ids) { __typename } }"
 DELETE = "mutation Delete($id: String!) { deleteRun(runId: $id) { __typename } }"
-NOTHING_LAUNCHES = "run_queue:\n  max_concurrent_runs: 0  # jobs/dagster_dev.py, quiet\n"
+
+
+def hold_the_queue(home: str) -> None:
+    """Dequeue nothing (quiet): the instance's limit on all runs at once set to 0, wherever
+    its dagster.yaml keeps it (`concurrency.runs`, or an older `run_queue`)."""
+    path = os.path.join(home, "dagster.yaml")
+    config: dict = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            config = yaml.safe_load(f) or {}
+    section = config["run_queue"] if "run_queue" in config else \
+        config.setdefault("concurrency", {}).setdefault("runs", {})
+    section["max_concurrent_runs"] = 0
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f)
 
 
 @contextmanager
@@ -67,8 +83,7 @@ def dagster_dev(env: Mapping[str, str], log_path: str, timeout: float = 180.0,
     the webserver's (default: `jobs.ports.free_port`). ``launches`` (with ``quiet``): the
     sensors are held still but runs launched from the UI do run (the browser test's)."""
     if quiet and not launches:
-        with open(os.path.join(env["DAGSTER_HOME"], "dagster.yaml"), "a", encoding="utf-8") as f:
-            f.write(NOTHING_LAUNCHES)
+        hold_the_queue(env["DAGSTER_HOME"])
     port = port or free_port()
     proc = start(env, log_path, port)
     url = f"http://127.0.0.1:{port}"

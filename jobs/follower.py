@@ -23,21 +23,15 @@ from dagster_pyspark import LazyPySparkResource
 
 from backfill_assets.barrier.follower import (
     DEFAULT_POLL_SECONDS,
-    BarrierRecord,
     clear_stop,
     follow,
     request_stop,
     stop_on_interrupt,
 )
-from backfill_assets.barrier.runner import controls_in_force
 from backfill_assets.core.errors import FollowerAlreadyRunning
 from backfill_assets.core.mv_definition import MVDefinition
-from backfill_assets.mv.recovery import vnode_states
-from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, no_hook
-from backfill_assets.wiring.checks import progress_result
-from backfill_assets.wiring.events import record_barrier, summary_metadata
-from backfill_assets.wiring.keys import MVAssets, MVChoice, Served, picked, served
+from backfill_assets.wiring.keys import MVChoice, Served, picked, served
 from backfill_assets.wiring.liveness import (
     FOLLOWER_JOB,
     MV_TAG,
@@ -46,6 +40,8 @@ from backfill_assets.wiring.liveness import (
     writers_over,
 )
 from backfill_assets.wiring.named_errors import named_first
+from jobs.follower_events import BarrierEmitter
+from jobs.follower_pool import follow_pool, pool_names
 from resources.mv import mv_tables
 from resources.settings import Settings
 from resources.warehouse import WarehouseResource
@@ -61,6 +57,8 @@ class FollowerConfig(MVChoice):
     first_vnode: int | None = None
     last_vnode: int | None = None
     max_barriers: int | None = None  # stop after this many barriers (tests, benchmarks)
+    # several MVs in one run (a pool: jobs/follower_pool.py), like `mv: all` for every MV
+    mvs: list[str] | None = None
 
 
 def build_follower_jobs(d: MVDefinition | Served, settings: Settings,
@@ -76,6 +74,10 @@ def _follower_job(srv: Served, settings: Settings, hook: Hook) -> dg.JobDefiniti
     @named_first
     def follow_upstream(context: dg.OpExecutionContext, config: FollowerConfig,
                         spark: LazyPySparkResource, warehouse: WarehouseResource) -> dg.Output:
+        names = pool_names(srv, config.mv or context.run.tags.get(MV_TAG), config.mvs)
+        if names is not None:
+            return follow_pool(context, srv, settings, config, names,
+                               spark.spark_session, warehouse.options(), hook)
         [(d, k)] = picked(context, srv, config.mv)
         vnodes = _vnodes(context.run, config, d.vnode_count)
         tables = mv_tables(d, settings, warehouse.options())
@@ -91,7 +93,7 @@ def _follower_job(srv: Served, settings: Settings, hook: Hook) -> dg.JobDefiniti
                                                        MV_TAG: d.name})
         session = spark.spark_session  # before our signal handler: Spark installs its own
         stop = threading.Event()
-        emit = _Emitter(context, d, tables, k)
+        emit = BarrierEmitter(context, d, tables, k)
         with stop_on_interrupt(stop, lambda: request_stop(
                 tables, f"run {context.run_id} was terminated")):
             summary = follow(session, d, tables, vnodes, on_barrier=emit, stop=stop,
@@ -118,45 +120,6 @@ def _vnodes(run: dg.DagsterRun, config: FollowerConfig, vnode_count: int) -> lis
     first = config.first_vnode or 0
     last = vnode_count - 1 if config.last_vnode is None else config.last_vnode
     return list(range(first, last + 1))
-
-
-class _Emitter:
-    """Per barrier: a log line, the events of the vnodes whose progress moved and the
-    barrier's summary event (wiring/events.py) with the follower's lag, the
-    `backfill_finished` check result (so the check speaks of the follower's latest barrier),
-    and run tags (the run page's
-    header) with barriers done, lag and rows/s. Unchanged vnodes emit nothing: a follower at
-    256 vnodes must not spend seconds per barrier on events."""
-
-    def __init__(self, context: dg.OpExecutionContext, d: MVDefinition, tables,
-                 k: MVAssets) -> None:
-        self.context, self.d, self.tables, self.k = context, d, tables, k
-        self.seen: dict = {}
-
-    def __call__(self, rec: BarrierRecord) -> None:
-        ctx, report, figs = self.context, rec.report, rec.figures
-        moved = [v for v in report.vnodes if self.seen.get(v) != report.progress[v]]
-        self.seen.update(report.progress)
-        lag = {"lag_versions": rec.lag_versions, "lag_seconds": round(rec.lag_seconds, 2)}
-        ctx.log.info(
-            f"barrier {rec.number} @v{report.v_new}: {report.snapshot_rows} snapshot rows, "
-            f"{report.forwarded_rows} forwarded, {report.seconds:.2f} s, lag "
-            f"{rec.lag_versions} versions / {rec.lag_seconds:.1f} s, "
-            f"{figs.vnodes_finished}/{self.d.vnode_count} finished")
-        to_mv = rec.commit_to_mv_seconds
-        controls, states = controls_in_force(self.d, self.tables), vnode_states(self.tables)
-        summary = {**summary_metadata(self.d, self.tables, report, figs, controls, states),
-                   **lag, "follower_barrier": rec.number,
-                   "commit_to_mv_seconds": round(to_mv, 2) if to_mv is not None else -1.0}
-        record_barrier(ctx.log_event, self.d, report, summary, rec.upstream_version,
-                       mode_named(self.d.mode).owns_replica, changed=moved, keys=self.k)
-        ctx.log_event(progress_result(ctx.instance, figs, controls, states, report.v_new,
-                                      key=self.k.mv))
-        ctx.instance.add_run_tags(ctx.run_id, {
-            "follower/barriers": str(rec.number), "follower/version": str(report.v_new),
-            "follower/lag_versions": str(rec.lag_versions),
-            "follower/lag_seconds": f"{rec.lag_seconds:.1f}",
-            "follower/rows_per_second": f"{figs.rows_per_second:.0f}"})
 
 
 def _stop_job(srv: Served, settings: Settings) -> dg.JobDefinition:

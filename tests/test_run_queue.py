@@ -1,6 +1,7 @@
 """The run queue of deploy/dagster.yaml holds its limits: one run at a time per MV (the tag
-backfill/mv every barrier run carries) and a limit on all runs at once, dequeued by Dagster's
-own queue daemon (its launcher replaced by one that launches nothing, so no run executes)."""
+backfill/mv every barrier run carries, or that its coordinator adds from a run's config when
+the launch gave none) and a limit on all runs at once, dequeued by Dagster's own queue daemon
+(its launcher replaced by one that launches nothing, so no run executes)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from jobs.workspace_runs import repository_origin
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _run_queue() -> dict:
+def _deployed() -> dict:
+    """deploy/dagster.yaml's run coordinator and run limits, the launcher mocked."""
     with open(os.path.join(ROOT, "deploy", "dagster.yaml"), encoding="utf-8") as f:
-        return yaml.safe_load(f)["run_queue"]
+        config = yaml.safe_load(f)
+    return {"run_coordinator": config["run_coordinator"], "concurrency": config["concurrency"],
+            "run_launcher": {"module": "dagster._core.test_utils", "class": "MockedRunLauncher"}}
 
 
 def _launched(instance: dg.DagsterInstance) -> list[dg.DagsterRun]:
@@ -47,10 +51,8 @@ def _dequeue(instance: dg.DagsterInstance) -> None:
 
 
 def test_one_barrier_run_per_mv_and_a_limit_on_all_runs() -> None:
-    queue = _run_queue()
-    limit = queue["max_concurrent_runs"]
-    overrides = {"run_queue": queue, "run_launcher": {
-        "module": "dagster._core.test_utils", "class": "MockedRunLauncher"}}
+    overrides = _deployed()
+    limit = overrides["concurrency"]["runs"]["max_concurrent_runs"]
     with dg.instance_for_test(overrides=overrides) as instance:
         # a tick of the sensor over two vnode ranges of MV a, and one run of each other MV
         mvs = [f"mv{i}" for i in range(limit + 2)]
@@ -72,3 +74,57 @@ def test_one_barrier_run_per_mv_and_a_limit_on_all_runs() -> None:
         again = [r.tags[MV_TAG] for r in _launched(instance)]
         assert again.count("a") == 1 and len(again) == limit
         assert instance.get_run_by_id(queued[1].run_id).status == dg.DagsterRunStatus.STARTING
+
+
+def _launched_by_config(instance: dg.DagsterInstance, job: str, op: str,
+                        config: dict) -> dg.DagsterRun:
+    """A run as the launchpad launches it (launchRun: create the run, submit it to the
+    instance's coordinator), naming its MV in config only: no backfill/mv tag."""
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._core.remote_origin import RemoteJobOrigin
+
+    from jobs.workspace_runs import ATTRIBUTE, MODULE
+
+    origin = ReconstructableRepository.for_module(MODULE, ATTRIBUTE, ROOT) \
+        .get_reconstructable_job(job).get_python_origin()
+    run = create_run_for_test(instance, job_name=job, status=dg.DagsterRunStatus.NOT_STARTED,
+                              run_config={"ops": {op: {"config": config}}},
+                              remote_job_origin=RemoteJobOrigin(repository_origin(), job),
+                              job_code_origin=origin)
+    assert MV_TAG not in run.tags
+    return instance.submit_run(run.run_id, workspace=None)
+
+
+def test_runs_naming_their_mv_in_config_only_are_held_one_per_mv() -> None:
+    with dg.instance_for_test(overrides=_deployed()) as instance:
+        a1 = _launched_by_config(instance, "backfill_job", "vnode_backfill", {"mv": "a"})
+        a2 = _launched_by_config(instance, "verify_job", "verify_mv", {"mv": "a"})
+        b = _launched_by_config(instance, "backfill_job", "vnode_backfill", {"mv": "b"})
+        pool = _launched_by_config(instance, "follower_job", "follow_upstream",
+                                   {"mvs": ["c", "a"]})
+        assert [r.status for r in (a1, a2, b, pool)] == [dg.DagsterRunStatus.QUEUED] * 4
+        assert [r.tags[MV_TAG] for r in (a1, a2, b, pool)] == ["a", "a", "b", "a,c"]
+        _dequeue(instance)
+        launched = {r.run_id for r in _launched(instance)}
+        assert launched == {a1.run_id, b.run_id, pool.run_id}  # a2 waits: a1 is MV a's run
+        instance.report_run_failed(instance.get_run_by_id(a1.run_id))
+        time.sleep(0.01)
+        _dequeue(instance)
+        assert instance.get_run_by_id(a2.run_id).status == dg.DagsterRunStatus.STARTING
+
+
+def test_the_mv_a_run_is_queued_under() -> None:
+    """The tag the coordinator adds: the config's `mv` (any op), a follower's `mvs` sorted,
+    else the prefix of the assets the run was launched for; a tag the launch gave stays."""
+    from backfill_assets.wiring.run_coordinator import config_mv, mv_tag_for
+
+    assert config_mv({"ops": {"vnode_backfill": {"config": {"mv": "a"}}}}) == "a"
+    assert config_mv({"ops": {"follow_upstream": {"config": {"mvs": ["c", "a"]}}}}) == "a,c"
+    assert config_mv({"ops": {"x": {"config": {"mv": None}}}, "resources": {}}) is None
+    assert config_mv(None) is None and config_mv({"ops": {"x": None}}) is None
+    asset_run = dg.DagsterRun(job_name="__ASSET_JOB", run_config={},
+                              asset_selection=frozenset({dg.AssetKey(["b", "downstream_mv"])}))
+    assert mv_tag_for(asset_run) == "b"
+    tagged = dg.DagsterRun(job_name="backfill_job", tags={MV_TAG: "a"},
+                           run_config={"ops": {"vnode_backfill": {"config": {"mv": "b"}}}})
+    assert mv_tag_for(tagged) is None

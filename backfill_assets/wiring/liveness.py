@@ -36,6 +36,8 @@ FOLLOWER_JOB = "follower_job"
 RESNAPSHOT_JOB = "resnapshot_job"
 VNODES_TAG = "backfill/vnodes"
 MV_TAG = "backfill/mv"  # deploy/dagster.postgres.yaml limits concurrent runs per value
+# a pool follower's MVs ("a,b,c"): the MVs it still follows (one leaving it is taken off)
+FOLLOWS_TAG = "backfill/follows"
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
              dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
              dg.DagsterRunStatus.CANCELING]
@@ -74,9 +76,19 @@ def run_mv(run: dg.DagsterRun) -> str | None:
     return prefixes.pop() if len(prefixes) == 1 else None
 
 
+def run_follows(run: dg.DagsterRun) -> tuple[str, ...] | None:
+    """The MVs a pool follower still follows (None: not a pool run)."""
+    if FOLLOWS_TAG not in run.tags:
+        return None
+    return tuple(n for n in run.tags[FOLLOWS_TAG].split(",") if n)
+
+
 def _of_mv(run: dg.DagsterRun, mv: str | None) -> bool:
     if mv is None:
         return True
+    follows = run_follows(run)
+    if follows is not None:
+        return mv in follows
     owner = run_mv(run)
     return owner is None or owner == mv
 
@@ -120,7 +132,11 @@ def _in_flight(instance: dg.DagsterInstance, mv: str | None = None) -> list:
 
 def mvs_in_flight(instance: dg.DagsterInstance) -> set[str | None]:
     """The MVs with a writer run in flight (None: a run that names no MV)."""
-    return {run_mv(r.dagster_run) for r in _in_flight(instance)}
+    out: set[str | None] = set()
+    for r in _in_flight(instance):
+        follows = run_follows(r.dagster_run)
+        out.update(follows if follows is not None else (run_mv(r.dagster_run),))
+    return out
 
 
 def _dead_reason(record, now: float, never_started_after: float) -> str | None:

@@ -26,19 +26,46 @@ DEMO_ENV = os.path.join(ROOT, "demo.env")
 LOCATION = "__repository__@backfill_assets"
 LATEST_JOB_RUN = """query Runs($job: String!) { runsOrError(filter: {pipelineName: $job}, limit: 1)
   { ... on Runs { results { runId } } } }"""
-# file name -> path in the UI (what README shows, in reading order)
-VIEWS = {
-    "lineage.png": f"/locations/{LOCATION}/asset-groups/backfill",
-    "mv_partitions.png": "/assets/downstream_mv?view=partitions",
-    "progress_partitions.png": "/assets/backfill_progress?view=partitions",
-    "mv_overview.png": "/assets/downstream_mv",
-    "mv_events.png": "/assets/downstream_mv?view=events",
-    "mv_progress_check.png": "/assets/downstream_mv?view=checks&checkDetail=backfill_finished",
-    "mv_oracle_check.png": "/assets/downstream_mv?view=checks&checkDetail=matches_oracle",
-    "controls_launchpad.png": f"/locations/{LOCATION}/jobs/set_controls_job/playground",
-    "runs.png": "/runs",
-    "timeline.png": "/overview/activity/timeline",
-}
+
+
+def views(env: dict[str, str]) -> dict[str, str]:
+    """File name -> path in the UI (what README shows, in reading order). Over a folder
+    catalog (the demo's): the global lineage (every MV's group and what reads what), the
+    per-MV views of its first MV (`orders_mv` in the demo) under its prefix, and the Overview
+    of its aggregate MV when it has one; over one MV, that MV's group and unprefixed keys."""
+    folder = env.get("BACKFILL_MV_DIR")
+    names = sorted(os.path.splitext(n)[0] for n in os.listdir(folder)
+                   if n.endswith((".yaml", ".yml"))) if folder else []
+    mv = "orders_mv" if "orders_mv" in names else (names[0] if names else "")
+    at = f"/assets/{mv}/" if mv else "/assets/"
+    out = {
+        "lineage.png": "/asset-groups" if mv else f"/locations/{LOCATION}/asset-groups/backfill",
+        "mv_partitions.png": f"{at}downstream_mv?view=partitions",
+        "progress_partitions.png": f"{at}backfill_progress?view=partitions",
+        "mv_overview.png": f"{at}downstream_mv",
+        "mv_events.png": f"{at}downstream_mv?view=events",
+        "mv_progress_check.png": f"{at}downstream_mv?view=checks&checkDetail=backfill_finished",
+        "mv_oracle_check.png": f"{at}downstream_mv?view=checks&checkDetail=matches_oracle",
+        "controls_launchpad.png": f"/locations/{LOCATION}/jobs/set_controls_job/playground",
+        "runs.png": "/runs",
+        "timeline.png": "/overview/activity/timeline",
+    }
+    aggregate = [n for n in names if _is_aggregate(os.path.join(folder, n))]
+    if aggregate:
+        out["aggregate_overview.png"] = f"/assets/{aggregate[0]}/downstream_mv"
+    return out
+
+
+def _is_aggregate(stem: str) -> bool:
+    """Whether the definition file (`stem` + .yaml/.yml) declares an aggregate MV."""
+    import yaml
+
+    for path in (stem + ".yaml", stem + ".yml"):
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                body = yaml.safe_load(f) or {}
+            return bool(body.get("aggregates") or body.get("group_by"))
+    return False
 
 
 class ScreenshotsNeedTheDemo(RuntimeError):
@@ -94,13 +121,13 @@ def _shoot_all(browser: str, env: dict[str, str], out: str) -> int:
     os.makedirs(out, exist_ok=True)
     with dagster_dev(env, os.path.join(out, ".dagster_dev.log"), quiet=True) as url:
         graphql(url, "mutation { setNuxSeen }")  # no "join the community" dialog on top
-        views = dict(VIEWS)
+        shots = views(env)
         for job in ("backfill_job", "__ASSET_JOB", "__ephemeral_asset_job__"):
             runs = graphql(url, LATEST_JOB_RUN, {"job": job})["runsOrError"]["results"]
             if runs:  # the latest barrier: from backfill_job, else from the asset pages
-                views["barrier_run.png"] = f"/runs/{runs[0]['runId']}"
+                shots["barrier_run.png"] = f"/runs/{runs[0]['runId']}"
                 break
-        for name, path in views.items():
+        for name, path in shots.items():
             shoot(browser, url + path, os.path.join(out, name))
     return 0
 

@@ -60,7 +60,7 @@ def test_backfill_job_and_sensor_on_a_postgres_instance(postgres_server, tmp_pat
 
         assert isinstance(instance.run_storage, PostgresRunStorage)
         assert isinstance(instance.event_log_storage, PostgresEventLogStorage)
-        assert type(instance.run_coordinator).__name__ == "QueuedRunCoordinator"
+        assert type(instance.run_coordinator).__name__ == "MVTaggingRunCoordinator"
         limits = instance.get_concurrency_config().run_queue_config.tag_concurrency_limits
         assert {"key": MV_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 2} in limits
         assert instance.run_monitoring_enabled

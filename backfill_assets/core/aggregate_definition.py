@@ -114,8 +114,9 @@ def _group_column(item: object) -> GroupColumn:
             and all(isinstance(item[k], str) and item[k].strip() for k in ("name", "expr")):
         return GroupColumn(str(item["name"]), str(item["expr"]))
     raise InvalidAggregate(
-        f"group_by item {item!r} must be a column name or a mapping with exactly the keys name "
-        "and expr (an expression needs a name: {name: day, expr: 'to_date(ts)'})")
+        f"group_by item {item!r} must be a column name (in backquotes unless it is a plain "
+        "identifier: '`ré gion`') or a mapping with exactly the keys name and expr (an "
+        "expression needs a name: {name: day, expr: 'to_date(ts)'})")
 
 
 def parse_aggregates(value: object) -> tuple[Aggregate, ...]:

@@ -5,7 +5,7 @@ equals Spark's GROUP BY at the recorded version, by both oracles (the platform's
 verify_aggregate over delta-rs' read of the upstream, and Delta-Spark's own read of the
 upstream and of the MV), and every reader agrees with the MV and its change feed replays.
 
-The default run is two drawn examples in snapshot mode; the variant runs more examples and the
+The default run is one drawn example in snapshot mode; the variant runs more examples and the
 arrangement and no_shuffle backfills (small chunks, so barriers land while vnodes are
 unfinished)."""
 
@@ -60,7 +60,7 @@ def run_history(spark, warehouse: str, seed: int, mode: str, barriers: int) -> N
     assert finished, f"the backfill did not finish in {barriers} barriers"
 
 
-@settings(max_examples=2, deadline=None, derandomize=True, suppress_health_check=SLOW,
+@settings(max_examples=1, deadline=None, derandomize=True, suppress_health_check=SLOW,
           phases=PHASES)
 @given(seed=st.integers(0, 2**31))
 def test_a_drawn_aggregate_mv_equals_both_oracles_after_every_barrier(spark, warehouse, seed):

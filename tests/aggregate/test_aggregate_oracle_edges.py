@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from backfill_assets.core.aggregate_definition import parse_group_by
-from backfill_assets.core.errors import InvalidAggregate
+from backfill_assets.core.errors import InvalidAggregate, InvalidMVDefinition
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.verify.aggregate_oracle import _by_vnode
 
@@ -32,3 +32,17 @@ def test_a_spaced_group_by_name_is_refused_saying_to_quote_it():
         parse_group_by(["ré gion"])
     (column,) = parse_group_by(["`ré gion`"])
     assert column.name == "ré gion"
+
+
+def test_an_aggregate_over_an_aggregate_mv_keeping_input_is_refused_by_name():
+    """An aggregate over another aggregate MV, keyed by its group_key: max() keeps input
+    keyed by (group_key, upstream pk), two columns of one name. Before, the barrier wrote the
+    state table and then failed creating the kept input with a Delta schema error."""
+    upstream = {"group_key": "string", "region": "string", "orders": "bigint", "vnode": "int"}
+    raw = {"name": "sizes", "upstream": "by_region", "primary_key": ["group_key"],
+           "group_by": [{"name": "big", "expr": "CAST(orders > 20 AS INT)"}], "vnode_count": 2}
+    exact = MVDefinition.from_dict({**raw, "aggregates": {"n": "count(*)", "o": "sum(orders)"}})
+    exact.validate(upstream)
+    kept = MVDefinition.from_dict({**raw, "aggregates": {"top": "max(orders)"}})
+    with pytest.raises(InvalidMVDefinition, match="key this MV by the upstream's group columns"):
+        kept.validate(upstream)

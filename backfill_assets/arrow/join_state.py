@@ -64,11 +64,10 @@ class JoinTables:
                           for s, t in zip(plan.sides, dimension_types, strict=True)]
         fields = {c: pa.field(c, arrow_type(t)) for c, t in self.fact_types.items()}
         vnode = pa.field(VNODE, pa.int32())
-        pk = [fields[c] for c in plan.pk]
         self.fact_schema = pa.schema([*fields.values(), vnode])
         self.fact_change_schema = pa.schema([pa.field(SIGN, pa.int8()), *fields.values()])
-        self.index_schemas = [pa.schema([*(fields[c] for c in s.on), *pk, vnode])
-                              for s in plan.sides]
+        self.index_schemas = [pa.schema([*(fields[c] for c in index_columns(s, plan.pk)),
+                                         vnode]) for s in plan.sides]
         self.dimension_schemas = [pa.schema([*_fields(t).values(), vnode])
                                   for t in self.dim_types]
         self.dimension_change_schemas = [pa.schema([pa.field(SIGN, pa.int8()),
@@ -97,8 +96,9 @@ class JoinTables:
             zip(dimensions, dimension_changes, strict=True))]
         held, new_held, changed_keys = ([d[k] for d in dims] for k in range(3))
         reached = [changed_pks] + [
-            _semi(index[i].select([*s.on, *pk]), keys, list(s.on), list(s.key)).select(pk)
-            for i, (s, keys) in enumerate(zip(self.plan.sides, changed_keys, strict=True))]
+            _semi(index[i].select(index_columns(s, pk)), keys, list(s.on), list(s.key))
+            .select(pk) for i, (s, keys) in enumerate(zip(self.plan.sides, changed_keys,
+                                                          strict=True))]
         old_facts = _semi(facts, _distinct(pa.concat_tables(reached)), pk, pk)
         new_facts = pa.concat_tables([_anti(old_facts, changed_pks, pk, pk),
                                       f_after.select(facts.schema.names)])
@@ -136,7 +136,8 @@ class JoinTables:
         """Round two: the fact pks whose rows the barrier reads: the changed ones and those
         the index lists under a changed dimension key."""
         pk = list(self.plan.pk)
-        listed = [_semi(rows.select([*s.on, *pk]), keys, list(s.on), list(s.key)).select(pk)
+        listed = [_semi(rows.select(index_columns(s, pk)), keys, list(s.on), list(s.key))
+                  .select(pk)
                   for s, rows, keys in zip(self.plan.sides, index, changed_keys, strict=True)]
         return _distinct(pa.concat_tables([changed_pks.select(pk).cast(
             _only(self.fact_schema, pk)), *listed]))
@@ -199,7 +200,7 @@ class JoinTables:
     def _index_moves(self, side, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table]:
         """The index rows the changed facts leave and enter (a fact whose join key did not
         change writes nothing): (upserts, deletes)."""
-        cols = [*side.on, *self.plan.pk]
+        cols = index_columns(side, self.plan.pk)
         rows = pa.concat_tables([_signed(old.filter(_no_null(old, side.on)).select(cols), -1),
                                  _signed(new.filter(_no_null(new, side.on)).select(cols), 1)])
         net = rows.group_by(cols, use_threads=False).aggregate([(SIGN, "sum")])
@@ -219,6 +220,12 @@ class JoinTables:
         keys = list(zip(*(table.column(k).to_pylist() for k in key), strict=True))
         return table.append_column(VNODE, pa.array(vnodes_of(keys, types, self.vnode_count),
                                                    pa.int32()))
+
+
+def index_columns(side, pk: Sequence[str]) -> list[str]:
+    """An index row's columns: the join key, then the fact pk's columns not already in it (a
+    join on the fact's own key, a one-to-one enrichment, names each column once)."""
+    return [*side.on, *(c for c in pk if c not in side.on)]
 
 
 def _only(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:

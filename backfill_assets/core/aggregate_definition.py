@@ -114,8 +114,9 @@ def _group_column(item: object) -> GroupColumn:
             and all(isinstance(item[k], str) and item[k].strip() for k in ("name", "expr")):
         return GroupColumn(str(item["name"]), str(item["expr"]))
     raise InvalidAggregate(
-        f"group_by item {item!r} must be a column name or a mapping with exactly the keys name "
-        "and expr (an expression needs a name: {name: day, expr: 'to_date(ts)'})")
+        f"group_by item {item!r} must be a column name (in backquotes unless it is a plain "
+        "identifier: '`ré gion`') or a mapping with exactly the keys name and expr (an "
+        "expression needs a name: {name: day, expr: 'to_date(ts)'})")
 
 
 def parse_aggregates(value: object) -> tuple[Aggregate, ...]:
@@ -196,6 +197,23 @@ def plain_column(expr: str) -> str | None:
     """The column an expression names when it is just a column, else None."""
     text = expr.strip()
     return _unquote(text) if _IDENT.match(text) else None
+
+
+def kept_input_key_problems(pk: list[str], aggregates: tuple[Aggregate, ...],
+                            available: Mapping[str, str]) -> list[str]:
+    """An upstream keyed by a column named like the kept input's own key column (an
+    aggregate MV's `group_key`: an aggregate over an aggregate MV) cannot keep input: the
+    kept input holds both columns. Any sum/avg not over a known exact column may need it."""
+    if GROUP_KEY not in [n.lower() for n in pk]:
+        return []
+    lower = {n.lower(): t for n, t in available.items()}
+    kept = [a.name for a in aggregates if a.keeps_input or (
+        a.function in ("sum", "avg") and canonical_type(
+            lower.get((plain_column(a.arg or "") or "").lower(), "") or "double") in FLOATS)]
+    return [f"aggregates {kept} keep their input per group, keyed by the upstream's primary "
+            f"key, whose column {GROUP_KEY!r} is named like the kept input's own group key: "
+            "key this MV by the upstream's group columns instead (primary_key: [region, ...], "
+            "never null), or aggregate with count, and sum/avg of exact columns"] if kept else []
 
 
 def definition_problems(group_by: tuple[GroupColumn, ...], aggregates: tuple[Aggregate, ...],

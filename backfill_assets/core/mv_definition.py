@@ -277,6 +277,8 @@ class MVDefinition:
         if not self.group_by or not self.aggregates:
             out.append("an aggregate MV needs both group_by and aggregates")
         available = {**upstream, **{c.name: "" for c in self.computed}}
+        out += agg.kept_input_key_problems([c.name for c in self.primary_key],
+                                           self.aggregates, available)
         return out + agg.definition_problems(self.group_by, self.aggregates, available) + [
             p for c in self.computed
             for p in row_expression_problems(c.expr, f"computed column {c.name!r}")] + (

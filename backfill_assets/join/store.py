@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from backfill_assets import storage
 from backfill_assets.aggregate.store import Table
-from backfill_assets.arrow.join_state import JoinTables
+from backfill_assets.arrow.join_state import JoinTables, index_columns
 from backfill_assets.core.names import VNODE
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
@@ -92,7 +92,8 @@ class JoinStore:
         i = int(phase.rsplit("_", 1)[1])
         side = jt.plan.sides[i]
         if phase == index_phase(i):
-            return Table(f"{root}/index_{i}", jt.index_schemas[i], (*side.on, *pk), phase, False)
+            return Table(f"{root}/index_{i}", jt.index_schemas[i],
+                         tuple(index_columns(side, pk)), phase, False)
         return Table(f"{root}/dimension_{i}", jt.dimension_schemas[i], side.key, phase, False)
 
     def ensure(self) -> None:

@@ -149,6 +149,10 @@ def _by_vnode(rows: pa.Table | None, d: MVDefinition, outputs: list[str], floats
 
 
 def _comparable(value: object, approximate: bool) -> str:
+    """-0.0 and 0.0 are one value: Spark's min/max keep whichever of the two its scan meets
+    first, so neither side may be told apart by the sign of a zero."""
+    if isinstance(value, float) and value == 0:
+        return repr(0.0)
     if approximate and isinstance(value, float) and math.isfinite(value) and value != 0:
         digits = -int(math.floor(math.log10(abs(value)))) + int(-math.log10(RELATIVE))
         return repr(round(value, digits))

@@ -29,6 +29,7 @@ from backfill_assets.core.progress import BackfillState, Completed
 from backfill_assets.join import sources
 from backfill_assets.join.bulk import BulkBuild
 from backfill_assets.join.output import Output, output_of
+from backfill_assets.join.reads import fact_rows
 from backfill_assets.join.store import (
     FACTS,
     PROGRESS,
@@ -186,7 +187,7 @@ class _Barrier:
         index = [store.read(old[index_phase(i)], index_phase(i),
                             keys.rename_columns(list(s.on)), by=list(s.on))
                  for i, (s, keys) in enumerate(zip(jt.plan.sides, changed_keys, strict=True))]
-        facts = store.read(old[FACTS], FACTS, jt.reached_pks(changed_pks, index, changed_keys))
+        facts = fact_rows(store, old[FACTS], fc, jt.reached_pks(changed_pks, index, changed_keys))
         lookups = jt.lookup_keys(facts, fc, changed_keys)
         dims = [store.read(old[dimension_phase(i)], dimension_phase(i), keys)
                 for i, keys in enumerate(lookups)]

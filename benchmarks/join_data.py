@@ -164,6 +164,7 @@ class Changes:
             price = decimal.Decimal(rng.randrange(1, 10**6)).scaleb(-2)
             if kind == "insert":
                 k, self.next_id = self.next_id, self.next_id + 1
+                used.add(k)
                 inserts.append({"id": k, "customer": rng.randrange(self.customers),
                                 "amount": price, "qty": rng.randrange(1, 1000),
                                 "day": A.DAY0 + A.dt.timedelta(days=rng.randrange(self.days))})

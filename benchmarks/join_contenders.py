@@ -118,17 +118,20 @@ def worker_overwrite(args) -> dict:
     return out
 
 
-def _sdp_project(folder: str, paths: dict, delta: bool = True, where: str = "") -> Path:
+def _sdp_project(folder: str, paths: dict, name: str = J.MV_NAME, delta: bool = True,
+                 where: str = "") -> Path:
+    """A pipeline project whose one MV ``name`` is the join's query (a warm-up one under
+    another name: one catalog holds both)."""
     shutil.rmtree(folder, ignore_errors=True)
     os.makedirs(os.path.join(folder, "transformations"))
     query = J.sql(paths["orders"], paths["customers"]) + where
-    with open(os.path.join(folder, "transformations", f"{J.MV_NAME}.py"), "w",
+    with open(os.path.join(folder, "transformations", f"{name}.py"), "w",
               encoding="utf-8") as f:
-        f.write(S.DEFINITION.format(name=J.MV_NAME, sql=query,
+        f.write(S.DEFINITION.format(name=name, sql=query,
                                     format=', format="delta"' if delta else ""))
     spec = os.path.join(folder, "spark-pipeline.yml")
     with open(spec, "w", encoding="utf-8") as f:
-        f.write(S.SPEC.format(name=J.MV_NAME, storage=os.path.join(folder, "storage")))
+        f.write(S.SPEC.format(name=name, storage=os.path.join(folder, "storage")))
     return Path(spec)
 
 
@@ -142,7 +145,7 @@ def worker_sdp(args) -> dict:
         "spark.sql.warehouse.dir": warehouse, "spark.driver.memory": "2g"})
     os.environ["SPARK_REMOTE"] = server.remote_url
     try:
-        warm = _sdp_project(os.path.join(run_dir, "warm"), paths, False,
+        warm = _sdp_project(os.path.join(run_dir, "warm"), paths, "warm_mv", False,
                             " HAVING day < DATE'2020-02-01'")
         for _ in range(2):  # the server's JIT, Delta's classes, the pipeline machinery
             S.run_pipeline(warm)

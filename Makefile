@@ -131,7 +131,7 @@ export BENCH_LOCK
 	bench-change-floor \
 	bench-latency bench-scaling bench-profile \
 	bench-upstream bench-quick bench-scale-out bench-baselines bench-baselines-refresh \
-	bench-baselines-streaming
+	bench-baselines-streaming bench-join
 
 bench: bench-bulk bench-bulk-20m bench-incremental bench-scaling bench-profile bench-latency
 
@@ -195,6 +195,11 @@ bench-baselines-refresh: env
 # (b) the Structured Streaming pattern: change-set cost and commit-to-MV latency
 bench-baselines-streaming: env
 	$(PY) -m benchmarks.baseline_streaming --rows $(BENCH_BASELINE_ROWS) $(BENCH_ARGS)
+
+# issue 50: a join MV (20M orders x 1M customers, aggregated per region and day) against
+# Spark Declarative Pipelines and the delta-spark recompute, in one run -> results/join_20M.json
+bench-join: env
+	$(PY) -m benchmarks.bench_join $(BENCH_ARGS)
 
 # CI-sized run of every benchmark (100k rows; results under benchmarks/results/*_quick.json)
 bench-quick: env

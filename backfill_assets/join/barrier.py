@@ -6,10 +6,11 @@ version pair its progress records to the barrier's pair (v_fact, v_dim...).
    barrier a crash interrupted: it is completed first over the same change ranges, its
    update computed from the state as it was before that barrier (a table that already holds
    it is read at its Delta version before its commit), and only the tables behind written;
-2. the first barrier is `apply` over empty state with every row of both tables at the pair
-   as +1 (`BULK`); a later one reads both change feeds, netted per key, and the state rows of
-   the keys they touch in three keyed rounds (`JoinTables.changed_keys`, `reached_pks`,
-   `lookup_keys`): never a scan of the facts for a dimension change (`APPLY`);
+2. the first barrier is the join at the pair built by Spark, each table read once and every
+   table written by Spark tasks (`BULK`, join/bulk.py: what `apply` over empty state with
+   every row as +1 would give); a later one reads both change feeds, netted per key, and
+   the state rows of the keys they touch in three keyed rounds (`JoinTables.changed_keys`,
+   `reached_pks`, `lookup_keys`): never a scan of the facts for a dimension change (`APPLY`);
 3. commits, each carrying the pair: facts, each index, each dimension, the MV (its rows, or
    the aggregate's tables, from the signed joined rows: join/output.py), then progress.
 """
@@ -26,7 +27,9 @@ from backfill_assets.arrow.join_state import JoinUpdate
 from backfill_assets.core.errors import JoinStateMismatch
 from backfill_assets.core.progress import BackfillState, Completed
 from backfill_assets.join import sources
+from backfill_assets.join.bulk import BulkBuild
 from backfill_assets.join.output import Output, output_of
+from backfill_assets.join.reads import fact_rows
 from backfill_assets.join.store import (
     FACTS,
     PROGRESS,
@@ -131,8 +134,11 @@ class _Barrier:
                for p in self.store.phases}
         self.hook("before_write")
         self.report.extra["join_path"] = BULK if at is None else APPLY
-        update, state = self._bulk(to) if at is None else self._apply(at, to, old)
-        self.commit_tables(to, behind, snaps, update, state)
+        if at is None:
+            self._bulk(to, behind)
+        else:
+            update, state = self._apply(at, to, old)
+            self.commit_tables(to, behind, snaps, update, state)
         self.hook("before_progress_commit")
         rows = progress_rows(self._finished(to.fact), self.vnodes, to.fact,
                              self.upstream.key_order)
@@ -156,18 +162,12 @@ class _Barrier:
                 "the MV to rebuild its state")
         return prior
 
-    def _bulk(self, to: Pair) -> tuple[JoinUpdate, _State]:
-        """Every row of both tables at ``to`` as +1 changes over empty state."""
-        so, jt = self.tables.storage_options, self.store.jt
-        facts = sources.rows_at(self.spark, self.tables.upstream, to.fact,
-                                jt.fact_change_schema, so)
-        dims = [sources.rows_at(self.spark, s.uri, v, schema, so) for s, v, schema in
-                zip(self.sides, to.dimensions, jt.dimension_change_schemas, strict=True)]
-        empty = _State(jt.fact_schema.empty_table(), [s.empty_table() for s in jt.index_schemas],
-                       [s.empty_table() for s in jt.dimension_schemas])
-        self.report.snapshot_rows = facts.num_rows
-        self.report.engine = "driver"
-        return jt.apply(empty.facts, empty.index, empty.dimensions, facts, dims), empty
+    def _bulk(self, to: Pair, behind: list[str]) -> None:
+        """The first barrier: every table behind ``to`` built by Spark (join/bulk.py)."""
+        self.report.engine = "spark"
+        self.report.snapshot_rows = BulkBuild(
+            self.spark, self.tables.upstream, self.sides, self.store, self.out, to,
+            self.hook).run(behind, self.report.extra)
 
     def _apply(self, at: Pair, to: Pair, old: dict[str, TableVersion]
                ) -> tuple[JoinUpdate, _State]:
@@ -190,7 +190,7 @@ class _Barrier:
         index = [store.read(old[index_phase(i)], index_phase(i),
                             keys.rename_columns(list(s.on)), by=list(s.on))
                  for i, (s, keys) in enumerate(zip(jt.plan.sides, changed_keys, strict=True))]
-        facts = store.read(old[FACTS], FACTS, jt.reached_pks(changed_pks, index, changed_keys))
+        facts = fact_rows(store, old[FACTS], fc, jt.reached_pks(changed_pks, index, changed_keys))
         lookups = jt.lookup_keys(facts, fc, changed_keys)
         dims = [store.read(old[dimension_phase(i)], dimension_phase(i), keys)
                 for i, keys in enumerate(lookups)]

@@ -24,7 +24,14 @@ from backfill_assets.barrier.follower_pool import PoolMember, follow_many
 from backfill_assets.core.errors import FollowerAlreadyRunning, InvalidVnode
 from backfill_assets.step.request import Hook, no_hook
 from backfill_assets.wiring.keys import ALL, Served
-from backfill_assets.wiring.liveness import FOLLOWER_JOB, FOLLOWS_TAG, MV_TAG, writers_over
+from backfill_assets.wiring.liveness import (
+    FAILED_TAG,
+    FOLLOWER_JOB,
+    FOLLOWS_TAG,
+    MV_TAG,
+    pool_tag,
+    writers_over,
+)
 from jobs.follower_events import BarrierEmitter
 from resources.mv import mv_tables
 from resources.settings import Settings
@@ -41,11 +48,10 @@ def pool_names(srv: Served, mv: str | None, mvs: list[str] | None) -> list[str] 
     return [n for n in srv.names if n in wanted]
 
 
-def pool_tag(mv: str | None, names: list[str]) -> str:
-    """A pool run's `backfill/mv`: "all", or its MVs ("a,b"): never one MV's own value, so the
-    run queue's one-run-per-MV limit does not hold a pool and a one-MV run of its MVs apart
-    (the follower itself refuses to follow an MV another follower follows)."""
-    return ALL if mv == ALL else ",".join(sorted(names))
+def pool_mv_tag(mv: str | None, names: list[str]) -> str:
+    """A pool run's `backfill/mv`: "all", or its MVs (`liveness.pool_tag`; the follower itself
+    refuses to follow an MV another follower follows)."""
+    return ALL if mv == ALL else pool_tag(names)
 
 
 def follow_pool(context: dg.OpExecutionContext, srv: Served, settings: Settings, config,
@@ -56,19 +62,22 @@ def follow_pool(context: dg.OpExecutionContext, srv: Served, settings: Settings,
         raise InvalidVnode("first_vnode/last_vnode name vnodes of one MV: a follower of "
                            "several MVs follows each whole; unset them, or name one `mv`")
     members = _members(context, srv, settings, names, options)
-    state = {"follows": [m.d.name for m in members]}
+    state = {"follows": [m.d.name for m in members], "failed": []}
 
     def left(m: PoolMember) -> None:
         state["follows"] = [n for n in state["follows"] if n != m.d.name]
-        context.instance.add_run_tags(context.run_id, {FOLLOWS_TAG: ",".join(state["follows"])
-                                                       or "-"})
+        if m.error is not None:  # the sensor's restart back-off counts it (liveness.py)
+            state["failed"].append(m.d.name)
+        context.instance.add_run_tags(context.run_id, {
+            FOLLOWS_TAG: ",".join(state["follows"]) or "-",
+            **({FAILED_TAG: ",".join(state["failed"])} if state["failed"] else {})})
         if m.error is not None:
             _record_error(context, srv, m)
 
     # MV_TAG: the run queue's per-MV slot is the pool's own ("all", or its list of MVs)
     named = config.mv or context.run.tags.get(MV_TAG)
     context.instance.add_run_tags(context.run_id, {FOLLOWS_TAG: ",".join(state["follows"]),
-                                                   MV_TAG: pool_tag(named, names)})
+                                                   MV_TAG: pool_mv_tag(named, names)})
     stop = threading.Event()
     with stop_on_interrupt(stop, lambda: [request_stop(
             m.tables, f"run {context.run_id} was terminated") for m in members]):

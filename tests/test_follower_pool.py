@@ -118,6 +118,103 @@ def test_one_follower_run_serves_every_mv_and_one_failing_does_not_stop_the_othe
     assert "MV 'e': UpstreamSchemaChanged" in failure.step_failure_data.error.message
 
 
+def _sensor_of(tmp_path, warehouse, mvs: dict):
+    """The continuous-mode sensor of a folder of `mvs` (name -> definition) over `upstream`,
+    its tables, and a tick: the run requests it makes on an ephemeral instance."""
+    folder = tmp_path / "mvs"
+    folder.mkdir()
+    for name, body in mvs.items():
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(body))
+    _commit(warehouse, "upstream", 1)
+    settings = load_settings({"BACKFILL_WAREHOUSE": warehouse, "BACKFILL_MV_DIR": str(folder),
+                              "BACKFILL_CONTINUOUS": "1"})
+    sensor = build_definitions(settings).get_sensor_def("upstream_barrier_sensor")
+    catalog = load_catalog(settings)
+    tables = {n: mv_tables(catalog.definition(n), settings) for n in catalog.names}
+    instance = dg.DagsterInstance.ephemeral()
+
+    def tick() -> list[dg.RunRequest]:
+        result = sensor(dg.build_sensor_context(instance=instance))
+        return [] if isinstance(result, dg.SkipReason) else list(result)
+
+    tick.job = build_definitions(settings).get_job_def("follower_job")
+    return instance, tables, tick
+
+
+def _launched(instance, request: dg.RunRequest, status=dg.DagsterRunStatus.NOT_STARTED):
+    """The run a request becomes, with the request's own tags and config (what the daemon
+    would create)."""
+    from dagster._core.test_utils import create_run_for_test
+
+    return create_run_for_test(instance, job_name="follower_job", status=status,
+                               tags=request.tags, run_config=request.run_config)
+
+
+def test_the_sensor_starts_one_follower_run_for_the_mvs_that_need_one(tmp_path, warehouse):
+    """Continuous mode over a folder: the MVs needing a follower start as ONE pool run (in
+    barrier order, tagged so liveness counts it at once, queued or started); no second run
+    while it lives; an MV failing out of it is restarted alone; stopped MVs are left out and
+    `follower: own` MVs get runs of their own."""
+    from backfill_assets.barrier.follower import clear_stop
+    from backfill_assets.wiring.liveness import FAILED_TAG, MV_TAG, writers_over
+
+    mvs = {n: {**BASE, "filter": f"qty > {i}"} for i, n in enumerate(("c", "a", "f"))}
+    mvs["own"] = {**BASE, "follower": "own"}
+    mvs["s"] = {**BASE, "filter": "qty > 9"}
+    instance, tables, tick = _sensor_of(tmp_path, warehouse, mvs)
+    request_stop(tables["s"], "test")
+    requests = tick()
+    [pool] = [r for r in requests if FOLLOWS_TAG in r.tags]
+    [own] = [r for r in requests if FOLLOWS_TAG not in r.tags]
+    names = pool.run_config["ops"]["follow_upstream"]["config"]["mvs"]
+    assert sorted(names) == ["a", "c", "f"] and "s" not in names
+    assert pool.tags[FOLLOWS_TAG] == ",".join(names) and pool.tags[MV_TAG] == "a,c,f"
+    assert own.tags[MV_TAG] == "own" and own.tags["backfill/vnodes"] == f"0-{VNODES - 1}"
+    dg.validate_run_config(tick.job, pool.run_config)  # the launch takes its config
+    run = _launched(instance, pool)
+    _launched(instance, own, dg.DagsterRunStatus.STARTED)
+    assert tick() == []  # created, not yet started
+    instance.report_dagster_event(dg.DagsterEvent(dg.DagsterEventType.RUN_START.value,
+                                                  "follower_job"), run.run_id)  # started
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+    assert tick() == []
+    assert {"a", "c", "f", "own"} <= mvs_in_flight(instance)
+
+    # f fails out of the pool (the run takes it off its follows): a follower for f only
+    instance.add_run_tags(run.run_id, {FOLLOWS_TAG: "c,a", FAILED_TAG: "f"})
+    assert writers_over(instance, range(VNODES), VNODES, mv="f") == []
+    [again] = tick()
+    assert again.tags[MV_TAG] == "f" and FOLLOWS_TAG not in again.tags
+    assert again.run_key.endswith(f"after:{run.run_id}")  # it replaces its part of the pool
+    _launched(instance, again, dg.DagsterRunStatus.STARTED)
+    assert tick() == []
+
+    # s started again, and the pool dies with a and c: one pool of the three needing one
+    clear_stop(tables["s"])
+    instance.report_run_failed(instance.get_run_by_id(run.run_id), message="killed")
+    [pool2] = tick()
+    names2 = pool2.run_config["ops"]["follow_upstream"]["config"]["mvs"]
+    assert sorted(names2) == ["a", "c", "s"]
+    assert [n for n in names2 if n != "s"] == [n for n in names if n != "f"]  # barrier order
+    assert pool2.run_key != pool.run_key
+
+
+def test_an_mv_failing_out_of_pools_again_and_again_backs_off(tmp_path, warehouse):
+    """The restart back-off counts an MV's failures in pool runs too: after the free restarts
+    it waits, while an MV that only stopped with the pool is restarted at once."""
+    from dagster._core.test_utils import create_run_for_test
+
+    from backfill_assets.wiring.liveness import FAILED_TAG, FREE_RESTARTS, MV_TAG
+
+    instance, _, tick = _sensor_of(tmp_path, warehouse, {"a": BASE, "c": BASE})
+    for _ in range(FREE_RESTARTS + 1):  # pools a left with an error, c stopped with well
+        create_run_for_test(instance, job_name="follower_job",
+                            status=dg.DagsterRunStatus.SUCCESS,
+                            tags={MV_TAG: "a,c", FOLLOWS_TAG: "-", FAILED_TAG: "a"})
+    [only] = tick()
+    assert only.tags[MV_TAG] == "c"  # a waits out its back-off
+
+
 def test_the_sensor_starts_no_follower_for_the_mvs_a_pool_follows(tmp_path, warehouse):
     """Continuous mode over a folder: the MVs a running pool lists in `backfill/follows` are
     followed; one taken off it (its error, or its stop) gets a one-MV follower of its own."""
@@ -139,7 +236,8 @@ def test_the_sensor_starts_no_follower_for_the_mvs_a_pool_follows(tmp_path, ware
         result = sensor(dg.build_sensor_context(instance=instance))
         return [] if isinstance(result, dg.SkipReason) else list(result)
 
-    assert sorted(r.tags[MV_TAG] for r in tick()) == ["a", "c"]  # none follows them yet
+    [first] = tick()  # none follows them yet: one pool run for both
+    assert first.tags[FOLLOWS_TAG] == "a,c"
     pool = create_run_for_test(instance, job_name="follower_job",
                                status=dg.DagsterRunStatus.STARTED,
                                tags={MV_TAG: "all", FOLLOWS_TAG: "a,c"})

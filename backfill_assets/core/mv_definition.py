@@ -27,10 +27,12 @@ from backfill_assets.core.sql_calls import row_expression_problems
 from backfill_assets.core.vnode import MAX_VNODE_COUNT
 
 MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
+# continuous mode in a folder: share one follower run with the others, or have its own
+FOLLOWER_NAMES = ("pool", "own")  # the first is the default
 UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
            "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows",
-           "group_by", "aggregates", "joins")
+           "group_by", "aggregates", "joins", "follower")
 _REQUIRED = ("name", "upstream", "primary_key", "columns")  # an aggregate MV has no columns
 _PK_FIELDS = ("name", "type", "descending", "nulls_first")
 
@@ -62,6 +64,7 @@ class MVDefinition:
     group_by: tuple[agg.GroupColumn, ...] = ()  # an aggregate MV (docs/AGGREGATES.md)
     aggregates: tuple[agg.Aggregate, ...] = ()
     joins: tuple[jd.Join, ...] = ()  # lookup joins with dimensions (docs/JOINS.md)
+    follower: str = FOLLOWER_NAMES[0]  # how it is served, not what it is: not fingerprinted
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> MVDefinition:
@@ -197,6 +200,8 @@ class MVDefinition:
                 out.append(f"{field} must be a non-empty string")
         if self.mode not in MODE_NAMES:
             out.append(f"mode {self.mode!r} is not one of {', '.join(MODE_NAMES)}")
+        if self.follower not in FOLLOWER_NAMES:
+            out.append(f"follower {self.follower!r} is not one of {', '.join(FOLLOWER_NAMES)}")
         if not is_count(self.chunk_size) or self.chunk_size < 1:
             out.append(f"chunk_size {self.chunk_size!r} must be an int >= 1")
         for field in ("slice_rows", "catch_up_rows"):

@@ -12,8 +12,10 @@ pass, tick after tick.
 Per MV it then requests what the sensor of a catalog of one would (wiring/sensors.py): a
 `backfill_job` run per vnode range, tagged `backfill/mv=<mv>` and `backfill/vnodes`, honouring
 the MV's controls (a paused MV gets none once its vnodes are at the upstream's head; a rate
-limit applies inside its barrier) and its own liveness. In continuous mode it keeps one
-follower per MV and vnode range alive. A dropped definition is simply not in the catalog any
+limit applies inside its barrier) and its own liveness. In continuous mode the MVs that need
+a follower in a tick start as one follower run serving them all (wiring/pool_followers.py);
+an MV with `follower: own`, or every MV when the sensor splits vnode ranges, keeps followers
+of its own. A dropped definition is simply not in the catalog any
 more: no barrier is requested for it, its tables stay (reset_mv_job removes them).
 """
 
@@ -33,7 +35,8 @@ from backfill_assets.wiring.liveness import (
     mvs_in_flight,
     pass_over_dead,
 )
-from backfill_assets.wiring.sensors import barrier_runs, keep_followers, where
+from backfill_assets.wiring.pool_followers import keep_catalog_followers
+from backfill_assets.wiring.sensors import barrier_runs, where
 from resources.mv import mv_tables
 from resources.settings import Settings
 
@@ -75,10 +78,8 @@ def catalog_tick(context: dg.SensorEvaluationContext, served: Served, settings: 
         stands[name] = (d, k, tables)
     requests: list[dg.RunRequest] = []
     if settings.continuous:
-        for name, (d, k, tables) in stands.items():
-            _collect(keep_followers(context.instance, d, tables, ranges, k), name, requests,
-                     reasons)
-        return requests, reasons
+        started, why = keep_catalog_followers(context.instance, stands, ranges)
+        return started, reasons + why
     wheres = {n: where(d, t, heads[t.upstream]) for n, (d, _, t) in stands.items()}
     due = [n for n, p in wheres.items() if not p.idle]
     reasons += [f"{n}: at its upstream's latest version v{p.version} and "

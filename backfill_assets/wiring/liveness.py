@@ -38,6 +38,7 @@ VNODES_TAG = "backfill/vnodes"
 MV_TAG = "backfill/mv"  # deploy/dagster.postgres.yaml limits concurrent runs per value
 # a pool follower's MVs ("a,b,c"): the MVs it still follows (one leaving it is taken off)
 FOLLOWS_TAG = "backfill/follows"
+FAILED_TAG = "backfill/failed"  # a pool follower's MVs that left it with an error ("a,b")
 IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
              dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED,
              dg.DagsterRunStatus.CANCELING]
@@ -173,27 +174,62 @@ def follower_restart(instance: dg.DagsterInstance, first: int, last: int,
     (a follower that fails at once must not relaunch in a tight loop)."""
     tags = {**vnodes_tag(first, last), **({MV_TAG: mv} if mv is not None else {})}
     records = instance.get_run_records(dg.RunsFilter(job_name=FOLLOWER_JOB, tags=tags), limit=8)
-    if not records:
+    return _restart([(r, r.dagster_run.status == dg.DagsterRunStatus.FAILURE) for r in records])
+
+
+def pool_tag(names: Sequence[str]) -> str:
+    """A pool run's `MV_TAG` ("a,b"): never one MV's own value, so the run queue's
+    one-run-per-MV limit does not hold a pool and a one-MV run of its MVs apart."""
+    return ",".join(sorted(names))
+
+
+def pool_restart(records: Sequence, mv: str) -> Restart:
+    """`follower_restart` for an MV the sensor serves in pools, from the latest follower runs
+    (`records`, newest first): its runs are its one-MV followers and every pool run started
+    for it (`MV_TAG` lists it). Its part of a pool run failed when it left the run with an
+    error (`FAILED_TAG`) or the run failed while still following it (the process died);
+    leaving by a stop request, or a run that ended well, is no failure."""
+    mine = [r for r in records if mv in _started_for(r.dagster_run)][:8]
+    return _restart([(r, _failed_in(r.dagster_run, mv)) for r in mine])
+
+
+def _started_for(run: dg.DagsterRun) -> set[str]:
+    owner = run.tags.get(MV_TAG, "")
+    return set(owner.split(",")) if FOLLOWS_TAG in run.tags else {owner}
+
+
+def _failed_in(run: dg.DagsterRun, mv: str) -> bool:
+    if FOLLOWS_TAG not in run.tags:
+        return run.status == dg.DagsterRunStatus.FAILURE
+    if mv in run.tags.get(FAILED_TAG, "").split(","):
+        return True
+    return run.status == dg.DagsterRunStatus.FAILURE and mv in (run_follows(run) or ())
+
+
+def _restart(outcomes: Sequence[tuple]) -> Restart:
+    """The decision from (run record, whether the MV's follower failed in it), newest first."""
+    if not outcomes:
         return Restart(True, "no follower ran for this range yet")
-    last_run = records[0]
+    last_run = outcomes[0][0]
+    run = last_run.dagster_run
     failures = 0
-    for rec in records:
-        if rec.dagster_run.status != dg.DagsterRunStatus.FAILURE:
+    for _, failed in outcomes:
+        if not failed:
             break
         failures += 1
     if failures == 0:
-        return Restart(True, f"follower {last_run.dagster_run.run_id[:8]} ended "
-                             f"({last_run.dagster_run.status.value})", last_run.dagster_run.run_id)
+        ended = "left it" if run.status in IN_FLIGHT else f"ended ({run.status.value})"
+        return Restart(True, f"follower {run.run_id[:8]} {ended}", run.run_id)
     extra = failures - FREE_RESTARTS
     wait = min(MAX_BACKOFF, RESTART_BACKOFF * (2 ** (extra - 1))) if extra > 0 else None
-    ended = last_run.end_time
+    # a pool run it left is still in flight: it left at the run's last tag update
+    ended = last_run.end_time or last_run.update_timestamp.timestamp()
     if wait is not None and ended is not None:
         remaining = ended + wait.total_seconds() - time.time()
         if remaining > 0:
             return Restart(False, f"follower failed {failures} times in a row; restarting in "
-                                  f"{remaining:.0f} s (see run {last_run.dagster_run.run_id[:8]})")
-    return Restart(True, f"follower {last_run.dagster_run.run_id[:8]} died (FAILURE); restarting",
-                   last_run.dagster_run.run_id)
+                                  f"{remaining:.0f} s (see run {run.run_id[:8]})")
+    return Restart(True, f"follower {run.run_id[:8]} died (FAILURE); restarting", run.run_id)
 
 
 # a Dagster backfill (the asset pages' "Materialize…" of several vnodes, `launchPartition-

@@ -104,7 +104,7 @@ def barrier_runs(context: dg.SensorEvaluationContext, d: MVDefinition, tables: M
     for first, last in vnode_ranges(d.vnode_count, ranges):
         if all(v in current for v in range(first, last + 1)):
             continue  # this range already took this version: no second run for it
-        busy = _busy(context.instance, first, last, d.vnode_count, k)
+        busy = vnodes_busy(context.instance, first, last, d.vnode_count, k)
         if busy:
             waiting.append(busy)
             continue
@@ -130,7 +130,7 @@ def keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTabl
                              "run start_follower_job to start them again")
     requests, reasons = [], []
     for first, last in vnode_ranges(d.vnode_count, ranges):
-        busy = _busy(instance, first, last, d.vnode_count, k)
+        busy = vnodes_busy(instance, first, last, d.vnode_count, k)
         if busy:
             reasons.append(busy)
             continue
@@ -144,7 +144,7 @@ def keep_followers(instance: dg.DagsterInstance, d: MVDefinition, tables: MVTabl
     return requests or dg.SkipReason("; ".join(reasons))
 
 
-def _busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int,
+def vnodes_busy(instance: dg.DagsterInstance, first: int, last: int, vnode_count: int,
           k: MVAssets) -> str:
     """Why vnodes first..last of the MV must wait ("" when no run or Dagster backfill of
     it writes them)."""

@@ -18,7 +18,7 @@ from backfill_assets.definitions import build_definitions
 from backfill_assets.mv.owned_tables import read_rows
 from backfill_assets.upstream.writer import LoadParams, run_load
 from backfill_assets.verify.oracle import verify
-from backfill_assets.wiring.liveness import FOLLOWS_TAG, mvs_in_flight
+from backfill_assets.wiring.liveness import FAILED_TAG, FOLLOWS_TAG, mvs_in_flight
 from resources.catalog import load_catalog
 from resources.mv import mv_tables
 from resources.settings import load_settings
@@ -96,6 +96,8 @@ def test_one_follower_run_serves_every_mv_and_one_failing_does_not_stop_the_othe
     error = seen.asset_observation.metadata["follower_error"].value
     assert error.startswith("UpstreamSchemaChanged") and "region" in error
     assert "e" not in mvs_in_flight(instance)
+    [pool_run] = instance.get_runs(dg.RunsFilter(job_name="follower_job"))
+    assert pool_run.tags[FAILED_TAG] == "e"  # the sensor's restart back-off counts it
     up = _commit(warehouse, "upstream", 5)
     wait_for(f"a, b, c at v{up} after e failed", lambda: all_caught_up("abc", up))
     exact("abc")
@@ -156,7 +158,7 @@ def test_the_sensor_starts_one_follower_run_for_the_mvs_that_need_one(tmp_path, 
     while it lives; an MV failing out of it is restarted alone; stopped MVs are left out and
     `follower: own` MVs get runs of their own."""
     from backfill_assets.barrier.follower import clear_stop
-    from backfill_assets.wiring.liveness import FAILED_TAG, MV_TAG, writers_over
+    from backfill_assets.wiring.liveness import MV_TAG, writers_over
 
     mvs = {n: {**BASE, "filter": f"qty > {i}"} for i, n in enumerate(("c", "a", "f"))}
     mvs["own"] = {**BASE, "follower": "own"}
@@ -204,7 +206,7 @@ def test_an_mv_failing_out_of_pools_again_and_again_backs_off(tmp_path, warehous
     it waits, while an MV that only stopped with the pool is restarted at once."""
     from dagster._core.test_utils import create_run_for_test
 
-    from backfill_assets.wiring.liveness import FAILED_TAG, FREE_RESTARTS, MV_TAG
+    from backfill_assets.wiring.liveness import FREE_RESTARTS, MV_TAG
 
     instance, _, tick = _sensor_of(tmp_path, warehouse, {"a": BASE, "c": BASE})
     for _ in range(FREE_RESTARTS + 1):  # pools a left with an error, c stopped with well
@@ -248,3 +250,18 @@ def test_the_sensor_starts_no_follower_for_the_mvs_a_pool_follows(tmp_path, ware
     assert [r.tags[MV_TAG] for r in tick()] == ["c"]
     assert writers_over(instance, range(VNODES), VNODES, mv="c") == []
     assert mvs_in_flight(instance) == {"a"}
+
+
+def test_follower_is_pool_or_own_and_not_part_of_the_fingerprint():
+    """`follower` says how an MV is served, not what it computes: a wrong value is refused by
+    name, and changing it keeps the fingerprint (no reset)."""
+    from backfill_assets.core.errors import InvalidMVDefinition
+    from backfill_assets.core.mv_definition import MVDefinition
+
+    body = {**BASE, "name": "a"}
+    pooled, own = (MVDefinition.from_dict({**body, "follower": f}) for f in ("pool", "own"))
+    assert MVDefinition.from_dict(body).follower == "pool"
+    assert own.check_controls().follower == "own"
+    assert own.fingerprint == pooled.fingerprint
+    with pytest.raises(InvalidMVDefinition, match="follower 'shared' is not one of pool, own"):
+        MVDefinition.from_dict({**body, "follower": "shared"}).check_controls()

@@ -154,13 +154,15 @@ def _launched(instance, request: dg.RunRequest, status=dg.DagsterRunStatus.NOT_S
 
 def test_the_sensor_starts_one_follower_run_for_the_mvs_that_need_one(tmp_path, warehouse):
     """Continuous mode over a folder: the MVs needing a follower start as ONE pool run (in
-    barrier order, tagged so liveness counts it at once, queued or started); no second run
+    barrier order, a reader of an MV with the MV before its table exists; tagged so liveness
+    counts it at once, created or started); no second run
     while it lives; an MV failing out of it is restarted alone; stopped MVs are left out and
     `follower: own` MVs get runs of their own."""
     from backfill_assets.barrier.follower import clear_stop
     from backfill_assets.wiring.liveness import MV_TAG, writers_over
 
     mvs = {n: {**BASE, "filter": f"qty > {i}"} for i, n in enumerate(("c", "a", "f"))}
+    mvs["c"]["upstream"] = "a/downstream_mv"  # c reads a, whose table a's first barrier writes
     mvs["own"] = {**BASE, "follower": "own"}
     mvs["s"] = {**BASE, "filter": "qty > 9"}
     instance, tables, tick = _sensor_of(tmp_path, warehouse, mvs)
@@ -169,7 +171,7 @@ def test_the_sensor_starts_one_follower_run_for_the_mvs_that_need_one(tmp_path, 
     [pool] = [r for r in requests if FOLLOWS_TAG in r.tags]
     [own] = [r for r in requests if FOLLOWS_TAG not in r.tags]
     names = pool.run_config["ops"]["follow_upstream"]["config"]["mvs"]
-    assert sorted(names) == ["a", "c", "f"] and "s" not in names
+    assert sorted(names) == ["a", "c", "f"] and names.index("a") < names.index("c")
     assert pool.tags[FOLLOWS_TAG] == ",".join(names) and pool.tags[MV_TAG] == "a,c,f"
     assert own.tags[MV_TAG] == "own" and own.tags["backfill/vnodes"] == f"0-{VNODES - 1}"
     dg.validate_run_config(tick.job, pool.run_config)  # the launch takes its config

@@ -72,14 +72,17 @@ def catalog_tick(context: dg.SensorEvaluationContext, served: Served, settings: 
         if tables.upstream not in heads:  # each table read once per tick
             table = owned_tables.open_if_exists(tables.upstream, tables.storage_options)
             heads[tables.upstream] = None if table is None else table.version()
-        if heads[tables.upstream] is None:
+        # continuous: a reader of an MV that is followed too is followed from the start (its
+        # follower waits for the table the other's first barrier writes: a chain in one pool)
+        unborn = settings.continuous and tables.upstream in {t.mv for _, _, t in stands.values()}
+        if heads[tables.upstream] is None and not unborn:
             reasons.append(f"{name}: upstream {tables.upstream} does not exist yet")
             continue
         stands[name] = (d, k, tables)
-    requests: list[dg.RunRequest] = []
     if settings.continuous:
         started, why = keep_catalog_followers(context.instance, stands, ranges)
         return started, reasons + why
+    requests: list[dg.RunRequest] = []
     wheres = {n: where(d, t, heads[t.upstream]) for n, (d, _, t) in stands.items()}
     due = [n for n, p in wheres.items() if not p.idle]
     reasons += [f"{n}: at its upstream's latest version v{p.version} and "

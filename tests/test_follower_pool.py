@@ -140,6 +140,7 @@ def _sensor_of(tmp_path, warehouse, mvs: dict):
         return [] if isinstance(result, dg.SkipReason) else list(result)
 
     tick.job = build_definitions(settings).get_job_def("follower_job")
+    tick.catalog = catalog
     return instance, tables, tick
 
 
@@ -267,3 +268,26 @@ def test_follower_is_pool_or_own_and_not_part_of_the_fingerprint():
     assert own.fingerprint == pooled.fingerprint
     with pytest.raises(InvalidMVDefinition, match="follower 'shared' is not one of pool, own"):
         MVDefinition.from_dict({**body, "follower": "shared"}).check_controls()
+
+
+@pytest.mark.spark
+def test_the_sensors_pool_request_runs_a_chain_in_one_pass(spark, tmp_path, warehouse):
+    """The sensor's request, run as the daemon would run it (its config and tags): one run
+    follows a and b (b reads a, whose table does not exist yet) in one pass, both exact; once
+    it ended, the next tick starts both again as one pool with a new run key."""
+    mvs = {"a": {**BASE, "filter": "qty > 0"},
+           "b": {**BASE, "upstream": "a/downstream_mv", "filter": "qty > 2"}}
+    instance, tables, tick = _sensor_of(tmp_path, warehouse, mvs)
+    [request] = tick()
+    config = request.run_config["ops"]["follow_upstream"]["config"]
+    assert config["mvs"] == ["a", "b"]
+    result = tick.job.execute_in_process(instance=instance, tags=request.tags, run_config={
+        "ops": {"follow_upstream": {"config": {**config, "max_barriers": 1,
+                                               "poll_seconds": 0.2}}}})
+    assert result.success
+    assert DeltaTable(tables["a"].mv).version() >= 0
+    for name in mvs:
+        verdict = verify(spark, tick.catalog.definition(name), tables[name])
+        assert verdict.ok, (name, verdict.failures()[:3])
+    [again] = tick()
+    assert again.run_config == request.run_config and again.run_key != request.run_key

@@ -11,7 +11,8 @@ check results as a one-MV follower's, on its own assets) and its liveness: the r
 `backfill/follows` lists the MVs it still follows, so the sensor and the other jobs see each
 MV as followed exactly while the pool serves it. An MV whose barrier fails leaves the pool:
 its error is logged by name and recorded on its MV asset (an observation with
-`follower_error`), it is taken off `backfill/follows`, and the others keep following; the run
+`follower_error`), it is taken off `backfill/follows` and named in `backfill/failed` (the
+sensor's restart back-off counts it), and the others keep following; the run
 fails at its end naming every MV that failed.
 """
 

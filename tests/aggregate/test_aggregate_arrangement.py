@@ -25,6 +25,7 @@ from tests.reliability import harness as H
 VNODES = 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["arrangement", "no_shuffle"])
 def test_an_aggregate_backfill_by_positions_is_exact_at_every_barrier(spark, warehouse, mode):
     rng = random.Random(53)
@@ -63,6 +64,7 @@ def _held(spark, d, tables) -> set[str]:
     return {p for p, v in b.txns().items() if v is not None and v > done}
 
 
+@pytest.mark.slow
 def test_a_kill_at_every_commit_boundary_of_a_step_neither_loses_nor_double_counts(
         spark, warehouse):
     rng = random.Random(11)

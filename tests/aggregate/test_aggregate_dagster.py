@@ -1,7 +1,7 @@
-"""The demo's aggregate MV (jobs/configs/mvs/revenue_by_region_day.yaml: revenue and orders per region per day)
-through real Dagster: backfill_job barriers in process over the demo's load generator, then the
-`matches_oracle` check (Spark's GROUP BY) passes and the barrier's metadata says which path it
-took."""
+"""The demo's aggregate MV (jobs/configs/mvs/revenue_by_region_day.yaml: revenue and orders per
+region per day) through real Dagster: backfill_job barriers in process over the demo's load
+generator, then the `matches_oracle` check (Spark's GROUP BY) passes and the barrier's metadata
+says which path it took."""
 
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def test_the_demo_aggregate_mv_through_dagster(spark, tmp_path, warehouse, monke
                                                  changes_per_version=40), vnode_count=VNODES)
     monkeypatch.setenv("BACKFILL_WAREHOUSE", warehouse)
     settings = load_settings()
-    with open(os.path.join(ROOT, "jobs", "configs", "mvs", "revenue_by_region_day.yaml"), encoding="utf-8") as f:
+    config = os.path.join(ROOT, "jobs", "configs", "mvs", "revenue_by_region_day.yaml")
+    with open(config, encoding="utf-8") as f:
         raw = yaml.safe_load(f)
     path = tmp_path / "agg_mv.yaml"
     path.write_text(yaml.safe_dump({**raw, "vnode_count": VNODES}))

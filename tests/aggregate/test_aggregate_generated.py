@@ -28,7 +28,7 @@ from tests.aggregate.generated import (
 from tests.aggregate.test_aggregate_barriers import assert_exact
 from tests.reliability import harness as H
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SLOW = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 # no shrinking: each example is a Spark run; a failure names its seed and whole history
 PHASES = [Phase.explicit, Phase.generate]

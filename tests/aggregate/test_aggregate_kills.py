@@ -41,6 +41,7 @@ def _killed(warehouse: str, raw: dict, point: str) -> None:
     assert child.killed, f"{point}: the child was not killed:\n{child.output[-3000:]}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("phase", ["bulk", "apply"])
 def test_a_kill_at_every_commit_boundary_neither_loses_nor_double_counts(spark, warehouse,
                                                                          phase):

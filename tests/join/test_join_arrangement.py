@@ -19,7 +19,7 @@ from backfill_assets.mv.controls import Controls
 from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
 from tests.reliability import harness as H
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def _backfill(spark, d, tables, live, dim, rng, *, steps: int = 30) -> list:

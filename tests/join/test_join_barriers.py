@@ -15,7 +15,7 @@ from backfill_assets.join import barrier_due
 from backfill_assets.verify.join_oracle import verify_join
 from tests.reliability import harness as H
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 REGIONS = ("north", "south", "east", "west", None)
 

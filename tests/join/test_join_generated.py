@@ -142,7 +142,7 @@ def drawn_history(spark, warehouse: str, seed: int, kind: str, aggregate: bool,
 KILLS = [p for p in HELD if p != "before_write"]
 
 
-@pytest.mark.slow
+@pytest.mark.variant
 @settings(max_examples=1, derandomize=True, **SETTINGS)
 @given(seed=st.integers(0, 2**31))
 def test_random_kills_on_both_feeds_recover_exactly(spark, warehouse, seed):

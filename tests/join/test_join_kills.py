@@ -17,7 +17,7 @@ from backfill_assets.storage import TableVersion
 from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
 from tests.reliability import harness as H
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 FACTS, INDEX, DIM, MV = "join_facts", "join_index_0", "join_dimension_0", "mv"
 # the boundaries in commit order, and which tables hold the killed barrier at each

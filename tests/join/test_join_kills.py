@@ -30,6 +30,9 @@ HELD = {"before_write": (), "join_facts_dv_file_written": (),
         "after_progress_commit": (FACTS, INDEX, DIM, MV)}
 BULK_KILLS = ["after_join_facts_commit", "after_join_dimension_0_commit", "after_mv_commit"]
 APPLY_KILLS = list(HELD)
+# the default run (CI time): one boundary of each kind; "apply_all" (a variant) kills at every one
+APPLY_SOME = ["join_facts_dv_file_written", "after_join_index_0_commit", "after_mv_commit",
+              "after_progress_commit"]
 
 
 def _held(tables, name: str, pair: Pair) -> set[str]:
@@ -45,19 +48,20 @@ def _held(tables, name: str, pair: Pair) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("phase", ["bulk", "apply"])
+@pytest.mark.parametrize("phase", ["bulk", "apply",
+                                   pytest.param("apply_all", marks=pytest.mark.variant)])
 def test_a_kill_at_every_commit_boundary_neither_loses_nor_doubles(spark, warehouse, phase):
     rng = random.Random(11)
     live = H.orders(warehouse, 11)
     live.create(rows=80)
     dim = Dimension(spark, f"{warehouse}/tiers", rng)
     dim.insert(range(0, 12))
-    kills = BULK_KILLS if phase == "bulk" else APPLY_KILLS
+    kills = {"bulk": BULK_KILLS, "apply": APPLY_SOME, "apply_all": APPLY_KILLS}[phase]
     for n, point in enumerate(kills):
         name = f"join_kill_{phase}_{n}" if phase == "bulk" else "join_kill"
         raw = join_raw(name, live.uri, "left")
         d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-        if phase == "apply" and n == 0:
+        if phase != "bulk" and n == 0:
             run_barrier(spark, d, tables, [0])
         live.apply(live.random_batch(8))
         dim.random_dml()

@@ -27,7 +27,7 @@ from backfill_assets.arrow.join_state import JoinUpdate
 from backfill_assets.core.errors import JoinStateMismatch
 from backfill_assets.core.progress import BackfillState, Completed
 from backfill_assets.join import sources
-from backfill_assets.join.bulk import BulkBuild
+from backfill_assets.join.bulk import BulkBuild, refuse_duplicate_dimension_keys
 from backfill_assets.join.output import Output, output_of
 from backfill_assets.join.reads import fact_rows
 from backfill_assets.join.store import (
@@ -249,6 +249,8 @@ def open_barrier(spark: SparkSession, d, tables: MVTables, version: int | None,
     sides, joined = sources.checked_sides(tables, d.joins, fact_types)
     out = output_of(spark, d, tables, upstream, sides, joined)
     store = out.store
+    if owned_tables.open_if_exists(tables.progress, tables.storage_options) is None:
+        refuse_duplicate_dimension_keys(spark, sides, store)  # the first barrier: before any table
     progress = owned_tables.ensure_table(
         tables.progress, progress_schema(upstream.key_order), tables.storage_options,
         cdf=False, description=upstream.pin(d, store.mv_schema))

@@ -195,6 +195,20 @@ class BulkBuild:
         return state.num_rows
 
 
+def refuse_duplicate_dimension_keys(spark: SparkSession, sides: list[Side], store: JoinStore
+                                    ) -> None:
+    """Every dimension's declared key unique at the pair's version: checked before the first
+    barrier creates any table, so a refused MV leaves nothing behind, not even empty tables."""
+    jt = store.jt
+    for i, side in enumerate(sides):
+        schema = pa.schema([f for f in jt.dimension_schemas[i] if f.name != VNODE])
+        rows = storage.read_version(spark, side.uri, side.version, schema,
+                                    storage_options=store.tables.storage_options)
+        key = list(jt.plan.sides[i].key)
+        _refuse_duplicate_keys(rows.where(F.expr(" AND ".join(f"`{k}` IS NOT NULL"
+                                                              for k in key))), key)
+
+
 def _refuse_duplicate_keys(dimension: DataFrame, key: list[str]) -> None:
     """A declared key holding two rows would multiply the facts that reference it: refused
     before anything of the MV is written (as the barrier's algebra refuses it)."""

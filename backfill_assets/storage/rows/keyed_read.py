@@ -151,15 +151,10 @@ def rows_of_keys(snap: TableVersion, key_names: Sequence[str], keys: pa.Table,
     vnode of each key in this table): files and row groups are then pruned by it too, as a
     vnode-clustered table needs. ``key_names`` need not be the table's whole key (the join
     index is read by its join key): every row matching is returned."""
-    snap.check_readable()
     schema = snap.arrow_schema
-    wanted = _wanted(snap, key_names, keys)
     out = list(columns) if columns is not None else schema.names
     read = list(dict.fromkeys([*out, *key_names]))
-    if not wanted.num_rows:
-        return pa.schema([schema.field(c) for c in out]).empty_table()
-    pairs = keys_by_file(snap.files, wanted, key_names)
-    probe = _Probe.of(wanted, key_names[0])
+    pairs, probe = _planned(snap, key_names, keys)
 
     def one(pair: tuple[DataFile, pa.Table]) -> pa.Table:
         return _file_rows_of(snap, pair[0], read, key_names, pair[1], probe)
@@ -171,6 +166,38 @@ def rows_of_keys(snap: TableVersion, key_names: Sequence[str], keys: pa.Table,
         parts = [one(p) for p in pairs]
     shape = pa.schema([schema.field(c) for c in read])
     return pa.concat_tables([shape.empty_table(), *parts]).select(out)
+
+
+def row_groups_read(snap: TableVersion, key_names: Sequence[str], keys: pa.Table
+                    ) -> dict[str, list[int]]:
+    """The row groups ``rows_of_keys`` opens for ``keys``, per file path: what a test or a
+    benchmark reports (rows read), without reading a row."""
+    pairs, probe = _planned(snap, key_names, keys)
+    found = {}
+    for f, _ in pairs:
+        uri = snap.file_uri(f.path)
+        fs, path = objects.filesystem(uri, snap.storage_options)
+        with fs.open_input_file(path) as handle:
+            footer = _footer(handle, uri, f)
+            found[f.path] = _groups(snap, f, footer, key_names, probe)
+    return found
+
+
+def _planned(snap: TableVersion, key_names: Sequence[str], keys: pa.Table
+             ) -> tuple[list[tuple[DataFile, pa.Table]], _Probe | None]:
+    """The files that may hold a key, each with its keys, and the keys' group test."""
+    snap.check_readable()
+    wanted = _wanted(snap, key_names, keys)
+    if not wanted.num_rows:
+        return [], None
+    return keys_by_file(snap.files, wanted, key_names), _Probe.of(wanted, key_names[0])
+
+
+def _groups(snap: TableVersion, f: DataFile, footer: _Footer, key_names: Sequence[str],
+            probe: _Probe) -> list[int]:
+    lead = key_names[0]
+    physical = None if lead in snap.partition_columns else snap.physical_names.get(lead, lead)
+    return probe.groups(footer, physical, _vnodes_of(snap, f))
 
 
 def _wanted(snap: TableVersion, key_names: Sequence[str], keys: pa.Table) -> pa.Table:
@@ -206,9 +233,7 @@ def _file_rows_of(snap: TableVersion, f: DataFile, columns: list[str],
     fs, path = objects.filesystem(uri, snap.storage_options)
     with fs.open_input_file(path) as handle:
         footer = _footer(handle, uri, f)
-        lead = key_names[0]
-        groups = probe.groups(footer, None if lead in parts else
-                              snap.physical_names.get(lead, lead), _vnodes_of(snap, f))
+        groups = _groups(snap, f, footer, key_names, probe)
         if not groups:
             return out.empty_table()
         pf = pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=True)

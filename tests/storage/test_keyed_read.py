@@ -189,3 +189,43 @@ def test_an_object_store_table_reads_the_same(s3_server):
     got = rows_of_keys(snap, ["k0", "k1"], _keys("multi", asked, 1, True))
     expected = [held[i] for i in asked if i in held]
     assert _sorted(got.to_pylist(), ["k0", "k1"]) == _sorted(expected, ["k0", "k1"])
+
+
+def test_a_file_read_again_after_a_new_dv_reads_its_new_dv(tmp_path):
+    """Footers are cached by file; the DV comes from the version read: a later delete is
+    seen, and the earlier version still holds the row."""
+    uri = str(tmp_path / "t")
+    _platform_table(uri, "int", list(range(100)), set(), set(), 4, 100)
+    keys = _keys("int", [5, 6], 0, True)
+    first = TableVersion.load(uri)
+    assert rows_of_keys(first, ["k0"], keys).num_rows == 2
+    gone = _rows("int", [5])
+    apply_keyed(TableVersion.load(uri), ["k0"], Intent({"t/x/0": 1}),
+                KeyedRows(gone, gone.slice(0, 0)))
+    assert rows_of_keys(TableVersion.load(uri), ["k0"], keys, ["v"]).to_pylist() == [
+        {"v": "v6"}]
+    assert rows_of_keys(TableVersion.load(uri, first.version), ["k0"], keys).num_rows == 2
+
+
+def test_the_spark_write_path_writes_the_tables_row_groups(spark, tmp_path):
+    """The bulk commit (``apply_changes``, what the join state's bulk build uses) writes
+    files sorted by (vnode, key) in row groups of the table's ``backfill.rowGroupRows``."""
+    from backfill_assets.storage import apply_changes
+
+    uri = str(tmp_path / "t")
+    config = {"backfill.vnodeCount": str(VNODES), ROW_GROUP_ROWS_PROPERTY: "16"}
+    ensure_mor_table(uri, _schema("int"), None, cdf=True, configuration=config)
+    rows = _rows("int", range(300))
+    apply_changes(spark, TableVersion.load(uri), ["k0"], Intent({"t/x/0": 0}),
+                  inserts=spark.createDataFrame(rows.to_pandas()), rows_hint=300)
+    snap = TableVersion.load(uri)
+    for f in snap.files:
+        md = pq.ParquetFile(snap.file_uri(f.path)).metadata
+        sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+        assert max(sizes) <= 16 and all(s == 16 for s in sizes[:-1])
+        held = pq.read_table(snap.file_uri(f.path), columns=["vnode", "k0"]).to_pylist()
+        assert held == sorted(held, key=lambda r: (r["vnode"], r["k0"]))
+    asked = [0, 1, 150, 299, 7000]
+    got = rows_of_keys(snap, ["k0"], _keys("int", asked, 0, True))
+    assert _sorted(got.to_pylist(), ["k0"]) == _sorted(
+        [_row("int", i, f"v{i}") for i in asked if i < 300], ["k0"])

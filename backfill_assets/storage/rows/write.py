@@ -26,9 +26,8 @@ from backfill_assets.storage.store import objects
 MANIFEST = "path string, size long, rows long, stats string"
 DEFAULT_FILE_ROWS = 1 << 20
 ROW_GROUP_ROWS = 1 << 17
-# table property: rows per Parquet row group of the table's files (default ROW_GROUP_ROWS).
-# Small groups (a few thousand rows) of files sorted by (vnode, key) let a keyed read
-# (rows/keyed_read.py) open only the groups whose min/max statistics can hold its keys
+# table property: rows per row group; small groups of (vnode, key)-sorted files let a keyed
+# read (rows/keyed_read.py) open only the groups whose min/max statistics admit its keys
 ROW_GROUP_ROWS_PROPERTY = "backfill.rowGroupRows"
 STAT_STRING_LIMIT = 32  # longer strings get no min/max (a truncated bound would not be exact)
 
@@ -224,8 +223,8 @@ class _OpenFile:
             self._flush()
 
     def _flush(self, last: bool = False) -> None:
-        """Whole row groups of the pending rows written (all of them when ``last``), the rest
-        kept: batches that are no multiple of the group size would leave a short group each."""
+        """Whole groups written (all rows when ``last``), the rest kept: else each batch that
+        is no multiple of the group size would leave a short group."""
         if not self.pending:
             return
         rows = pa.concat_tables(self.pending)

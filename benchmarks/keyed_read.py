@@ -8,7 +8,8 @@ int64 over 1M keys, order_id int64, amount decimal(10,2), day date, vnode of joi
 of 256) through the platform's keyed commit (files sorted by (vnode, key)), once per row-group
 size asked, then times both reads of the same random keys (1,000 and 20,000), each the
 median of ``--repeat`` runs on fresh keys; ``rows_of_keys`` cold (a process's first read:
-footers not cached yet, the table version loaded as the barrier has it) and warm. Results: results/keyed_read.json.
+footers not cached yet, the table version loaded as the barrier has it) and warm.
+Results: results/keyed_read.json.
 
     python -m benchmarks.keyed_read [--rows 20000000] [--group-rows 1024,2048,4096,16384]
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import pathlib
 import random
 import tempfile
 
@@ -26,6 +27,7 @@ from backfill_assets.storage import (
     TableVersion,
     apply_keyed,
     ensure_mor_table,
+    file_reader,
     rows_of_keys,
 )
 from backfill_assets.storage.rows.keyed_read import row_groups_read
@@ -229,3 +231,29 @@ def test_the_spark_write_path_writes_the_tables_row_groups(spark, tmp_path):
     got = rows_of_keys(snap, ["k0"], _keys("int", asked, 0, True))
     assert _sorted(got.to_pylist(), ["k0"]) == _sorted(
         [_row("int", i, f"v{i}") for i in asked if i < 300], ["k0"])
+
+
+KERNEL = pathlib.Path(__file__).resolve().parents[1] / "data" / "kernel"
+
+
+@pytest.mark.parametrize(("table", "key"), [
+    ("table-with-dv-small", "value"), ("with-short-dv", "id"),
+    ("cdf-column-mapping-name-mode", "id"), ("cdf-column-mapping-id-mode", "name"),
+    ("cdf-table-with-cdc-and-dvs", "id"), ("data-reader-timestamp_ntz", "id"),
+    ("data-reader-timestamp_ntz", "tsNtzPartition")])
+def test_tables_written_by_databricks_read_as_the_layers_full_read(table, key):
+    """Databricks' DVs, column mapping (physical names in the footers) and partition values:
+    every other value of the key asked, plus one no row holds."""
+    snap = TableVersion.load(str(KERNEL / table))
+    read = file_reader(snap, snap.arrow_schema.names)
+    full = pa.concat_tables([read(f) for f in snap.files]).to_pylist()
+    values = sorted({r[key] for r in full if r[key] is not None})
+    asked = values[::2]
+    past = values[-1] + (dt.timedelta(days=1) if isinstance(values[-1], dt.datetime)
+                         else "~" if isinstance(values[-1], str) else 1)
+    keys = pa.table({key: pa.array([*asked, past, None], snap.arrow_schema.field(key).type)})
+    got = rows_of_keys(snap, [key], keys)
+    assert got.schema == snap.arrow_schema
+    order = lambda r: tuple(str(v) for v in r.values())  # noqa: E731
+    assert sorted(got.to_pylist(), key=order) == sorted(
+        [r for r in full if r[key] in asked], key=order)

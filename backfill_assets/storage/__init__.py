@@ -28,6 +28,8 @@ surface (``__all__``); the modules it comes from are the layer's inside.
   commit of new clustered files, deletion vectors and exact change-data files;
   ``KeyedRows`` + ``apply_keyed``: changes applied by key lookups on the driver;
   ``replace_keyed``: the rows of a few keys overwritten (the progress table); ``key_counts``;
+  ``rows_of_keys``: the live rows of given keys, reading only the Parquet row groups whose
+  statistics admit one (tables written with small groups: ``ROW_GROUP_ROWS_PROPERTY``);
   ``key_cache``: the process's cache of file keys those lookups use;
 - ``maintain`` (compaction, DV garbage collection, checkpoints) and the step's own
   ``compaction_due`` / ``compact``;
@@ -87,8 +89,10 @@ from backfill_assets.storage.rows import key_cache, replica
 from backfill_assets.storage.rows.change_range import read_raw_changes
 from backfill_assets.storage.rows.commit import Intent
 from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
+from backfill_assets.storage.rows.keyed_read import rows_of_keys
 from backfill_assets.storage.rows.scan import parallelism, read_table_version
 from backfill_assets.storage.rows.spark_types import col, spark_schema, spark_type
+from backfill_assets.storage.rows.write import ROW_GROUP_ROWS_PROPERTY
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.store.documents import (
     append_sequence,
@@ -140,6 +144,7 @@ __all__ = [
     "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",
     "read_raw_changes", "change_rows_by_vnode", "estimate_change_rows",
     "Intent", "KeyedRows", "key_counts", "replace_keyed", "key_cache", "replica",
+    "rows_of_keys", "ROW_GROUP_ROWS_PROPERTY",
     # chunk reads
     "SEEK_ROWS_PROPERTY", "HeldChunk", "SharedCut", "chunk_files", "chunk_tasks", "file_reader",
     "read_chunk", "seek_file_rows", "shared_cut", "vnode_key_stats", "windowed_cut",

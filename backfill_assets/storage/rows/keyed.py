@@ -36,7 +36,7 @@ from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.rows.row_equality import unchanged_dropped
 from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, file_row_groups, file_rows
-from backfill_assets.storage.rows.write import write_table
+from backfill_assets.storage.rows.write import row_group_rows, write_table
 
 CHANGE_TYPE = "_change_type"
 CHANGE_FOLDER = "_change_data"
@@ -134,7 +134,8 @@ def _written(snap: TableVersion, key_names: Sequence[str], rows: pa.Table,
     order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
     clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
     files = write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
-                        max_rows_per_file=file_rows_max)
+                        max_rows_per_file=file_rows_max,
+                        row_group_rows=row_group_rows(snap.configuration))
     if key_cache.CACHE.fits(sum(f.num_records or 0 for f in snap.files) + rows.num_rows):
         key_cache.CACHE.remember_written(snap.uri, [(f.path, f.size, f.rows) for f in files],
                                          clustered.select(list(key_names)))

@@ -216,7 +216,7 @@ def file_rows(uri: str, options: Mapping[str, str], physical: Mapping[str, str],
     added."""
     fs, path = objects.filesystem(uri, options)
     with fs.open_input_file(path) as handle:
-        pf, present = _opened(handle, uri, rows)
+        pf, present = opened(handle, uri, rows)
         count = pf.metadata.num_rows
         table = pf.read(columns=[p for p in physical.values() if p in present])
     for bitmap in (deleted, only):
@@ -228,7 +228,7 @@ def file_rows(uri: str, options: Mapping[str, str], physical: Mapping[str, str],
     if row_ids_for is not None:
         extra[FILE_COLUMN] = pa.repeat(pa.scalar(row_ids_for), count)
         extra[ROW_COLUMN] = pa.array(range(count), pa.int64())
-    result = _shaped(table, present, physical, out, partition, extra)
+    result = shaped(table, present, physical, out, partition, extra)
     if only is not None:
         return result.filter(pc.invert(_mask(count, only)))
     if deleted is not None and len(deleted):
@@ -244,15 +244,15 @@ def file_row_groups(uri: str, options: Mapping[str, str], physical: Mapping[str,
     group, not the file: a 100M-row MV's files hold about 2M rows each (merge.TARGET_FILES)."""
     fs, path = objects.filesystem(uri, options)
     with fs.open_input_file(path) as handle:
-        pf, present = _opened(handle, uri, rows)
+        pf, present = opened(handle, uri, rows)
         start = 0
         for i in range(pf.metadata.num_row_groups):
             group = pf.read_row_group(i, columns=[p for p in physical.values() if p in present])
-            yield start, _shaped(group, present, physical, out, partition)
+            yield start, shaped(group, present, physical, out, partition)
             start += group.num_rows
 
 
-def _shaped(table: pa.Table, present: set[str], physical: Mapping[str, str], out: pa.Schema,
+def shaped(table: pa.Table, present: set[str], physical: Mapping[str, str], out: pa.Schema,
             partition: pa.Table | None, extra: Mapping[str, pa.Array] | None = None
             ) -> pa.Table:
     """Rows read from a file as ``out``: logical names for physical ones (a column the file
@@ -266,7 +266,7 @@ def _shaped(table: pa.Table, present: set[str], physical: Mapping[str, str], out
     return pa.table({f.name: _cast(data[f.name], f.type) for f in out}, schema=out)
 
 
-def _opened(handle, uri: str, rows: int | None):
+def opened(handle, uri: str, rows: int | None):
     """An open data file and its physical column names, its row count checked against the
     log's ``rows``."""
     import pyarrow.parquet as pq

@@ -26,7 +26,15 @@ from backfill_assets.storage.store import objects
 MANIFEST = "path string, size long, rows long, stats string"
 DEFAULT_FILE_ROWS = 1 << 20
 ROW_GROUP_ROWS = 1 << 17
+# table property: rows per row group; small groups of (vnode, key)-sorted files let a keyed
+# read (rows/keyed_read.py) open only the groups whose min/max statistics admit its keys
+ROW_GROUP_ROWS_PROPERTY = "backfill.rowGroupRows"
 STAT_STRING_LIMIT = 32  # longer strings get no min/max (a truncated bound would not be exact)
+
+
+def row_group_rows(configuration: Mapping[str, str]) -> int:
+    """Rows per row group the table's configuration asks its writers for."""
+    return int(configuration.get(ROW_GROUP_ROWS_PROPERTY) or 0) or ROW_GROUP_ROWS
 
 
 KEY_BOUNDS = "backfill.keyBounds"  # add-action tag: [first key, last key] in key order, exact
@@ -58,18 +66,21 @@ class NewFile:
 def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, folder: str = "", prefix: str = "part",
                 max_rows_per_file: int = DEFAULT_FILE_ROWS,
-                split_column: str | None = None) -> list[NewFile]:
+                split_column: str | None = None,
+                row_group_rows: int = ROW_GROUP_ROWS) -> list[NewFile]:
     """Write ``df`` (columns of ``schema``, cast to its types) as parquet files under
     ``table_uri/folder``, each task's rows in order, at most ``max_rows_per_file`` per file.
     ``split_column``: a file never holds two values of it (rows must come grouped by it), and
     a value's rows are cut every ``max_rows_per_file`` rows: the replica's one-vnode,
     key-sorted files that a chunk read seeks by, each a chunk long, so that chunks can end
-    where files end (``core.positions.chunk_cut``)."""
+    where files end (``core.positions.chunk_cut``). ``row_group_rows``: rows per row group
+    (``row_group_rows(configuration)`` of the table)."""
     # positional names: pyspark's mapInArrow resolves each column name as an attribute path,
     # which fails for names with dots ("a.b"); the task renames them back (by position)
     columns = [f"`{f.name.replace('`', '``')}` AS c{i}" for i, f in enumerate(schema)]
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
-                        folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS, split_column)
+                        folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS, split_column,
+                        row_group_rows=row_group_rows)
     manifest = df.selectExpr(*columns).mapInArrow(writer, MANIFEST).collect()
     files = [NewFile.of(r) for r in manifest]
     check_written(table_uri, storage_options, files)
@@ -79,14 +90,15 @@ def write_files(df: DataFrame, table_uri: str, storage_options: Mapping[str, str
 def write_table(table: pa.Table, table_uri: str, storage_options: Mapping[str, str],
                 schema: pa.Schema, *, folder: str = "", prefix: str = "part",
                 max_rows_per_file: int = DEFAULT_FILE_ROWS,
-                key_sort: list[tuple[str, str]] | None = None) -> list[NewFile]:
+                key_sort: list[tuple[str, str]] | None = None,
+                row_group_rows: int = ROW_GROUP_ROWS) -> list[NewFile]:
     """``write_files`` for rows already on the driver (a small barrier): the same files,
     statistics and manifest check, written by the driver itself instead of Spark tasks."""
     if not table.num_rows:
         return []
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS,
-                        key_sort=key_sort)
+                        key_sort=key_sort, row_group_rows=row_group_rows)
     batches = table.select(schema.names).to_batches()
     manifest = pa.Table.from_batches(list(writer(iter(batches))))
     files = [NewFile.of(r) for r in manifest.to_pylist()]
@@ -112,8 +124,10 @@ class FileWriter:
 
     def __init__(self, table_uri: str, options: Mapping[str, str], schema: bytes,
                  folder: str, prefix: str, max_rows: int, split_column: str | None = None,
-                 key_sort: list[tuple[str, str]] | None = None):
+                 key_sort: list[tuple[str, str]] | None = None,
+                 row_group_rows: int = ROW_GROUP_ROWS):
         self.table_uri, self.options, self.schema = table_uri, options, schema
+        self.row_group_rows = row_group_rows
         self.folder, self.prefix, self.max_rows = folder.strip("/"), prefix, max_rows
         self.split_column, self.key_sort = split_column, key_sort
 
@@ -192,10 +206,11 @@ class _OpenFile:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.key_sort, self.ordered = spec.key_sort, ordered  # ordered: rows known in order
+        self.group_rows = spec.row_group_rows
         self.keys: list[pa.Table] = []
 
     def write(self, table: pa.Table) -> None:
-        """Buffered into row groups of ROW_GROUP_ROWS: Spark hands a task's rows over in
+        """Buffered into row groups of ``group_rows``: Spark hands a task's rows over in
         batches of 10,000, and a row group per batch makes files slower to write and read."""
         self.pending.append(table)
         self.pending_rows += table.num_rows
@@ -204,16 +219,23 @@ class _OpenFile:
         self.rows += table.num_rows
         if self.key_sort:
             self.keys.append(table.select([name for name, _ in self.key_sort]))
-        if self.pending_rows >= ROW_GROUP_ROWS:
+        if self.pending_rows >= self.group_rows:
             self._flush()
 
-    def _flush(self) -> None:
-        if self.pending:
-            self.writer.write_table(pa.concat_tables(self.pending), row_group_size=ROW_GROUP_ROWS)
-        self.pending, self.pending_rows = [], 0
+    def _flush(self, last: bool = False) -> None:
+        """Whole groups written (all rows when ``last``), the rest kept: else each batch that
+        is no multiple of the group size would leave a short group."""
+        if not self.pending:
+            return
+        rows = pa.concat_tables(self.pending)
+        whole = rows.num_rows if last else rows.num_rows - rows.num_rows % self.group_rows
+        if whole:
+            self.writer.write_table(rows.slice(0, whole), row_group_size=self.group_rows)
+        rest = rows.slice(whole)
+        self.pending, self.pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
 
     def close(self) -> pa.RecordBatch:
-        self._flush()
+        self._flush(last=True)
         self.writer.close()
         self.stream.close()
         size = self.fs.get_file_info(self.fs_path).size

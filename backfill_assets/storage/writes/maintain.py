@@ -33,7 +33,7 @@ from backfill_assets.storage.delta.log import DataFile, TableVersion, commit_uri
 from backfill_assets.storage.delta.prune import VNODE, files_within_vnodes
 from backfill_assets.storage.rows.commit import Change, Intent, commit
 from backfill_assets.storage.rows.scan import file_rows, read_table_version
-from backfill_assets.storage.rows.write import NewFile, write_files, write_table
+from backfill_assets.storage.rows.write import NewFile, row_group_rows, write_files, write_table
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.writes.merge import FILE_ROWS, Applied, clustered, file_rows_for
 
@@ -138,7 +138,8 @@ def compact(spark: SparkSession, snap: TableVersion, key_names: Sequence[str],
         shaped = clustered(rows, key_names, live, int(vnode_count) if vnode_count else None,
                            per_file)
         adds = write_files(shaped, snap.uri, snap.storage_options, snap.arrow_schema,
-                           max_rows_per_file=per_file, split_column=VNODE if seek_rows else None)
+                           max_rows_per_file=per_file, split_column=VNODE if seek_rows else None,
+                           row_group_rows=row_group_rows(snap.configuration))
     written = sum(a.rows for a in adds)
     if written != live:
         raise AssertionError(f"compaction of {snap.uri} read {written} rows, the log records "
@@ -163,7 +164,8 @@ def _rewrite_on_driver(snap: TableVersion, files: Sequence[DataFile], key_names:
     rows = pa.concat_tables([schema.empty_table(), *parts])
     order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
     rows = rows.take(pc.sort_indices(rows, sort_keys=order))
-    return write_table(rows, snap.uri, snap.storage_options, schema, max_rows_per_file=per_file)
+    return write_table(rows, snap.uri, snap.storage_options, schema, max_rows_per_file=per_file,
+                       row_group_rows=row_group_rows(snap.configuration))
 
 
 def collect_dv_garbage(snap: TableVersion, keep_versions: int = DV_KEEP_VERSIONS,

@@ -41,7 +41,7 @@ from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, 
 from backfill_assets.storage.rows.keyed import NEW_FILE_ROWS, KeyedRows
 from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, read_table_version
 from backfill_assets.storage.rows.spark_types import col
-from backfill_assets.storage.rows.write import write_files
+from backfill_assets.storage.rows.write import row_group_rows, write_files
 from backfill_assets.storage.writes.bulk import BulkWritten
 
 OP = names.OP
@@ -222,7 +222,8 @@ class _SparkSide:
         for rows, per_file, split in self.laid_out:
             adds += write_files(rows, self.snap.uri, self.snap.storage_options,
                                 self.snap.arrow_schema, max_rows_per_file=per_file,
-                                split_column=split)
+                                split_column=split,
+                                row_group_rows=row_group_rows(self.snap.configuration))
         return adds
 
 

@@ -188,22 +188,28 @@ class _Barrier:
     def _apply(self, at: int, to: int, behind: list[str]) -> None:
         """The change range (at, to] netted per key, as signed rows into the touched groups."""
         self.report.engine = "driver"
-        netted = self.netted(at, to)
+        netted = self.netted(at, to, upstream_vnodes=self.proj.reads_vnode)
         changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
         self.report.forwarded_rows = changes.num_rows
         self.report.extra["changed_keys"] = netted.keys
         apply_signed(self, to, behind, changes)
 
-    def netted(self, at: int, to: int) -> netting.Netted:
+    def netted(self, at: int, to: int, upstream_vnodes: bool = True) -> netting.Netted:
         """The upstream's change range (at, to] netted per key: each key's pre-image at ``at``
-        and post-image at ``to`` (the row MV's driver netting), with the upstream's vnode."""
+        and post-image at ``to`` (the row MV's driver netting), with the upstream's vnode
+        (``upstream_vnodes`` False: 0, for a barrier that reads no vnode of an upstream row:
+        the key hash is a Python call per change row)."""
         key_names = list(self.upstream.key_order.names)
         keep = [f.name for f in self.upstream.schema if f.name != VNODE]
         raw = storage.read_raw_changes(self.tables.upstream, at, to, keep,
                                        storage_options=self.tables.storage_options)
         raw = raw.select([*keep, "_change_type", "_commit_version"])
         check_change_keys(raw, key_names, self.tables.upstream)
-        raw = netting.with_vnode(raw, key_names, self.upstream.key_types, self.d.vnode_count)
+        if upstream_vnodes:
+            raw = netting.with_vnode(raw, key_names, self.upstream.key_types,
+                                     self.d.vnode_count)
+        else:
+            raw = raw.append_column(VNODE, pa.repeat(pa.scalar(0, pa.int32()), raw.num_rows))
         return netting.net_with_prior(raw, key_names)
 
     def _write(self, to: int, behind: list[str],
@@ -247,9 +253,11 @@ class _Barrier:
 def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table) -> None:
     """Signed rows into the tables ``behind``, reading and writing only their groups, each
     commit carrying ``txn`` (the barrier's version; arrangement mode's step number)."""
-    keys = pc.unique(group_texts(changes, b.proj.tables))
+    names = b.proj.tables.group_names  # keys and vnodes of the distinct groups, not per row
+    groups = changes.select(names).group_by(names, use_threads=False).aggregate([])
+    keys = group_texts(groups, b.proj.tables)
     b.report.extra["touched_groups"] = len(keys)
-    b._write(txn, behind, (changes, keys, group_vnodes(changes, b.proj.tables)), None, None)
+    b._write(txn, behind, (changes, keys, group_vnodes(groups, b.proj.tables)), None, None)
 
 
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,

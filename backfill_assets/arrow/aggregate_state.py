@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.arrow.group_keys import group_vnodes
+from backfill_assets.arrow.running_avg import decimal_avg
 from backfill_assets.arrow.types import arrow_type, decimal_units
 from backfill_assets.core.aggregates import (
     Aggregate,
@@ -301,8 +302,8 @@ class AggregateTables:
                 else:
                     values = counts
                 field = self.mv_schema.field(a.name)
-                columns.append(values.cast(field.type) if isinstance(values, pa.ChunkedArray)
-                               else pa.array(values, field.type))
+                columns.append(values.cast(field.type) if isinstance(values, (
+                    pa.ChunkedArray, pa.Array)) else pa.array(values, field.type))
             columns.append(state.column(VNODE))
             return pa.Table.from_arrays(columns, schema=self.mv_schema)
         except (pa.ArrowInvalid, OverflowError) as e:
@@ -321,6 +322,11 @@ class AggregateTables:
                                   sums.cast(result))
             except pa.ArrowInvalid:
                 pass
+        elif pa.types.is_decimal128(result := self.mv_schema.field(
+                self.plan.aggregates[i].name).type):
+            fast = decimal_avg(sums, counts, self.plan.sum_scale(i), result)
+            if fast is not None:  # numpy's HALF_UP while every sum fits int64
+                return fast
         return exact_values(self.plan, i, decimal_units(sums), counts.to_pylist())
 
     @staticmethod

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage

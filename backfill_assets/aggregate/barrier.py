@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -41,8 +42,10 @@ from backfill_assets.aggregate.store import (
     MV,
     STATE,
     AggregateStore,
+    compact_later,
     group_texts,
     group_vnodes,
+    settle,
     with_key,
 )
 from backfill_assets.arrow import netting
@@ -141,10 +144,10 @@ class _Barrier:
         write_progress(self.progress, state, state.key_order, self.d.name, self.vnodes, to,
                        force=True, storage_options=self.tables.storage_options)
         self.hook("after_progress_commit")
-        compacted = [p for p, c in self.committed.items()
-                     if self.store.compact(self.spark, p, c, self.vnodes)]
-        if compacted:
-            self.report.extra["compacted"] = compacted
+        compacting = [p for p, c in self.committed.items()
+                      if compact_later(self.store, self.spark, p, c, self.vnodes)]
+        if compacting:
+            self.report.extra["compacting"] = compacting  # in the background (store.py)
         self.committed.clear()
 
     def _choice(self, at: int, to: int, forced: str | None) -> cost.AggregateChoice:
@@ -214,19 +217,18 @@ class _Barrier:
     def _write(self, to: int, behind: list[str],
                changes: tuple[pa.Table, pa.Array, list[int]] | None,
                state: pa.Table | None, kept: pa.Table | None) -> None:
-        """The commits of the tables behind ``to``, in order. ``changes`` (signed rows,
-        their groups' keys and vnodes): each table brought forward from its touched groups'
-        rows; otherwise ``state`` and ``kept`` are every group's, and replace each table whole."""
+        """The commits of the tables behind ``to``. ``changes`` (signed rows, their groups'
+        keys and vnodes): each table brought forward from its touched groups' rows;
+        otherwise ``state`` and ``kept`` are every group's, and replace each table whole."""
         t, store = self.proj.tables, self.store
         keys, vnodes = (changes[1], changes[2]) if changes is not None else (None, None)
+        pending: list[_Commit] = []
         if STATE in behind:
             snap, old = store.read(STATE, keys, vnodes)
             if changes is not None:
                 state, _ = t.state_update(old, changes[0])
             state = with_key(state, t)
-            self.committed[STATE] = (snap, store.write(STATE, snap, old, state, to,
-                                                       self.vnodes, self.hook))
-            self.hook("after_agg_state_commit")
+            pending.append((STATE, snap, old, state))
         elif changes is not None or state is None:
             state = store.read(STATE, keys, vnodes)[1]
         if INPUT in store.phases:
@@ -234,19 +236,39 @@ class _Barrier:
                 snap, old = store.read(INPUT, keys, vnodes)
                 if changes is not None:
                     kept = t.input_of(t.input_update(old, changes[0])[0])
-                self.committed[INPUT] = (snap, store.write(INPUT, snap, old, with_key(kept, t),
-                                                           to, self.vnodes, self.hook))
-                self.hook("after_agg_input_commit")
+                pending.append((INPUT, snap, old, with_key(kept, t)))
             elif changes is not None or kept is None:
                 kept = store.read(INPUT, keys, vnodes)[1]
         if MV in behind:
             snap, old = store.read(MV, keys, vnodes)
             mv = t.mv_rows(state, kept if kept is not None else t.input_schema.empty_table())
             texts = state.column(GROUP_KEY) if GROUP_KEY in state.schema.names else None
-            self.committed[MV] = (snap, store.write(MV, snap, old, with_key(mv, t, texts), to,
-                                                    self.vnodes, self.hook))
+            pending.append((MV, snap, old, with_key(mv, t, texts)))
             self.report.extra["groups_written"] = mv.num_rows
-            self.hook("after_mv_commit")
+        self._commit(to, pending)
+
+    def _commit(self, to: int, pending: list[_Commit]) -> None:
+        """The tables' commits side by side, each in a thread of its own (their writes and
+        log commits wait on files, not on Python), the progress commit after all of them.
+        Why any order is safe: each table holds the barrier by its own app transaction and
+        is brought forward on its own by recovery (the module docstring), so whichever
+        subset a crash lets land, the next barrier completes the rest."""
+        def one(job: _Commit) -> tuple[str, storage.TableVersion, storage.Applied]:
+            phase, snap, old, new = job
+            applied = self.store.write(phase, snap, old, new, to, self.vnodes, self.hook)
+            self.hook(f"after_{phase}_commit")  # after_agg_state_commit, after_mv_commit, ...
+            return phase, snap, applied
+
+        if len(pending) < 2:
+            done = [one(job) for job in pending]
+        else:
+            with ThreadPoolExecutor(len(pending), thread_name_prefix="agg-commit") as pool:
+                done = list(pool.map(one, pending))
+        for phase, snap, applied in done:
+            self.committed[phase] = (snap, applied)
+
+
+_Commit = tuple[str, storage.TableVersion, pa.Table, pa.Table]  # phase, version read, rows
 
 
 def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table) -> None:
@@ -271,6 +293,7 @@ def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version
     recorded = doc["schemas"] if doc and doc.get("key") == key else None
     proj = projection_of(spark, d, upstream.schema, upstream.key_order, recorded)
     store = AggregateStore(d.name, tables, proj.tables, d.vnode_count)
+    settle(store)  # this process's compactions of the tables, begun by the last barrier
     progress = owned_tables.ensure_table(
         tables.progress, progress_schema(upstream.key_order), so, cdf=False,
         description=upstream.pin(d, store.table(MV).schema))

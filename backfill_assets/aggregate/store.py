@@ -14,8 +14,10 @@ that do not; never "are the rows already there".
 from __future__ import annotations
 
 import json
+import threading
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -185,6 +187,44 @@ class AggregateStore:
         if report.compacted_files:
             held.moved(t.uri, _table_id(snap), snap.version, report.version)
         return report.compacted_files > 0
+
+
+def compact_later(store: AggregateStore, spark: SparkSession, phase: str,
+                  committed: tuple[storage.TableVersion, storage.Applied],
+                  vnodes: Sequence[int]) -> bool:
+    """``store.compact`` of a table a barrier committed to, started in the background when
+    `storage.compaction_due` says it is due (whether it was). Why not inline: the barrier's
+    MV and progress are committed already, so the MV is current before the compaction runs
+    (RisingWave compacts in the background too), and a rewrite of a table's most deleted
+    files is the largest single cost of a barrier that touches a quarter of the groups. The
+    next barrier of the MV waits for it first (`settle`); a crash in it loses nothing (no
+    data change, no app transaction); the interpreter waits for it at exit."""
+    if not storage.compaction_due(*committed, vnodes):
+        return False
+    uri = store.table(phase).uri
+    with _COMPACTING_LOCK:
+        _COMPACTING[_uri(uri)] = _COMPACTOR.submit(store.compact, spark, phase, committed,
+                                                   vnodes)
+    return True
+
+
+def settle(store: AggregateStore) -> None:
+    """Wait for the background compactions of the MV's tables (`compact_later`), raising
+    what one of them raised."""
+    for phase in (STATE, INPUT, MV):
+        with _COMPACTING_LOCK:
+            running = _COMPACTING.pop(_uri(store.table(phase).uri), None)
+        if running is not None:
+            running.result()
+
+
+def _uri(uri: str) -> str:
+    return uri.rstrip("/")
+
+
+_COMPACTING: dict[str, Future] = {}  # table uri -> its compaction running in the background
+_COMPACTING_LOCK = threading.Lock()
+_COMPACTOR = ThreadPoolExecutor(1, thread_name_prefix="aggregate-compaction")
 
 
 def _table_id(snap: storage.TableVersion) -> str:

@@ -127,25 +127,30 @@ class AggregateStore:
         values = list(found.values())
         return None if not values or any(v is None for v in values) else min(values)
 
+    def snapshot(self, phase: str) -> storage.TableVersion:
+        """The table's latest version."""
+        t, so = self.table(phase), self.tables.storage_options
+        return storage.TableVersion(t.uri, so, owned_tables.open_if_exists(t.uri, so))
+
     def read(self, phase: str, keys: pa.Array | None, vnodes: Sequence[int] | None = None
              ) -> tuple[storage.TableVersion, pa.Table]:
         """The table's latest version and its rows of the groups ``keys`` (all rows when
         None): from the rows this process holds at that version (aggregate/held.py), else
         the whole table read and held when it is small enough, else only the files of those
         groups' vnodes (``vnodes`` when the caller knows them)."""
-        t, so = self.table(phase), self.tables.storage_options
-        delta = owned_tables.open_if_exists(t.uri, so)
-        snap = storage.TableVersion(t.uri, so, delta)
+        t = self.table(phase)
+        snap = self.snapshot(phase)
+        delta = snap.table
         if keys is not None and len(keys) == 0:
             return snap, t.schema.empty_table()
-        whole = held.rows_at(t.uri, _table_id(snap), snap.version)
+        whole = held.rows_at(t.uri, table_id(snap), snap.version)
         if whole is None:
             if keys is not None and vnodes is None:
                 vnodes = sorted(set(_vnodes_of(keys, self)))
             if held.read_whole(snap.live_rows, None if keys is None else len(vnodes or ()),
                                self.vnode_count):
                 whole = owned_tables.read_rows(delta).select(t.schema.names).cast(t.schema)
-                held.hold(t.uri, _table_id(snap), snap.version, whole)
+                held.hold(t.uri, table_id(snap), snap.version, whole)
         if whole is not None:
             return snap, whole if keys is None else whole.filter(
                 pc.is_in(whole.column(GROUP_KEY), value_set=keys))
@@ -168,7 +173,7 @@ class AggregateStore:
         after = after.select(t.schema.names).cast(t.schema)
         applied = storage.apply_keyed(snap, list(t.key), intent,
                                       storage.KeyedRows(before, after), hook=inner)
-        held.committed(t.uri, _table_id(snap), snap.version, applied.version, before, after)
+        held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after)
         return applied
 
     def compact(self, spark: SparkSession, phase: str,
@@ -185,7 +190,7 @@ class AggregateStore:
         snap = storage.TableVersion.load(t.uri, None, self.tables.storage_options)
         report = storage.compact(spark, snap, list(t.key), vnodes)
         if report.compacted_files:
-            held.moved(t.uri, _table_id(snap), snap.version, report.version)
+            held.moved(t.uri, table_id(snap), snap.version, report.version)
         return report.compacted_files > 0
 
 
@@ -227,7 +232,7 @@ _COMPACTING_LOCK = threading.Lock()
 _COMPACTOR = ThreadPoolExecutor(1, thread_name_prefix="aggregate-compaction")
 
 
-def _table_id(snap: storage.TableVersion) -> str:
+def table_id(snap: storage.TableVersion) -> str:
     return snap.table.metadata().id
 
 

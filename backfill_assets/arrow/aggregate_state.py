@@ -132,8 +132,21 @@ class AggregateTables:
         live = new_state.filter(pc.greater(new_state.column(ROWS), 0))
         gone = new_state.filter(pc.and_(pc.equal(new_state.column(ROWS), 0),
                                         pc.greater(new_state.column(_OLD), 0)))
-        state_rows = self._with_vnode(live.select(self.state_schema.names[:-1]))
-        return state_rows.cast(self.state_schema), self._with_vnode(gone.select(self.group_names))
+        state_rows = self._vnodes_filled(live.select(self.state_schema.names))
+        return state_rows.cast(self.state_schema), self._vnodes_filled(
+            gone.select([*self.group_names, VNODE]))
+
+    def _vnodes_filled(self, table: pa.Table) -> pa.Table:
+        """``table`` (ending with `vnode`, the old state rows' own) with the vnodes of the
+        groups that had no state row computed: a group's vnode is hashed once, when born."""
+        vnodes = table.column(VNODE)
+        if not vnodes.null_count:
+            return table
+        missing = pc.is_null(vnodes)
+        born = self.group_vnodes(table.filter(missing))
+        return table.set_column(table.num_columns - 1, VNODE,
+                                pc.replace_with_mask(vnodes.combine_chunks(),
+                                                     missing.combine_chunks(), born))
 
     def input_update(self, inputs: pa.Table, changes: pa.Table
                      ) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -179,12 +192,15 @@ class AggregateTables:
     def _new_state(self, old: pa.Table, changes: pa.Table) -> pa.Table:
         """Old state + change deltas, summed per touched group (Arrow's group-by: no join)."""
         deltas = self._partials(changes)
-        before = old.drop_columns([VNODE]).append_column(_OLD, old.column(ROWS))
+        deltas = deltas.append_column(VNODE, pa.nulls(deltas.num_rows, pa.int32()))
+        before = old.append_column(_OLD, old.column(ROWS))
         before = before.append_column(_TOUCH, pa.repeat(pa.scalar(0, pa.int64()), old.num_rows))
         both = pa.concat_tables([before.select(deltas.schema.names).cast(deltas.schema), deltas])
         summed = both.group_by(self.group_names, use_threads=False).aggregate(
-            [(c, "sum") for c in deltas.schema.names if c not in self.group_names])
-        summed = summed.rename_columns([c.removesuffix("_sum") for c in summed.schema.names])
+            [(c, "sum") for c in deltas.schema.names if c not in (*self.group_names, VNODE)]
+            + [(VNODE, "max")])  # an old group's vnode, kept (null for a group born here)
+        summed = summed.rename_columns([c.removesuffix("_sum").removesuffix("_max")
+                                        for c in summed.schema.names])
         summed = summed.filter(pc.greater(summed.column(_TOUCH), 0))
         for i in self.running:
             try:

@@ -48,6 +48,7 @@ from backfill_assets.aggregate.store import (
     compact_later,
     group_texts,
     group_vnodes,
+    keyed_state,
     settle,
     table_id,
     with_key,
@@ -220,7 +221,7 @@ class _Barrier:
         snap, whole = self.store.read(STATE, None)
         keys = group_texts(distinct_groups(changes, t), t)
         touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
-        new = with_key(t.state_update(whole.filter(touched), changes)[0], t)
+        new = keyed_state(t, whole.filter(touched), changes)
         rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
         checkpoint.start(uri, table_id(snap), snap.version, at, rows, keys, changes.num_rows,
                          due=True)

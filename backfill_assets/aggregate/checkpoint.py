@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from backfill_assets import storage
 from backfill_assets.aggregate import held
-from backfill_assets.aggregate.store import STATE, AggregateStore, table_id, with_key
+from backfill_assets.aggregate.store import STATE, AggregateStore, keyed_state, table_id
 from backfill_assets.core.aggregate_definition import GROUP_KEY
 
 Commit = tuple[str, storage.TableVersion, pa.Table, pa.Table]  # phase, version read, rows
@@ -134,7 +134,7 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
                           CHECKPOINT_BARRIERS, 0)
     else:
         old = ahead.of(keys)
-    new = with_key(t.state_update(old, changes)[0], t)
+    new = keyed_state(t, old, changes)
     if ahead is None:  # not held whole: committed at every barrier
         return new, (STATE, snap, old, new), lambda _: forget(uri)
     after = ahead.advanced(keys, new, to, changes.num_rows)

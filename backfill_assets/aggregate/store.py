@@ -70,6 +70,19 @@ def with_key(rows: pa.Table, t: AggregateTables, texts: pa.ChunkedArray | None =
     return rows.add_column(rows.schema.get_field_index(VNODE), GROUP_KEY, texts)
 
 
+def keyed_state(t: AggregateTables, old: pa.Table, changes: pa.Table) -> pa.Table:
+    """The live touched groups' new state rows with `GROUP_KEY` (``old``: their rows as the
+    store reads them): an old group's key text carried, only a born group's computed."""
+    new = t.state_update(old, changes, carry=(GROUP_KEY,))[0]
+    texts = new.column(GROUP_KEY)
+    if texts.null_count:
+        born = pc.is_null(texts)
+        new = new.set_column(new.schema.get_field_index(GROUP_KEY), GROUP_KEY,
+                             pc.replace_with_mask(texts.combine_chunks(), born.combine_chunks(),
+                                                  group_texts(new.filter(born), t)))
+    return new
+
+
 def _keyed_schema(schema: pa.Schema) -> pa.Schema:
     at = schema.get_field_index(VNODE)
     fields = [f.with_nullable(True) for f in schema]

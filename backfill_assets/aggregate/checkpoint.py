@@ -58,16 +58,19 @@ class Ahead:
         """Whether the next barrier commits the state."""
         return self.barriers >= CHECKPOINT_BARRIERS or self.change_rows >= CHECKPOINT_ROWS
 
-    def of(self, keys: pa.Array) -> pa.Table:
-        """The rows of the groups ``keys`` (a group that does not exist has none)."""
-        return self.rows.filter(pc.is_in(self.rows.column(GROUP_KEY), value_set=keys))
+    def touched(self, keys: pa.Array) -> pa.ChunkedArray:
+        """Which rows are of the groups ``keys`` (a group that does not exist has none)."""
+        return pc.is_in(self.rows.column(GROUP_KEY), value_set=keys)
 
-    def advanced(self, keys: pa.Array, new_rows: pa.Table, barrier: int, change_rows: int
-                 ) -> Ahead:
-        """The state after a barrier that replaced the groups ``keys`` by ``new_rows`` (their
-        live rows; a group without one is gone)."""
-        kept = self.rows.filter(pc.invert(pc.is_in(self.rows.column(GROUP_KEY),
-                                                   value_set=keys)))
+    def of(self, keys: pa.Array) -> pa.Table:
+        """The rows of the groups ``keys``."""
+        return self.rows.filter(self.touched(keys))
+
+    def advanced(self, keys: pa.Array, touched: pa.ChunkedArray, new_rows: pa.Table,
+                 barrier: int, change_rows: int) -> Ahead:
+        """The state after a barrier that replaced the groups ``keys`` (their rows:
+        ``touched``) by ``new_rows`` (their live rows; a group without one is gone)."""
+        kept = self.rows.filter(pc.invert(touched))
         rows = pa.concat_tables([kept, new_rows.select(kept.schema.names).cast(kept.schema)])
         if rows.column(0).num_chunks > 16:
             rows = rows.combine_chunks()
@@ -125,7 +128,7 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
     what to call with that commit's result once every commit of the barrier landed)."""
     t, uri = store.agg, store.table(STATE).uri
     snap = store.snapshot(STATE)
-    ahead = current(uri, snap, at)
+    ahead, touched = current(uri, snap, at), None
     if ahead is None:  # the table holds ``at`` (a barrier after a skipped commit replays)
         snap, old = store.read(STATE, keys, vnodes)
         whole = held.rows_at(uri, table_id(snap), snap.version)
@@ -133,11 +136,13 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
             ahead = Ahead(table_id(snap), snap.version, at, whole, pa.array([], pa.string()),
                           CHECKPOINT_BARRIERS, 0)
     else:
-        old = ahead.of(keys)
+        old = ahead.rows.filter(touched := ahead.touched(keys))
     new = keyed_state(t, old, changes)
     if ahead is None:  # not held whole: committed at every barrier
         return new, (STATE, snap, old, new), lambda _: forget(uri)
-    after = ahead.advanced(keys, new, to, changes.num_rows)
+    if touched is None:
+        touched = ahead.touched(keys)
+    after = ahead.advanced(keys, touched, new, to, changes.num_rows)
     if not after.due:
         return new, None, lambda _: keep(uri, after)
     before = store.read(STATE, after.dirty)[1]  # the rows the table holds: the checkpoint's

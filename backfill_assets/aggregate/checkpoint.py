@@ -120,6 +120,17 @@ def forget(uri: str) -> None:
     _AHEAD.discard_where(lambda k: k == _uri(uri))
 
 
+def _moved(uri: str, table: str, base: int, version: int) -> None:
+    """The state table compacted from ``base`` to ``version`` (no row changed): a state
+    brought from ``base`` is brought from ``version`` as well."""
+    ahead = _AHEAD.get(uri, valid=lambda a: a.table_id == table and a.table_version == base)
+    if ahead is not None:
+        _AHEAD.put(uri, replace(ahead, table_version=version))
+
+
+held.on_moved(_moved)
+
+
 def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
                vnodes: Sequence[int] | None, changes: pa.Table
                ) -> tuple[pa.Table, Commit | None, Callable[[storage.Applied | None], None]]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import base64
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -26,7 +28,8 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage
-from backfill_assets.aggregate import cost
+from backfill_assets.aggregate import checkpoint, cost
+from backfill_assets.aggregate.checkpoint import Commit
 from backfill_assets.aggregate.projection import (
     Projection,
     bulk_inputs,
@@ -42,12 +45,16 @@ from backfill_assets.aggregate.store import (
     MV,
     STATE,
     AggregateStore,
+    compact_later,
     group_texts,
     group_vnodes,
+    keyed_state,
+    settle,
+    table_id,
     with_key,
 )
 from backfill_assets.arrow import netting
-from backfill_assets.arrow.aggregate_state import ROWS
+from backfill_assets.arrow.aggregate_state import ROWS, AggregateTables
 from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import VNODE
@@ -142,10 +149,10 @@ class _Barrier:
         write_progress(self.progress, state, state.key_order, self.d.name, self.vnodes, to,
                        force=True, storage_options=self.tables.storage_options)
         self.hook("after_progress_commit")
-        compacted = [p for p, c in self.committed.items()
-                     if self.store.compact(self.spark, p, c, self.vnodes)]
-        if compacted:
-            self.report.extra["compacted"] = compacted
+        compacting = [p for p, c in self.committed.items()
+                      if compact_later(self.store, self.spark, p, c, self.vnodes)]
+        if compacting:
+            self.report.extra["compacting"] = compacting  # in the background (store.py)
         self.committed.clear()
 
     def _choice(self, at: int, to: int, forced: str | None) -> cost.AggregateChoice:
@@ -186,42 +193,81 @@ class _Barrier:
         self._write(to, behind, None, state, kept)
 
     def _apply(self, at: int, to: int, behind: list[str]) -> None:
-        """The change range (at, to] netted per key, as signed rows into the touched groups."""
+        """The change range (at, to] netted per key, as signed rows into the touched groups;
+        the state committed only when a checkpoint is due (aggregate/checkpoint.py)."""
         self.report.engine = "driver"
-        netted = self.netted(at, to)
+        if STATE in behind:
+            self._replay(at)
+        netted = self.netted(at, to, upstream_vnodes=self.proj.reads_vnode)
         changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
         self.report.forwarded_rows = changes.num_rows
         self.report.extra["changed_keys"] = netted.keys
-        apply_signed(self, to, behind, changes)
+        apply_signed(self, to, behind, changes, at=at)
 
-    def netted(self, at: int, to: int) -> netting.Netted:
+    def _replay(self, at: int) -> None:
+        """The group state brought to ``at`` in memory when this process does not hold it
+        there and the state table is behind (a barrier that skipped its state commit ran in
+        another process, or this one lost it): the change range (c, at] from the table's
+        checkpoint c into the whole state, the next commit a checkpoint."""
+        uri = self.store.table(STATE).uri
+        if checkpoint.current(uri, self.store.snapshot(STATE), at) is not None:
+            return
+        c = self.store.txn_version(STATE, self.vnodes)
+        if c is None or c >= at:
+            return
+        netted = self.netted(c, at, upstream_vnodes=self.proj.reads_vnode)
+        changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
+        t = self.proj.tables
+        snap, whole = self.store.read(STATE, None)
+        keys = group_texts(distinct_groups(changes, t), t)
+        touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
+        new = keyed_state(t, whole.filter(touched), changes)
+        rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
+        checkpoint.start(uri, table_id(snap), snap.version, at, rows, keys, changes.num_rows,
+                         due=True)
+        self.report.extra["state_replayed"] = [c, at]
+
+    def netted(self, at: int, to: int, upstream_vnodes: bool = True) -> netting.Netted:
         """The upstream's change range (at, to] netted per key: each key's pre-image at ``at``
-        and post-image at ``to`` (the row MV's driver netting), with the upstream's vnode."""
+        and post-image at ``to`` (the row MV's driver netting), with the upstream's vnode
+        (``upstream_vnodes`` False: 0, for a barrier that reads no vnode of an upstream row:
+        the key hash is a Python call per change row)."""
         key_names = list(self.upstream.key_order.names)
         keep = [f.name for f in self.upstream.schema if f.name != VNODE]
         raw = storage.read_raw_changes(self.tables.upstream, at, to, keep,
                                        storage_options=self.tables.storage_options)
         raw = raw.select([*keep, "_change_type", "_commit_version"])
         check_change_keys(raw, key_names, self.tables.upstream)
-        raw = netting.with_vnode(raw, key_names, self.upstream.key_types, self.d.vnode_count)
+        if upstream_vnodes:
+            raw = netting.with_vnode(raw, key_names, self.upstream.key_types,
+                                     self.d.vnode_count)
+        else:
+            raw = raw.append_column(VNODE, pa.repeat(pa.scalar(0, pa.int32()), raw.num_rows))
         return netting.net_with_prior(raw, key_names)
 
     def _write(self, to: int, behind: list[str],
                changes: tuple[pa.Table, pa.Array, list[int]] | None,
-               state: pa.Table | None, kept: pa.Table | None) -> None:
-        """The commits of the tables behind ``to``, in order. ``changes`` (signed rows,
-        their groups' keys and vnodes): each table brought forward from its touched groups'
-        rows; otherwise ``state`` and ``kept`` are every group's, and replace each table whole."""
+               state: pa.Table | None, kept: pa.Table | None, at: int | None = None) -> None:
+        """The commits of the tables behind ``to``. ``changes`` (signed rows, their groups'
+        keys and vnodes): each table brought forward from its touched groups' rows (``at``:
+        the barrier they follow, the state committed only when a checkpoint is due; None:
+        committed); otherwise ``state`` and ``kept`` are every group's, and replace each
+        table whole."""
         t, store = self.proj.tables, self.store
         keys, vnodes = (changes[1], changes[2]) if changes is not None else (None, None)
-        if STATE in behind:
+        pending: list[Commit] = []
+        checkpointed: Callable[[storage.Applied | None], None] = lambda _: None  # noqa: E731
+        if STATE in behind and changes is not None and at is not None:
+            state, job, checkpointed = checkpoint.state_step(store, at, to, keys, vnodes,
+                                                             changes[0])
+            pending += [job] if job is not None else []
+            self.report.extra["state_checkpoint"] = job is not None
+        elif STATE in behind:
             snap, old = store.read(STATE, keys, vnodes)
             if changes is not None:
                 state, _ = t.state_update(old, changes[0])
             state = with_key(state, t)
-            self.committed[STATE] = (snap, store.write(STATE, snap, old, state, to,
-                                                       self.vnodes, self.hook))
-            self.hook("after_agg_state_commit")
+            pending.append((STATE, snap, old, state))
         elif changes is not None or state is None:
             state = store.read(STATE, keys, vnodes)[1]
         if INPUT in store.phases:
@@ -229,27 +275,57 @@ class _Barrier:
                 snap, old = store.read(INPUT, keys, vnodes)
                 if changes is not None:
                     kept = t.input_of(t.input_update(old, changes[0])[0])
-                self.committed[INPUT] = (snap, store.write(INPUT, snap, old, with_key(kept, t),
-                                                           to, self.vnodes, self.hook))
-                self.hook("after_agg_input_commit")
+                pending.append((INPUT, snap, old, with_key(kept, t)))
             elif changes is not None or kept is None:
                 kept = store.read(INPUT, keys, vnodes)[1]
         if MV in behind:
             snap, old = store.read(MV, keys, vnodes)
             mv = t.mv_rows(state, kept if kept is not None else t.input_schema.empty_table())
             texts = state.column(GROUP_KEY) if GROUP_KEY in state.schema.names else None
-            self.committed[MV] = (snap, store.write(MV, snap, old, with_key(mv, t, texts), to,
-                                                    self.vnodes, self.hook))
+            pending.append((MV, snap, old, with_key(mv, t, texts)))
             self.report.extra["groups_written"] = mv.num_rows
-            self.hook("after_mv_commit")
+        self._commit(to, pending)
+        checkpointed(self.committed[STATE][1] if STATE in self.committed else None)
+
+    def _commit(self, to: int, pending: list[Commit]) -> None:
+        """The tables' commits side by side, each in a thread of its own (their writes and
+        log commits wait on files, not on Python), the progress commit after all of them.
+        Why any order is safe: each table holds the barrier by its own app transaction and
+        is brought forward on its own by recovery (the module docstring), so whichever
+        subset a crash lets land, the next barrier completes the rest."""
+        def one(job: Commit) -> tuple[str, storage.TableVersion, storage.Applied]:
+            phase, snap, old, new = job
+            applied = self.store.write(phase, snap, old, new, to, self.vnodes, self.hook)
+            self.hook(f"after_{phase}_commit")  # after_agg_state_commit, after_mv_commit, ...
+            return phase, snap, applied
+
+        if len(pending) < 2:
+            done = [one(job) for job in pending]
+        else:
+            with ThreadPoolExecutor(len(pending), thread_name_prefix="agg-commit") as pool:
+                done = list(pool.map(one, pending))
+        for phase, snap, applied in done:
+            self.committed[phase] = (snap, applied)
 
 
-def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table) -> None:
+def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
+                 at: int | None = None) -> None:
     """Signed rows into the tables ``behind``, reading and writing only their groups, each
-    commit carrying ``txn`` (the barrier's version; arrangement mode's step number)."""
-    keys = pc.unique(group_texts(changes, b.proj.tables))
+    commit carrying ``txn`` (the barrier's version; arrangement mode's step number, whose
+    state is committed at every step). ``at``: the barrier the changes follow, given only
+    for the snapshot mode's change feed (a replay can read it again): the state is then
+    committed only when a checkpoint is due."""
+    groups = distinct_groups(changes, b.proj.tables)  # keys and vnodes per group, not per row
+    keys = group_texts(groups, b.proj.tables)
     b.report.extra["touched_groups"] = len(keys)
-    b._write(txn, behind, (changes, keys, group_vnodes(changes, b.proj.tables)), None, None)
+    b._write(txn, behind, (changes, keys, group_vnodes(groups, b.proj.tables)), None, None,
+             at)
+
+
+def distinct_groups(changes: pa.Table, t: AggregateTables) -> pa.Table:
+    """The group columns of each group ``changes`` touch, once."""
+    return changes.select(t.group_names).group_by(t.group_names, use_threads=False
+                                                  ).aggregate([])
 
 
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,
@@ -264,6 +340,7 @@ def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version
     recorded = doc["schemas"] if doc and doc.get("key") == key else None
     proj = projection_of(spark, d, upstream.schema, upstream.key_order, recorded)
     store = AggregateStore(d.name, tables, proj.tables, d.vnode_count)
+    settle(store)  # this process's compactions of the tables, begun by the last barrier
     progress = owned_tables.ensure_table(
         tables.progress, progress_schema(upstream.key_order), so, cdf=False,
         description=upstream.pin(d, store.table(MV).schema))

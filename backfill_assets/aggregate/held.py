@@ -17,6 +17,7 @@ reads the files, then holds what it read. A table too large for the bound is rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -99,9 +100,21 @@ def committed(uri: str, table_id: str, base: int, version: int | None, before: p
     hold(uri, table_id, version, pa.concat_tables([kept, after.cast(prior.schema)]))
 
 
+_FOLLOWERS: list[Callable[[str, str, int, int], None]] = []
+
+
+def on_moved(follow: Callable[[str, str, int, int], None]) -> None:
+    """``follow(uri, table_id, base, version)`` after each `moved` to the next version: for
+    what else holds rows tied to a table's version (aggregate/checkpoint.py's state)."""
+    _FOLLOWERS.append(follow)
+
+
 def moved(uri: str, table_id: str, base: int, version: int | None) -> None:
     """A commit of this process that changed no row (a compaction) took the table from
     ``base`` to ``version``: what was held at ``base`` holds there too."""
+    if version is not None and version == base + 1:
+        for follow in _FOLLOWERS:
+            follow(_uri(uri), table_id, base, version)
     prior = rows_at(uri, table_id, base)
     if prior is None or version is None or version != base + 1:
         forget(uri)

@@ -58,6 +58,14 @@ class Projection:
     def pk_names(self) -> list[str]:
         return list(self.values.columns)
 
+    @property
+    def reads_vnode(self) -> bool:
+        """Whether an expression of either stage may read the upstream row's `vnode` (its
+        text names it anywhere): only then does a change row need its key's hash."""
+        texts = [self.rows.filter or "", *(c.expr for d in (self.rows, self.values)
+                                           for c in d.computed)]
+        return any(VNODE in t.lower() for t in texts)
+
 
 _PROJECTIONS: LRU[tuple, Projection] = LRU(32, name="aggregate projections")
 

@@ -14,8 +14,10 @@ that do not; never "are the rows already there".
 from __future__ import annotations
 
 import json
+import threading
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -66,6 +68,19 @@ def with_key(rows: pa.Table, t: AggregateTables, texts: pa.ChunkedArray | None =
     rows reuses theirs)."""
     texts = group_texts(rows, t) if texts is None else texts
     return rows.add_column(rows.schema.get_field_index(VNODE), GROUP_KEY, texts)
+
+
+def keyed_state(t: AggregateTables, old: pa.Table, changes: pa.Table) -> pa.Table:
+    """The live touched groups' new state rows with `GROUP_KEY` (``old``: their rows as the
+    store reads them): an old group's key text carried, only a born group's computed."""
+    new = t.state_update(old, changes, carry=(GROUP_KEY,))[0]
+    texts = new.column(GROUP_KEY)
+    if texts.null_count:
+        born = pc.is_null(texts)
+        new = new.set_column(new.schema.get_field_index(GROUP_KEY), GROUP_KEY,
+                             pc.replace_with_mask(texts.combine_chunks(), born.combine_chunks(),
+                                                  group_texts(new.filter(born), t)))
+    return new
 
 
 def _keyed_schema(schema: pa.Schema) -> pa.Schema:
@@ -125,25 +140,30 @@ class AggregateStore:
         values = list(found.values())
         return None if not values or any(v is None for v in values) else min(values)
 
+    def snapshot(self, phase: str) -> storage.TableVersion:
+        """The table's latest version."""
+        t, so = self.table(phase), self.tables.storage_options
+        return storage.TableVersion(t.uri, so, owned_tables.open_if_exists(t.uri, so))
+
     def read(self, phase: str, keys: pa.Array | None, vnodes: Sequence[int] | None = None
              ) -> tuple[storage.TableVersion, pa.Table]:
         """The table's latest version and its rows of the groups ``keys`` (all rows when
         None): from the rows this process holds at that version (aggregate/held.py), else
         the whole table read and held when it is small enough, else only the files of those
         groups' vnodes (``vnodes`` when the caller knows them)."""
-        t, so = self.table(phase), self.tables.storage_options
-        delta = owned_tables.open_if_exists(t.uri, so)
-        snap = storage.TableVersion(t.uri, so, delta)
+        t = self.table(phase)
+        snap = self.snapshot(phase)
+        delta = snap.table
         if keys is not None and len(keys) == 0:
             return snap, t.schema.empty_table()
-        whole = held.rows_at(t.uri, _table_id(snap), snap.version)
+        whole = held.rows_at(t.uri, table_id(snap), snap.version)
         if whole is None:
             if keys is not None and vnodes is None:
                 vnodes = sorted(set(_vnodes_of(keys, self)))
             if held.read_whole(snap.live_rows, None if keys is None else len(vnodes or ()),
                                self.vnode_count):
                 whole = owned_tables.read_rows(delta).select(t.schema.names).cast(t.schema)
-                held.hold(t.uri, _table_id(snap), snap.version, whole)
+                held.hold(t.uri, table_id(snap), snap.version, whole)
         if whole is not None:
             return snap, whole if keys is None else whole.filter(
                 pc.is_in(whole.column(GROUP_KEY), value_set=keys))
@@ -166,7 +186,7 @@ class AggregateStore:
         after = after.select(t.schema.names).cast(t.schema)
         applied = storage.apply_keyed(snap, list(t.key), intent,
                                       storage.KeyedRows(before, after), hook=inner)
-        held.committed(t.uri, _table_id(snap), snap.version, applied.version, before, after)
+        held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after)
         return applied
 
     def compact(self, spark: SparkSession, phase: str,
@@ -183,11 +203,49 @@ class AggregateStore:
         snap = storage.TableVersion.load(t.uri, None, self.tables.storage_options)
         report = storage.compact(spark, snap, list(t.key), vnodes)
         if report.compacted_files:
-            held.moved(t.uri, _table_id(snap), snap.version, report.version)
+            held.moved(t.uri, table_id(snap), snap.version, report.version)
         return report.compacted_files > 0
 
 
-def _table_id(snap: storage.TableVersion) -> str:
+def compact_later(store: AggregateStore, spark: SparkSession, phase: str,
+                  committed: tuple[storage.TableVersion, storage.Applied],
+                  vnodes: Sequence[int]) -> bool:
+    """``store.compact`` of a table a barrier committed to, started in the background when
+    `storage.compaction_due` says it is due (whether it was). Why not inline: the barrier's
+    MV and progress are committed already, so the MV is current before the compaction runs
+    (RisingWave compacts in the background too), and a rewrite of a table's most deleted
+    files is the largest single cost of a barrier that touches a quarter of the groups. The
+    next barrier of the MV waits for it first (`settle`); a crash in it loses nothing (no
+    data change, no app transaction); the interpreter waits for it at exit."""
+    if not storage.compaction_due(*committed, vnodes):
+        return False
+    uri = store.table(phase).uri
+    with _COMPACTING_LOCK:
+        _COMPACTING[_uri(uri)] = _COMPACTOR.submit(store.compact, spark, phase, committed,
+                                                   vnodes)
+    return True
+
+
+def settle(store: AggregateStore) -> None:
+    """Wait for the background compactions of the MV's tables (`compact_later`), raising
+    what one of them raised."""
+    for phase in (STATE, INPUT, MV):
+        with _COMPACTING_LOCK:
+            running = _COMPACTING.pop(_uri(store.table(phase).uri), None)
+        if running is not None:
+            running.result()
+
+
+def _uri(uri: str) -> str:
+    return uri.rstrip("/")
+
+
+_COMPACTING: dict[str, Future] = {}  # table uri -> its compaction running in the background
+_COMPACTING_LOCK = threading.Lock()
+_COMPACTOR = ThreadPoolExecutor(1, thread_name_prefix="aggregate-compaction")
+
+
+def table_id(snap: storage.TableVersion) -> str:
     return snap.table.metadata().id
 
 

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.arrow.group_keys import group_vnodes
+from backfill_assets.arrow.running_avg import decimal_avg
 from backfill_assets.arrow.types import arrow_type, decimal_units
 from backfill_assets.core.aggregates import (
     Aggregate,
@@ -123,16 +124,34 @@ class AggregateTables:
         """``changes`` in `change_schema` (its columns, in order, cast)."""
         return changes.select(self.change_schema.names).cast(self.change_schema)
 
-    def state_update(self, state: pa.Table, changes: pa.Table) -> tuple[pa.Table, pa.Table]:
+    def state_update(self, state: pa.Table, changes: pa.Table, carry: Sequence[str] = ()
+                     ) -> tuple[pa.Table, pa.Table]:
         """(the live touched groups' new state rows, the keys of groups gone) after typed
         ``changes`` over the touched groups' old ``state``: a function of the state table
-        alone, so each table of an aggregate MV is brought forward on its own."""
-        new_state = self._new_state(state.select(self.state_schema.names), changes)
+        alone, so each table of an aggregate MV is brought forward on its own. ``carry``:
+        columns of ``state`` that are a function of the group (its key text), kept in the
+        new rows just before `vnode` (null for a group born here)."""
+        names = [*self.state_schema.names[:-1], *carry, VNODE]
+        new_state = self._new_state(state.select(names), changes, list(carry))
         live = new_state.filter(pc.greater(new_state.column(ROWS), 0))
         gone = new_state.filter(pc.and_(pc.equal(new_state.column(ROWS), 0),
                                         pc.greater(new_state.column(_OLD), 0)))
-        state_rows = self._with_vnode(live.select(self.state_schema.names[:-1]))
-        return state_rows.cast(self.state_schema), self._with_vnode(gone.select(self.group_names))
+        schema = pa.schema([*self.state_schema][:-1] + [state.schema.field(c) for c in carry]
+                           + [self.state_schema.field(VNODE)])
+        return self._vnodes_filled(live.select(names)).cast(schema), self._vnodes_filled(
+            gone.select([*self.group_names, VNODE]))
+
+    def _vnodes_filled(self, table: pa.Table) -> pa.Table:
+        """``table`` (ending with `vnode`, the old state rows' own) with the vnodes of the
+        groups that had no state row computed: a group's vnode is hashed once, when born."""
+        vnodes = table.column(VNODE)
+        if not vnodes.null_count:
+            return table
+        missing = pc.is_null(vnodes)
+        born = self.group_vnodes(table.filter(missing))
+        return table.set_column(table.num_columns - 1, VNODE,
+                                pc.replace_with_mask(vnodes.combine_chunks(),
+                                                     missing.combine_chunks(), born))
 
     def input_update(self, inputs: pa.Table, changes: pa.Table
                      ) -> tuple[pa.Table, pa.Table, pa.Table]:
@@ -175,15 +194,21 @@ class AggregateTables:
         cols[_TOUCH] = pa.repeat(pa.scalar(1, pa.int64()), changes.num_rows)
         return pa.table(cols)
 
-    def _new_state(self, old: pa.Table, changes: pa.Table) -> pa.Table:
+    def _new_state(self, old: pa.Table, changes: pa.Table, carry: list[str]) -> pa.Table:
         """Old state + change deltas, summed per touched group (Arrow's group-by: no join)."""
         deltas = self._partials(changes)
-        before = old.drop_columns([VNODE]).append_column(_OLD, old.column(ROWS))
+        for c in [*carry, VNODE]:
+            deltas = deltas.append_column(old.schema.field(c).with_nullable(True),
+                                          pa.nulls(deltas.num_rows, old.schema.field(c).type))
+        before = old.append_column(_OLD, old.column(ROWS))
         before = before.append_column(_TOUCH, pa.repeat(pa.scalar(0, pa.int64()), old.num_rows))
         both = pa.concat_tables([before.select(deltas.schema.names).cast(deltas.schema), deltas])
         summed = both.group_by(self.group_names, use_threads=False).aggregate(
-            [(c, "sum") for c in deltas.schema.names if c not in self.group_names])
-        summed = summed.rename_columns([c.removesuffix("_sum") for c in summed.schema.names])
+            [(c, "sum") for c in deltas.schema.names
+             if c not in (*self.group_names, *carry, VNODE)]
+            + [(c, "max") for c in [*carry, VNODE]])  # an old group's own (null: born here)
+        summed = summed.rename_columns([c.removesuffix("_sum").removesuffix("_max")
+                                        for c in summed.schema.names])
         summed = summed.filter(pc.greater(summed.column(_TOUCH), 0))
         for i in self.running:
             try:
@@ -301,8 +326,8 @@ class AggregateTables:
                 else:
                     values = counts
                 field = self.mv_schema.field(a.name)
-                columns.append(values.cast(field.type) if isinstance(values, pa.ChunkedArray)
-                               else pa.array(values, field.type))
+                columns.append(values.cast(field.type) if isinstance(values, (
+                    pa.ChunkedArray, pa.Array)) else pa.array(values, field.type))
             columns.append(state.column(VNODE))
             return pa.Table.from_arrays(columns, schema=self.mv_schema)
         except (pa.ArrowInvalid, OverflowError) as e:
@@ -321,6 +346,11 @@ class AggregateTables:
                                   sums.cast(result))
             except pa.ArrowInvalid:
                 pass
+        elif pa.types.is_decimal128(result := self.mv_schema.field(
+                self.plan.aggregates[i].name).type):
+            fast = decimal_avg(sums, counts, self.plan.sum_scale(i), result)
+            if fast is not None:  # numpy's HALF_UP while every sum fits int64
+                return fast
         return exact_values(self.plan, i, decimal_units(sums), counts.to_pylist())
 
     @staticmethod

@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from backfill_assets import storage
-from backfill_assets.aggregate import held
+from backfill_assets.aggregate import checkpoint, held
 from backfill_assets.aggregate.projection import projection_of
-from backfill_assets.aggregate.store import AggregateStore
+from backfill_assets.aggregate.store import STATE, AggregateStore
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls
@@ -98,11 +98,12 @@ def test_a_version_the_process_did_not_write_is_never_answered(spark, warehouse)
     run_barrier(spark, d, tables, [0])  # reads the files, holds them again
     _assert_held_equals_a_fresh_read(store)
     assert_exact(spark, d, tables)
-    # a barrier killed before its state commit leaves the held rows valid for the table
+    # a barrier killed inside its MV commit (its state not committed: between checkpoints)
+    # leaves the held rows valid for the table
     live.apply(extremes_batch(live, rng, []))
 
     def kill(point: str) -> None:
-        if point == "agg_state_dv_file_written":
+        if point == "mv_dv_file_written":
             raise RuntimeError("killed")
 
     with pytest.raises(RuntimeError, match="killed"):
@@ -114,3 +115,35 @@ def test_a_version_the_process_did_not_write_is_never_answered(spark, warehouse)
     # the same uri and version under another table id is not the held table
     now = storage.TableVersion.load(state.uri, None, tables.storage_options)
     assert held.rows_at(state.uri, "another-table-id", now.version) is None
+
+
+def test_the_state_between_checkpoints_is_replayed_by_a_process_without_it(spark, warehouse):
+    """Barriers between two checkpoints commit the MV and the progress alone (the state table
+    stays at its checkpoint, aggregate/checkpoint.py); a process that does not hold the state
+    (here: every process cache dropped) replays the change feed from the checkpoint into it
+    and checkpoints at its barrier; the MV is exact throughout."""
+    rng = random.Random(4903)
+    live, d, tables, store = _first_barrier(spark, warehouse, 4903, "agg_checkpoint", 200)
+    tops: list[int] = []
+    flags = []
+    for n in range(checkpoint.CHECKPOINT_BARRIERS + 2):
+        live.apply(extremes_batch(live, rng, tops))
+        report = run_barrier(spark, d, tables, [0])
+        flags.append(report.extra["state_checkpoint"])
+        if n % 3 == 1:
+            assert_exact(spark, d, tables)
+    every = checkpoint.CHECKPOINT_BARRIERS
+    assert flags == [True, *[False] * (every - 1), True, False], flags
+    behind = store.txn_version(STATE, range(d.vnode_count))
+    assert behind is not None and behind < report.v_new
+    at = report.v_new
+    storage.clear_all()  # a new process: nothing held
+    live.apply(extremes_batch(live, rng, tops))
+    report = run_barrier(spark, d, tables, [0])
+    assert report.extra["state_replayed"] == [behind, at], report.extra
+    assert report.extra["state_checkpoint"] is True
+    assert store.txn_version(STATE, range(d.vnode_count)) == report.v_new
+    assert_exact(spark, d, tables)
+    live.apply(extremes_batch(live, rng, tops))
+    assert run_barrier(spark, d, tables, [0]).extra["state_checkpoint"] is False
+    assert_exact(spark, d, tables)

@@ -1,0 +1,102 @@
+"""Where an aggregate barrier's wall time goes, per phase, without cProfile's overhead (which
+inflates the Python-level parts several times): the functions of the barrier's path wrapped
+in timers, the bulk barrier, then ``--rounds`` rounds of one barrier after each batch of
+``--changes`` changes (benchmarks/agg_data.py's DML), each barrier's total and phases printed,
+and the final MV against Spark's GROUP BY:
+
+    flock /tmp/spark.lock .venv/bin/python -m benchmarks.agg_phases --rows 2000000 \\
+        --changes 2000 20000 --rounds 4
+
+The phases nest (``_commit`` holds the tables' ``write``s, each an ``apply_keyed``), and the
+threads of the concurrent commits add up, so phases are not a partition of the total.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import shutil
+import statistics
+import time
+
+from benchmarks import agg_data as A
+from benchmarks import agg_runs as R
+from benchmarks import common as C
+
+_SPENT: dict[str, float] = collections.defaultdict(float)
+
+
+def _timed(owner: object, name: str) -> None:
+    inner = getattr(owner, name)
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            _SPENT[name] += time.perf_counter() - t0
+
+    setattr(owner, name, wrapper)
+
+
+def _wrap() -> None:
+    from backfill_assets import storage
+    from backfill_assets.aggregate import barrier as B
+    from backfill_assets.aggregate import checkpoint as K
+    from backfill_assets.aggregate import store as S
+    from backfill_assets.arrow import aggregate_state as AS
+
+    for owner, names in [
+        (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress"]),
+        (B._Barrier, ["progress_version", "txns", "_choice", "netted", "_replay", "_commit"]),
+        (S.AggregateStore, ["read", "write"]), (K, ["state_step"]),
+        (AS.AggregateTables, ["state_update", "mv_rows"]),
+        (B.netting, ["net_with_prior"]), (storage, ["read_raw_changes", "apply_keyed"])]:
+        for name in names:
+            _timed(owner, name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    R.add_worker_args(parser)
+    parser.add_argument("--changes", type=int, nargs="+", default=[2000, 20000])
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    from backfill_assets.barrier.runner import run_barrier
+    from backfill_assets.mv.owned_tables import MVTables
+    from backfill_assets.upstream.writer.dml import apply_dml
+
+    _wrap()
+    run_dir, uri, info = R.private_upstream(args, "phases")
+    d = A.definition(uri, args.vnodes)
+    tables = MVTables.under(run_dir, d.name, uri)
+    vnodes = list(range(args.vnodes))
+    spark, _ = C.start_spark()
+    try:
+        run_barrier(spark, d, tables, vnodes)
+        stream, spec = A.ChangeStream(args.rows, info["days"]), A.orders_spec(args.vnodes)
+        runs: dict[int, list] = collections.defaultdict(list)
+        for _ in range(args.rounds):
+            for n in args.changes:
+                apply_dml(uri, stream.batch(n)[0], spec=spec)
+                _SPENT.clear()
+                t0 = time.perf_counter()
+                report = run_barrier(spark, d, tables, vnodes)
+                runs[n].append((time.perf_counter() - t0, dict(_SPENT), report.extra))
+        for n, done in runs.items():
+            totals = [round(t, 3) for t, _, _ in done]
+            print(f"== {n} changes: {totals}, median {statistics.median(totals):.3f}s")
+            print("   state checkpoint:", [e.get("state_checkpoint") for _, _, e in done])
+            names = sorted({k for _, p, _ in done for k in p},
+                           key=lambda k: -statistics.median(p.get(k, 0) for _, p, _ in done))
+            for name in names:
+                print(f"   {name:18s} " + " ".join(f"{p.get(name, 0):.3f}" for _, p, _ in done))
+        print(R.mismatches(spark, spark.read.format("delta").load(tables.mv), uri))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,14 @@ from dataclasses import dataclass
 from backfill_assets.core import aggregate_definition as agg
 from backfill_assets.core import join_definition as jd
 from backfill_assets.core.codec import RESERVED_COLUMNS
+from backfill_assets.core.definition_items import (
+    UNRESOLVED,
+    ComputedColumn,
+    as_list,
+    computed_changes,
+    computed_item,
+    pk_column,
+)
 from backfill_assets.core.errors import BackfillError, InvalidJoin, InvalidMVDefinition
 from backfill_assets.core.keys import KeyColumn, KeyOrder, parse_key_type
 from backfill_assets.core.names import VNODE, name_problems
@@ -29,20 +37,10 @@ from backfill_assets.core.vnode import MAX_VNODE_COUNT
 MODE_NAMES = ("snapshot", "arrangement", "no_shuffle")  # the first is the default
 # continuous mode in a folder: share one follower run with the others, or have its own
 FOLLOWER_NAMES = ("pool", "own")  # the first is the default
-UNRESOLVED = ""  # KeyColumn.type of a pk column whose type comes from the upstream schema
 _FIELDS = ("name", "upstream", "primary_key", "columns", "filter", "computed", "mode",
            "chunk_size", "rate_limit", "vnode_count", "slice_rows", "catch_up_rows",
            "group_by", "aggregates", "joins", "follower")
 _REQUIRED = ("name", "upstream", "primary_key", "columns")  # an aggregate MV has no columns
-_PK_FIELDS = ("name", "type", "descending", "nulls_first")
-
-
-@dataclass(frozen=True)
-class ComputedColumn:
-    """An output column computed by a Spark SQL expression over the upstream row."""
-
-    name: str
-    expr: str
 
 
 @dataclass(frozen=True)
@@ -83,16 +81,16 @@ class MVDefinition:
                 + f"(allowed fields: {', '.join(_FIELDS)})"
             )
         fields = dict(d)
-        pk = _as_list(d["primary_key"], "primary_key")
-        fields["primary_key"] = tuple(_pk_column(p) for p in pk)
-        fields["columns"] = tuple(_as_list(d.get("columns", ()), "columns"))
+        pk = as_list(d["primary_key"], "primary_key")
+        fields["primary_key"] = tuple(pk_column(p) for p in pk)
+        fields["columns"] = tuple(as_list(d.get("columns", ()), "columns"))
         if aggregate:
             fields["group_by"] = agg.parse_group_by(d.get("group_by", ()))
             fields["aggregates"] = agg.parse_aggregates(d.get("aggregates", ()))
         if "joins" in d:
             fields["joins"] = jd.parse_joins(d["joins"])
-        computed = _as_list(d.get("computed", ()), "computed")
-        fields["computed"] = tuple(_computed(c) for c in computed)
+        computed = as_list(d.get("computed", ()), "computed")
+        fields["computed"] = tuple(computed_item(c) for c in computed)
         return cls(**fields)  # type: ignore[arg-type]
 
     @property
@@ -156,7 +154,7 @@ class MVDefinition:
                 if not added and not dropped and before != after:
                     out.append(f"output columns reordered from {before} to {after}")
             elif key == "computed" and before != after:
-                out += _computed_changes(dict(before or []), dict(after))  # type: ignore[arg-type]
+                out += computed_changes(dict(before or []), dict(after))  # type: ignore[arg-type]
             elif before != after:
                 out.append(f"{key} changed from {before!r} to {after!r}")
         return out
@@ -308,57 +306,3 @@ class MVDefinition:
                 out.append(str(e))
             resolved.append(dataclasses.replace(c, type=t))
         return tuple(resolved), out
-
-
-def _computed_changes(old: dict[str, str], new: dict[str, str]) -> list[str]:
-    out = []
-    for name in sorted(set(old) | set(new)):
-        if name not in new:
-            out.append(f"computed column {name!r} removed")
-        elif name not in old:
-            out.append(f"computed column {name!r} added ({new[name]!r})")
-        elif old[name] != new[name]:
-            out.append(f"computed column {name!r} changed from {old[name]!r} to {new[name]!r}")
-    return out or ["computed columns reordered"]
-
-
-def _as_list(value: object, field: str) -> list:
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list | tuple):
-        return list(value)
-    raise InvalidMVDefinition(f"{field} must be a list, got {value!r}")
-
-
-def _pk_column(item: object) -> KeyColumn:
-    if isinstance(item, KeyColumn):
-        return item
-    if isinstance(item, str):
-        return KeyColumn(item, UNRESOLVED)
-    flags = ("descending", "nulls_first")
-    if (
-        isinstance(item, Mapping)
-        and "name" in item
-        and not set(item) - set(_PK_FIELDS)
-        and all(isinstance(item.get(f, False), bool) for f in flags)
-    ):
-        return KeyColumn(
-            item["name"],  # type: ignore[arg-type]
-            item.get("type") or UNRESOLVED,  # type: ignore[arg-type]
-            item.get("descending", False),  # type: ignore[arg-type]
-            item.get("nulls_first", False),  # type: ignore[arg-type]
-        )
-    raise InvalidMVDefinition(
-        f"primary_key item {item!r} must be a column name or a mapping with keys "
-        f"{', '.join(_PK_FIELDS)} (name required; descending and nulls_first are booleans)"
-    )
-
-
-def _computed(item: object) -> ComputedColumn:
-    if isinstance(item, ComputedColumn):
-        return item
-    if isinstance(item, Mapping) and set(item) == {"name", "expr"}:
-        return ComputedColumn(item["name"], item["expr"])  # type: ignore[arg-type]
-    raise InvalidMVDefinition(
-        f"computed item {item!r} must be a mapping with exactly the keys name and expr"
-    )

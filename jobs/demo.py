@@ -39,8 +39,6 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_ROWS = int(os.environ.get("DEMO_ROWS", "300000"))
@@ -152,6 +150,7 @@ def main() -> int:
 
     from backfill_assets import definitions
     from backfill_assets.join.demo_dimension import demo_customers
+    from jobs.demo_continuous import continuous_phase
     from jobs.demo_rounds import barrier_rounds, mvs_served, verified
 
     served = mvs_served(definitions)
@@ -172,7 +171,9 @@ def main() -> int:
     print(f"Spark session started in {jvm:.1f} s, before the first barrier (so the barriers' "
           "times and the rate below do not include it)")
     totals = barrier_rounds(instance, served, writer, MAINTENANCE_BARRIERS, QUIET)
-    _continuous_phase(instance, served, customers)
+    if CONTINUOUS_SECONDS > 0:
+        continuous_phase(instance, served, _Writer(upstream, dict(_tables(first).storage_options),
+                                                   customers), CONTINUOUS_SECONDS, QUIET)
     for name in served.names:  # in lineage order: a reader catches up on its upstream MV
         _catch_up(instance, served, name)
     seconds = time.monotonic() - started
@@ -235,109 +236,6 @@ def _how(mv) -> str:
         return (f"{mv.mode} mode: the first barrier reads every row at one pinned version, "
                 f"{sliced}, then the change feed keeps it current")
     return f"{mv.mode} mode: {mv.chunk_size} snapshot rows per vnode per barrier"
-
-
-def _continuous_phase(instance, served, customers: str | None) -> None:
-    """Continuous mode (README): one follower_job run per MV on a warm Spark session follows a
-    writer committing every second for CONTINUOUS_SECONDS, then stop_follower_job stops them."""
-    from backfill_assets.barrier.follower import clear_stop
-    from jobs.workspace_runs import run_in_workspace
-
-    if CONTINUOUS_SECONDS <= 0:
-        return
-    print(f"\ncontinuous mode: one follower_job per MV follows a writer for "
-          f"{CONTINUOUS_SECONDS} s")
-    results: dict = {}
-
-    def follow(name: str) -> None:
-        config = {**QUIET, "ops": {"follow_upstream": {"config": {"poll_seconds": 0.5,
-                                                                  "mv": name}}}}
-        results[name] = run_in_workspace(instance, "follower_job", run_config=config,
-                                         raise_on_error=False)
-
-    threads = [threading.Thread(target=follow, args=(n,), daemon=True) for n in served.names]
-    first = served.definition(served.names[0])
-    writer = _Writer(_tables(first).upstream, dict(_tables(first).storage_options), customers)
-    with _stdout_kept():
-        for i, t in enumerate(threads):  # one at a time, each settled first (see below)
-            t.start()
-            _wait_started(instance, i + 1)
-        writer.start()
-        _show_follower(instance)
-        writer.stop.set()
-        writer.join()
-        time.sleep(2)  # let the followers take the writer's last version
-        run_in_workspace(instance, "stop_follower_job", run_config={
-            **QUIET, "ops": {"request_follower_stop": {"config": {"mv": "all"}}}})
-        for t in threads:
-            t.join()
-    # the stop request stays in force until withdrawn: withdraw it, so `BACKFILL_CONTINUOUS=1
-    # make ui` starts the followers with that setting alone (start_follower_job does the same)
-    for name in served.names:
-        clear_stop(_tables(served.definition(name)))
-    ok = all(r.success for r in results.values()) and len(results) == len(served.names)
-    print(f"  followers stopped on request: {'ok' if ok else 'FAILED'}; stop requests "
-          "withdrawn")
-
-
-@contextmanager
-def _stdout_kept() -> Iterator[None]:
-    """Two runs at once in this process (the follower in a thread, stop_follower_job here)
-    each redirect fds 1 and 2 into their compute log and put back what they found. When the
-    follower's run ends first, stop_follower_job puts back the follower's (finished) capture
-    and everything printed after it is lost (the demo once ended silently, exit 0, without its
-    verdict). So the fds found here are put back here, whatever order the runs end in."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in saved.items():
-            os.dup2(copy, fd)
-            os.close(copy)
-
-
-def _wait_started(instance, count: int, timeout: float = 120.0) -> None:
-    """Until `count` follower runs are following (their op tagged them with their MV), then a
-    moment for the newest one's first barrier to end.
-
-    Why: a run starting in this process configures Python logging (Dagster's run start calls
-    `logging.config.dictConfig`, holding logging's global lock while it takes each handler's),
-    while a run emitting an event holds its handler's lock and takes the global one: a run
-    started while another emits can deadlock both. Runs here start only while the others are
-    quiet: followers one by one before the writer starts, stop_follower_job after it stopped."""
-    import dagster as dg
-
-    from backfill_assets.wiring.liveness import MV_TAG
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len([r for r in instance.get_runs(dg.RunsFilter(
-            job_name="follower_job", statuses=[dg.DagsterRunStatus.STARTED]))
-            if MV_TAG in r.tags]) < count:
-        time.sleep(0.5)
-    time.sleep(2.0)
-
-
-def _show_follower(instance) -> None:
-    """One line per follower barrier, from the runs' tags, for CONTINUOUS_SECONDS."""
-    import dagster as dg
-
-    from backfill_assets.wiring.liveness import MV_TAG
-
-    deadline, shown = time.monotonic() + CONTINUOUS_SECONDS, {}
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        for run in instance.get_runs(dg.RunsFilter(job_name="follower_job",
-                                                   statuses=[dg.DagsterRunStatus.STARTED])):
-            tags, name = run.tags, run.tags.get(MV_TAG, "?")
-            if tags.get("follower/barriers") not in (None, shown.get(name)):
-                shown[name] = tags["follower/barriers"]
-                print(f"  {name:<10} follower barrier {shown[name]:>3} "
-                      f"@v{tags['follower/version']:<4} lag {tags['follower/lag_versions']} "
-                      f"versions / {tags['follower/lag_seconds']} s", flush=True)
 
 
 def _catch_up(instance, served, name: str) -> None:

@@ -47,13 +47,20 @@ def _wrap() -> None:
     from backfill_assets.aggregate import checkpoint as K
     from backfill_assets.aggregate import store as S
     from backfill_assets.arrow import aggregate_state as AS
+    from backfill_assets.storage.rows import commit as CM
+    from backfill_assets.storage.writes import merge as M
 
     for owner, names in [
-        (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress"]),
-        (B._Barrier, ["progress_version", "txns", "_choice", "netted", "_replay", "_commit"]),
+        (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress",
+             "settle", "compact_later", "run"]),
+        (B._Barrier, ["progress_version", "txns", "_choice", "netted", "_replay", "_commit",
+                      "_apply", "_write"]),
         (S.AggregateStore, ["read", "write"]), (K, ["state_step"]),
         (AS.AggregateTables, ["state_update", "mv_rows"]),
-        (B.netting, ["net_with_prior"]), (storage, ["read_raw_changes", "apply_keyed"])]:
+        (B.netting, ["net_with_prior"]), (storage, ["read_raw_changes", "apply_keyed"]),
+        (M.keyed, ["locate", "write_located", "write_located_feed"]), (M, ["commit"]),
+        (CM, ["_entry"]), (CM.objects, ["put_if_absent"]), (S.held, ["committed"]),
+        (S.AggregateStore, ["snapshot", "txn_version"]), (B, ["check_change_keys"])]:
         for name in names:
             _timed(owner, name)
 

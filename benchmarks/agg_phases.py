@@ -96,6 +96,7 @@ def main() -> None:
             totals = [round(t, 3) for t, _, _ in done]
             print(f"== {n} changes: {totals}, median {statistics.median(totals):.3f}s")
             print("   state checkpoint:", [e.get("state_checkpoint") for _, _, e in done])
+            print("   compacting:", [e.get("compacting") for _, _, e in done])
             names = sorted({k for _, p, _ in done for k in p},
                            key=lambda k: -statistics.median(p.get(k, 0) for _, p, _ in done))
             for name in names:

@@ -47,13 +47,20 @@ def _wrap() -> None:
     from backfill_assets.aggregate import checkpoint as K
     from backfill_assets.aggregate import store as S
     from backfill_assets.arrow import aggregate_state as AS
+    from backfill_assets.storage.rows import commit as CM
+    from backfill_assets.storage.writes import merge as M
 
     for owner, names in [
-        (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress"]),
-        (B._Barrier, ["progress_version", "txns", "_choice", "netted", "_replay", "_commit"]),
+        (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress",
+             "settle", "compact_later", "run"]),
+        (B._Barrier, ["progress_version", "txns", "_choice", "netted", "_replay", "_commit",
+                      "_apply", "_write"]),
         (S.AggregateStore, ["read", "write"]), (K, ["state_step"]),
         (AS.AggregateTables, ["state_update", "mv_rows"]),
-        (B.netting, ["net_with_prior"]), (storage, ["read_raw_changes", "apply_keyed"])]:
+        (B.netting, ["net_with_prior"]), (storage, ["read_raw_changes", "apply_keyed"]),
+        (M.keyed, ["locate", "write_located", "write_located_feed"]), (M, ["commit"]),
+        (CM, ["_entry"]), (CM.objects, ["put_if_absent"]), (S.held, ["committed"]),
+        (S.AggregateStore, ["snapshot", "txn_version"]), (B, ["check_change_keys"])]:
         for name in names:
             _timed(owner, name)
 
@@ -89,6 +96,7 @@ def main() -> None:
             totals = [round(t, 3) for t, _, _ in done]
             print(f"== {n} changes: {totals}, median {statistics.median(totals):.3f}s")
             print("   state checkpoint:", [e.get("state_checkpoint") for _, _, e in done])
+            print("   compacting:", [e.get("compacting") for _, _, e in done])
             names = sorted({k for _, p, _ in done for k in p},
                            key=lambda k: -statistics.median(p.get(k, 0) for _, p, _ in done))
             for name in names:

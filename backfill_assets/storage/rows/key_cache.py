@@ -79,10 +79,12 @@ class FileKeys:
             by_row = np.argsort(rows, kind="stable")
             values = pa.array(self.sorted_keys[at][by_row], types[0])
             return rows[by_row], pa.table({key_names[0]: values})
+        if self.keys.num_columns == 1:  # a set lookup: no join plan per file and barrier
+            return probe(self.keys, wanted, key_names, types)
         indexed = self.keys.append_column(_ROW, pa.array(np.arange(self.keys.num_rows)))
-        probe = pa.table({k: wanted.column(k).cast(t) for k, t in zip(key_names, types,
-                                                                       strict=True)})
-        hit = indexed.join(probe, list(key_names), join_type="inner", use_threads=False)
+        probed = pa.table({k: wanted.column(k).cast(t) for k, t in zip(key_names, types,
+                                                                        strict=True)})
+        hit = indexed.join(probed, list(key_names), join_type="inner", use_threads=False)
         hit = hit.sort_by(_ROW)
         return hit.column(_ROW).to_numpy(), hit.select(list(key_names))
 
@@ -96,7 +98,8 @@ def probe(keys: pa.Table, wanted: pa.Table, key_names: Sequence[str],
         return FileKeys(keys, None, None).rows_of(wanted, key_names, types)
     column = keys.column(0)
     value_set = pc.unique(wanted.column(key_names[0]).cast(types[0]).combine_chunks())
-    hit = pc.indices_nonzero(pc.is_in(column, value_set=value_set))
+    # a null key matches nothing, as in a join
+    hit = pc.indices_nonzero(pc.is_in(column, value_set=value_set, skip_nulls=True))
     return (hit.to_numpy(zero_copy_only=False).astype(np.int64),
             pa.table({key_names[0]: column.take(hit).cast(types[0])}))
 

@@ -166,6 +166,9 @@ def _module_state(path: pathlib.Path) -> list[str]:
 NOT_CACHES = {
     # the ports this process handed out: one handed out twice would make two servers clash
     ("jobs/ports.py", "_ports_given"),
+    # the compactions running in the background, one per table: a registry of work in flight
+    # (popped by `settle` when the table's next barrier waits for it), never a cached value
+    ("backfill_assets/aggregate/store.py", "_COMPACTING"),
 }
 
 

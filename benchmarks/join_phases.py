@@ -45,7 +45,11 @@ def _timed(owner: object, name: str, label: str) -> None:
         try:
             return inner(*args, **kwargs)
         finally:
-            _SPENT[label] += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            _SPENT[label] += spent
+            table = next((a for a in args if isinstance(a, str)), None)
+            if label.startswith("JoinStore.") and table:  # per table too
+                _SPENT[f"{label}[{table.rstrip('_0123456789')}]"] += spent
 
     setattr(owner, name, wrapper)
 

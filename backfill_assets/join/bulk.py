@@ -1,16 +1,21 @@
-"""A join MV's first barrier built by Spark: the join at the pinned pair, its state tables and
-the MV (row MV rows, or an aggregate's tables) from one read of each table.
+"""A join MV's first barrier: the join at the pinned pair, its state tables and the MV (row
+MV rows, or an aggregate's tables) from one read of each table.
 
 Why not the barrier's own algebra: the first barrier is `apply` over empty state with every
 row as +1 (docs/JOINS.md), which on the driver means collecting the whole fact table and
-dimension. Here the same result is computed where the rows are: the fact rows (the columns the
-MV reads) are read once and cached in Spark, the dimension likewise; the facts table, each
-index (the fact pks by join key, hashed to the join key's vnode) and each dimension table are
-written by Spark tasks through the storage door (`storage.apply_changes` inserts, one commit
-each, carrying the pair); the joined rows are Spark's equi-join (a null key matches nothing:
-SQL's rule, the algebra's), projected like the driver's rows (`engine.projection.project`,
-`aggregate.projection.bulk_values`). A row MV's rows are written by tasks too; an aggregate's
-groups are aggregated by Spark and only the groups come to the driver (the aggregate bulk).
+dimension. Two builds compute the same result where the rows are:
+
+- by tasks here (join/bulk_tasks.py), where they serve (an aggregate without kept input
+  whose projection compiles to Arrow, over a platform upstream, tasks on this machine): one
+  read of the fact by Python tasks, no row through the JVM;
+- by Spark (`BulkBuild._spark`) otherwise: the fact rows (the columns the MV reads) read once
+  and cached in Spark, the dimension likewise; each index (the fact rows by join key, hashed
+  to the join key's vnode: `join_state.index_schema`) and each dimension table written by
+  Spark tasks through the storage door (`storage.apply_changes` inserts, one commit each,
+  carrying the pair); the joined rows are Spark's equi-join (a null key matches nothing:
+  SQL's rule, the algebra's), projected like the driver's rows (`engine.projection.project`,
+  `aggregate.projection.bulk_values`). A row MV's rows are written by tasks too; an
+  aggregate's groups are aggregated by Spark and only the groups come to the driver.
 
 Only the tables behind the pair are written: a bulk barrier a crash interrupted resumes with
 the tables it had not committed (each commit holds the pair: join/store.py).
@@ -30,7 +35,6 @@ from pyspark.sql import functions as F
 
 from backfill_assets import storage
 from backfill_assets.aggregate.projection import bulk_inputs, bulk_partials, bulk_values
-from backfill_assets.arrow.join_state import index_columns
 from backfill_assets.core.errors import DimensionKeyNotUnique
 from backfill_assets.core.names import INTERNAL_PREFIX, KEEP, VNODE
 from backfill_assets.engine.netting import with_vnode
@@ -39,7 +43,6 @@ from backfill_assets.join.bulk_tasks import TaskBulk, refuse_duplicates, valid_k
 from backfill_assets.join.output import AggregateOutput, Output
 from backfill_assets.join.sources import Side
 from backfill_assets.join.store import (
-    FACTS,
     MV,
     JoinStore,
     Pair,
@@ -93,7 +96,7 @@ class BulkBuild:
                 _refuse_duplicate_keys(d, list(self.store.jt.plan.sides[i].key))
             seconds["read_dimensions"] = round(time.perf_counter() - started
                                                - seconds["read_facts"], 3)
-            writes: dict[str, Callable[[], DataFrame]] = {FACTS: lambda: facts}
+            writes: dict[str, Callable[[], DataFrame]] = {}
             for i, side in enumerate(self.store.jt.plan.sides):
                 writes[index_phase(i)] = lambda i=i, side=side: self._index(facts, i, side)
                 writes[dimension_phase(i)] = lambda d=dims[i]: d
@@ -123,11 +126,11 @@ class BulkBuild:
                                     storage_options=self.store.tables.storage_options)
 
     def _facts(self) -> DataFrame:
-        """The fact columns the MV reads, with the fact pk's vnode (the facts table's rows)."""
+        """The fact columns the MV reads (`JoinTables.fact_row_schema`), with the fact pk's
+        vnode (the MV's)."""
         jt = self.store.jt
-        schema = pa.schema([f for f in jt.fact_schema if f.name != VNODE])
         pk = list(jt.plan.pk)
-        return with_vnode(self._read(self.upstream_uri, self.to.fact, schema), pk,
+        return with_vnode(self._read(self.upstream_uri, self.to.fact, jt.fact_row_schema), pk,
                           [jt.fact_types[k] for k in pk], jt.vnode_count)
 
     def _dimension(self, i: int) -> DataFrame:
@@ -141,11 +144,12 @@ class BulkBuild:
         return with_vnode(rows, key, [jt.dim_types[i][k] for k in key], jt.vnode_count)
 
     def _index(self, facts: DataFrame, i: int, side) -> DataFrame:
-        """Join ``i``'s index rows: every fact with a non-null join key, by that key's vnode
-        (hashed like the dimension key, so a key's index rows and dimension row meet)."""
+        """Join ``i``'s index rows (`join_state.index_schema`): every fact with a non-null
+        join key, its columns, by that key's vnode (hashed like the dimension key, so a key's
+        index rows and dimension row meet)."""
         jt, on = self.store.jt, list(side.on)
         rows = facts.where(F.expr(" AND ".join(f"`{c}` IS NOT NULL" for c in on)))
-        rows = rows.select(*index_columns(side, jt.plan.pk))
+        rows = rows.select(*(n for n in jt.index_schemas[i].names if n != VNODE))
         return with_vnode(rows, on, [jt.fact_types[c] for c in on], jt.vnode_count)
 
     def _append(self, phase: str, rows: DataFrame, rows_hint: int) -> None:

@@ -78,9 +78,9 @@ def index_rows(jt: JoinTables, i: int, facts: pa.Table, lookup: Lookup, pos: pa.
     ``names``), with the join key's vnode (its dimension row's; hashed here for a key no
     dimension row holds)."""
     on = list(jt.plan.sides[i].on)
-    keyed = facts.column(on[0]).is_valid()
+    keyed = pc.is_valid(facts.column(on[0]).combine_chunks())
     for c in on[1:]:
-        keyed = pc.and_(keyed, facts.column(c).is_valid())
+        keyed = pc.and_(keyed, pc.is_valid(facts.column(c).combine_chunks()))
     rows = facts.filter(keyed).drop_columns([VNODE])
     pos = pos.filter(keyed)
     vnodes = lookup.rows.column(VNODE).combine_chunks().take(pos)

@@ -23,7 +23,7 @@ Served when the MV aggregates without kept input, its two projection stages comp
 Arrow, the fact table is a platform upstream arranged by the MV's vnodes and the tasks may
 run here (``storage.local_threads``): else `TaskBulk.of` is None and the Spark bulk runs.
 A value the compiled projection cannot prove Spark's (``NotExact``) also sends the whole
-barrier there, before any table is committed (the files written so far are deleted).
+barrier there, before any file is written.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from backfill_assets.join.bulk_join import (
 )
 from backfill_assets.join.output import AggregateOutput, Output
 from backfill_assets.join.sources import Side
-from backfill_assets.join.store import FACTS, JoinStore, Pair, index_phase, keyed_write
+from backfill_assets.join.store import JoinStore, Pair, index_phase, keyed_write
 from backfill_assets.mv import owned_tables
 from backfill_assets.step.request import Hook
 from backfill_assets.upstream.layout import same_vnodes
@@ -63,13 +63,12 @@ from backfill_assets.upstream.layout import same_vnodes
 
 @dataclass(frozen=True)
 class _Task:
-    """What one read task returns: its partials, its index rows per (join, vnode range),
-    the facts files it wrote."""
+    """What one read task returns: its fact rows' count, its partials, its index rows per
+    (join, vnode range)."""
 
     rows: int
     partials: pa.Table
     index: dict[tuple[int, int], pa.Table]
-    files: list
 
 
 @dataclass
@@ -111,21 +110,17 @@ class TaskBulk:
         lookups = [self._dimension(i, s) for i, s in enumerate(self.sides)]
         seconds["read_dimensions"] = _since(started)
         started = time.perf_counter()
-        reads = storage.read_tasks(self.fact, list(self.store.jt.fact_schema.names[:-1]),
+        reads = storage.read_tasks(self.fact, self.store.jt.fact_row_schema.names,
                                    self.threads)
         ranges = _ranges(self.fact.live_rows, self.store.vnode_count)
         indexed = [i for i in range(self.store.joins) if index_phase(i) in behind]
-        facts = self.store.snapshot(FACTS) if FACTS in behind else None
         done = self._map(lambda task: _refused(lambda: self._task(
-            reads, task, lookups, indexed, ranges, facts)), reads.tasks)
+            reads, task, lookups, indexed, ranges)), reads.tasks)
         if any(d is None for d in done):
-            if facts is not None:  # what the other tasks wrote: no commit will name it
-                storage.BulkWritten(facts.uri, facts.storage_options, tuple(
-                    f for d in done if d is not None for f in d.files)).discard()
-            return None
+            return None  # nothing was written yet
         seconds["read_join"] = _since(started)
         started = time.perf_counter()
-        written = {FACTS: [f for d in done for f in d.files]}
+        written = {}
         for i in indexed:
             written[index_phase(i)] = self._index_files(i, [d.index for d in done], ranges)
         seconds["index_write"] = _since(started)
@@ -155,25 +150,23 @@ class TaskBulk:
         return Lookup(plan.on, plan.key, jt.with_vnode(rows, key))
 
     def _task(self, reads: storage.ReadTasks, task: str, lookups: list[Lookup],
-              indexed: list[int], ranges: int, facts_snap: storage.TableVersion | None
-              ) -> _Task:
-        """One slice of the fact table: its facts files (when behind), index rows by vnode
-        range, and the partials of its joined rows."""
+              indexed: list[int], ranges: int) -> _Task:
+        """One slice of the fact table: its index rows by vnode range, and the partials of
+        its joined rows (the fact rows keep their pk's vnode, the MV's)."""
         jt = self.store.jt
-        facts = reads.read(task).select(jt.fact_schema.names).cast(jt.fact_schema)
+        schema = jt.fact_row_schema.append(pa.field(VNODE, pa.int32()))
+        facts = reads.read(task).select(schema.names).cast(schema)
         positions = [lk.positions(facts) for lk in lookups]
         p, (rows_stage, values_stage) = self.out.proj, self.stages
         joined = joined_rows(jt, facts, lookups, positions)
         joined = joined.select(p.upstream_schema.names).cast(p.upstream_schema)
-        values = values_stage.project(rows_stage.project(joined))  # may refuse: write after
+        values = values_stage.project(rows_stage.project(joined))  # may refuse NotExact
         index = {}
         for i in indexed:
             names = self.store.table(index_phase(i)).schema.names
             rows = index_rows(jt, i, facts, lookups[i], positions[i], names)
             index.update({(i, r): part for r, part in _cut(rows, ranges, jt.vnode_count)})
-        files = [] if facts_snap is None else _write(facts_snap, self.store.table(FACTS), facts,
-                                                     facts.num_rows)
-        return _Task(facts.num_rows, partials(p, values), index, files)
+        return _Task(facts.num_rows, partials(p, values), index)
 
     def _index_files(self, i: int, parts: list[dict], ranges: int) -> list:
         """Join ``i``'s index: each vnode range's rows from every task, sorted by (vnode,

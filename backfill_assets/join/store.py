@@ -1,4 +1,4 @@
-"""A join MV's Delta tables (facts, index and dimension per join, the MV), read by key and
+"""A join MV's Delta tables (index and dimension per join, the MV), read by key and
 written through the storage door, each commit carrying the barrier's version pair.
 
 Why a pair in every commit: a join barrier moves the fact to v_fact and every dimension to
@@ -19,15 +19,16 @@ import pyarrow as pa
 from backfill_assets import storage
 from backfill_assets.aggregate.store import Table
 from backfill_assets.arrow.join_state import JoinTables, index_columns
+from backfill_assets.core.errors import JoinStateLayoutOutdated
 from backfill_assets.core.names import VNODE
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook
 
-FACTS, MV, PROGRESS = "join_facts", "mv", "progress"
-# the facts and index tables' layout: 1,024-row groups, so a read of a few keys opens ~1 group
-# per key (docs/STORAGE.md, "Keyed reads": 1,000 keys of a 20M-row index in 0.11 s, 2.15 s
-# by vnode; the files are 9% larger)
+MV, PROGRESS = "mv", "progress"
+# the index tables' layout: 1,024-row groups, so a read of a few keys opens ~1 group per key
+# (docs/STORAGE.md, "Keyed reads": 1,000 keys of a 20M-row index in 0.11 s, 2.15 s by vnode;
+# the files are 9% larger)
 KEYED_LAYOUT = {storage.ROW_GROUP_ROWS_PROPERTY: "1024"}
 
 
@@ -84,13 +85,11 @@ class JoinStore:
     def phases(self) -> tuple[str, ...]:
         """The state tables a barrier writes, in commit order (the MV's tables follow:
         join/output.py)."""
-        return (FACTS, *(index_phase(i) for i in range(self.joins)),
+        return (*(index_phase(i) for i in range(self.joins)),
                 *(dimension_phase(i) for i in range(self.joins)))
 
     def table(self, phase: str) -> Table:
         root, pk, jt = self.tables.join_state, tuple(self.jt.plan.pk), self.jt
-        if phase == FACTS:
-            return Table(f"{root}/facts", jt.fact_schema, pk, FACTS, False)
         if phase == MV:
             return Table(self.tables.mv, self.mv_schema, pk, MV, True)
         i = int(phase.rsplit("_", 1)[1])
@@ -102,8 +101,10 @@ class JoinStore:
 
     def ensure(self) -> None:
         """Create the missing state tables, empty (merge-on-read, keyed by their key columns);
-        the facts and index tables in small row groups (`KEYED_LAYOUT`), which a dimension
-        barrier reads by key."""
+        the index tables in small row groups (`KEYED_LAYOUT`), which a dimension barrier
+        reads by key. State made by the layout before (a facts table beside index rows
+        without the fact columns) is refused: `JoinStateLayoutOutdated`."""
+        refuse_old_layout(self.name, self.tables)
         for phase in self.phases:
             t = self.table(phase)
             layout = None if phase.startswith("join_dimension_") else KEYED_LAYOUT
@@ -127,8 +128,8 @@ class JoinStore:
         """The rows whose ``by`` columns (default: the key) equal a row of ``keys`` (all
         rows when None) at ``snap`` (``by`` holds the columns the table's vnode hashes, or
         all of its key). A table in small row groups is read by key (`storage.rows_of_keys`:
-        only the groups whose statistics admit a key); any other (the dimension, a table
-        created before the layout) reads the files of the keys' vnodes whole."""
+        only the groups whose statistics admit a key); any other (the dimension) reads the
+        files of the keys' vnodes whole."""
         t = self.table(phase)
         if keys is not None and keys.num_rows == 0:
             return t.schema.empty_table()
@@ -180,11 +181,23 @@ def held_by(uri: str, tables: MVTables, name: str, phase: str, vnode_count: int,
 
 
 def _hash_key(phase: str, t: Table, jt: JoinTables) -> list[str]:
-    """The columns a table's vnode hashes: the fact pk (facts, MV), the join key (index:
+    """The columns a table's vnode hashes: the fact pk (MV), the join key (index:
     its `on` columns, hashed with the dimension key's types), the declared key."""
     if phase.startswith("join_index_"):
         return list(jt.plan.sides[int(phase.rsplit("_", 1)[1])].on)
     return list(t.key)
+
+
+def refuse_old_layout(name: str, tables: MVTables) -> None:
+    """A join MV whose state has a facts table was made by the layout before the index
+    carried the fact columns: its index cannot serve a dimension change, so it is refused
+    by name, before anything is written, rather than read two ways."""
+    uri = storage.objects.join(tables.join_state, "facts")
+    if owned_tables.open_if_exists(uri, tables.storage_options) is not None:
+        raise JoinStateLayoutOutdated(
+            f"join MV {name!r} keeps its state in the layout before this version (a facts "
+            "table beside an index of fact keys): reset the MV (reset_mv_job) to rebuild it "
+            "in the current layout, where each index row carries the fact columns")
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

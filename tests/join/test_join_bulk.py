@@ -17,7 +17,7 @@ from backfill_assets.arrow.aggregate_state import SIGN
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import DimensionKeyNotUnique
 from backfill_assets.join.barrier import open_barrier
-from backfill_assets.join.store import FACTS, dimension_phase, index_phase
+from backfill_assets.join.store import dimension_phase, index_phase
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import open_if_exists, read_rows
 from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
@@ -45,7 +45,7 @@ def test_the_spark_bulk_build_writes_the_state_the_algebra_gives(spark, warehous
     d, tables = H.definition(raw), H.tables_of(warehouse, raw)
     report = run_barrier(spark, d, tables, [0])
     assert report.extra["join_path"] == "bulk" and report.extra["bulk_path"] == "spark"
-    assert set(report.extra["bulk_seconds"]) >= {"read_facts", FACTS, "mv"}
+    assert set(report.extra["bulk_seconds"]) >= {"read_facts", index_phase(0), "mv"}
     assert_exact(spark, d, tables)
     _assert_state_of_apply(spark, d, tables, live, dim)
 
@@ -87,11 +87,11 @@ def _assert_state_of_apply(spark, d, tables, live, dim) -> None:
     """The bulk's state tables are `apply`'s over empty state, row for row, vnode for vnode."""
     barrier, pair = open_barrier(spark, d, tables, None, lambda _: None, Controls())
     store, jt = barrier.store, barrier.store.jt
-    want = jt.apply(jt.fact_schema.empty_table(), [s.empty_table() for s in jt.index_schemas],
+    want = jt.apply([s.empty_table() for s in jt.index_schemas],
                     [s.empty_table() for s in jt.dimension_schemas],
                     _plus(live.uri, pair.fact, jt.fact_change_schema),
                     [_plus(dim.uri, pair.dimensions[0], jt.dimension_change_schemas[0])])
-    expected = {FACTS: want.fact_upserts, index_phase(0): want.index_upserts[0],
+    expected = {index_phase(0): want.index_after[0],
                 dimension_phase(0): want.dimension_upserts[0]}
     for phase, rows in expected.items():
         table = store.table(phase)
@@ -110,5 +110,5 @@ def test_a_dimension_key_held_twice_is_refused_before_any_table_is_written(spark
     d, tables = H.definition(raw), H.tables_of(warehouse, raw)
     with pytest.raises(DimensionKeyNotUnique, match="declared key"):
         run_barrier(spark, d, tables, [0])
-    for uri in (tables.progress, tables.mv, f"{tables.join_state}/facts"):
+    for uri in (tables.progress, tables.mv, f"{tables.join_state}/index_0"):
         assert open_if_exists(uri, {}) is None, f"{uri}: a refusal wrote a table"

@@ -1,7 +1,8 @@
-"""A join MV's facts and index tables are written in small row groups and read by key
-(`storage.rows_of_keys`), the dimension table by vnode; state tables created before that
-layout (no `backfill.rowGroupRows`) keep being read by vnode. Either way every barrier's MV
-equals Spark SQL's join (verify/join_oracle.py)."""
+"""A join MV's index tables (which carry the fact rows) are written in small row groups and
+read by key (`storage.rows_of_keys`), the dimension table by vnode; an index without
+`backfill.rowGroupRows` is read by vnode. Either way every barrier's MV equals Spark SQL's
+join (verify/join_oracle.py). State made by the layout before (a facts table) is refused by
+name, saying to reset the MV."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from backfill_assets import storage
 from backfill_assets.barrier.runner import run_barrier
+from backfill_assets.core.errors import JoinStateLayoutOutdated
 from backfill_assets.join import store as join_store
 from backfill_assets.mv.owned_tables import read_rows
 from backfill_assets.storage.rows.keyed_read import row_groups_read
@@ -44,9 +46,9 @@ def test_dimension_barriers_read_the_state_by_key(spark, warehouse, monkeypatch,
     assert run_barrier(spark, d, tables, [0]).extra["join_path"] == "bulk"
     monkeypatch.undo()
     root = tables.join_state
-    facts, index = (storage.TableVersion.load(f"{root}/{t}") for t in ("facts", "index_0"))
+    index = storage.TableVersion.load(f"{root}/index_0")
     dimension = storage.TableVersion.load(f"{root}/dimension_0")
-    for snap in (facts, index):
+    for snap in (index,):
         grouped = storage.ROW_GROUP_ROWS_PROPERTY in snap.configuration
         assert grouped == (layout == "keyed")
         if grouped:  # the Spark bulk commit honours the property
@@ -65,3 +67,20 @@ def test_dimension_barriers_read_the_state_by_key(spark, warehouse, monkeypatch,
         report = run_barrier(spark, d, tables, [0])
         assert report.extra["join_path"] == "apply"
         assert_exact(spark, d, tables)
+
+
+def test_state_made_by_the_layout_before_is_refused_saying_to_reset(spark, warehouse):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    live = H.orders(warehouse, 58)
+    live.create(rows=50)
+    dim = Dimension(spark, f"{warehouse}/tiers", random.Random(58))
+    dim.insert(range(0, 5))
+    raw = join_raw("old_layout", live.uri, "left")
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    run_barrier(spark, d, tables, [0])
+    write_deltalake(f"{tables.join_state}/facts", pa.table({"id": [1]}))  # the old layout's
+    live.apply(live.random_batch(5))
+    with pytest.raises(JoinStateLayoutOutdated, match="reset the MV"):
+        run_barrier(spark, d, tables, [0])

@@ -19,25 +19,25 @@ from tests.reliability import harness as H
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-FACTS, INDEX, DIM, MV = "join_facts", "join_index_0", "join_dimension_0", "mv"
+INDEX, DIM, MV = "join_index_0", "join_dimension_0", "mv"
 # the boundaries in commit order, and which tables hold the killed barrier at each
-HELD = {"before_write": (), "join_facts_dv_file_written": (),
-        "after_join_facts_commit": (FACTS,), "after_join_index_0_commit": (FACTS, INDEX),
-        "after_join_dimension_0_commit": (FACTS, INDEX, DIM),
-        "mv_dv_file_written": (FACTS, INDEX, DIM),
-        "after_mv_commit": (FACTS, INDEX, DIM, MV),
-        "before_progress_commit": (FACTS, INDEX, DIM, MV),
-        "after_progress_commit": (FACTS, INDEX, DIM, MV)}
-BULK_KILLS = ["after_join_facts_commit", "after_join_dimension_0_commit", "after_mv_commit"]
+HELD = {"before_write": (), "join_index_0_dv_file_written": (),
+        "after_join_index_0_commit": (INDEX,),
+        "after_join_dimension_0_commit": (INDEX, DIM),
+        "mv_dv_file_written": (INDEX, DIM),
+        "after_mv_commit": (INDEX, DIM, MV),
+        "before_progress_commit": (INDEX, DIM, MV),
+        "after_progress_commit": (INDEX, DIM, MV)}
+BULK_KILLS = ["after_join_index_0_commit", "after_join_dimension_0_commit", "after_mv_commit"]
 APPLY_KILLS = list(HELD)
 # the default run (CI time): one boundary of each kind; "apply_all" (a variant) kills at every one
-APPLY_SOME = ["join_facts_dv_file_written", "after_join_index_0_commit", "after_mv_commit",
+APPLY_SOME = ["join_index_0_dv_file_written", "after_join_dimension_0_commit", "after_mv_commit",
               "after_progress_commit"]
 
 
 def _held(tables, name: str, pair: Pair) -> set[str]:
     """The tables whose app transactions hold ``pair``."""
-    uris = {FACTS: f"{tables.join_state}/facts", INDEX: f"{tables.join_state}/index_0",
+    uris = {INDEX: f"{tables.join_state}/index_0",
             DIM: f"{tables.join_state}/dimension_0", MV: tables.mv}
     out = set()
     for phase, uri in uris.items():

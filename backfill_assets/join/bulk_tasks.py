@@ -140,14 +140,22 @@ class TaskBulk:
     def _dimension(self, i: int, side: Side) -> Lookup:
         """Join ``i``'s dimension at the pair: rows with a null key dropped, the key checked
         unique, each row with its key's vnode (hashed as the barrier hashes it)."""
-        jt, key = self.store.jt, list(side.join.key)
+        jt, key, so = self.store.jt, list(side.join.key), self.store.tables.storage_options
         schema = pa.schema([f for f in jt.dimension_schemas[i] if f.name != VNODE])
-        rows = storage.read_table(side.uri, side.version, schema.names,
-                                  storage_options=self.store.tables.storage_options)
-        rows = rows.filter(valid_keys(rows, key)).select(schema.names).cast(schema)
+        # a platform table keyed by the declared key, in the MV's vnode count, holds each
+        # row's vnode already (the same hash of the same key): no hashing here
+        own = same_vnodes(side.uri, side.version, key, jt.vnode_count, so)
+        columns = [*schema.names, VNODE] if own else schema.names
+        rows = storage.read_table(side.uri, side.version, columns, storage_options=so)
+        rows = rows.filter(valid_keys(rows, key))
         refuse_duplicates(rows, key)
         plan = jt.plan.sides[i]
-        return Lookup(plan.on, plan.key, jt.with_vnode(rows, key))
+        if not own:
+            return Lookup(plan.on, plan.key, jt.with_vnode(rows.select(schema.names)
+                                                           .cast(schema), key))
+        vnodes = pc.cast(rows.column(VNODE), pa.int32())
+        return Lookup(plan.on, plan.key, rows.select(schema.names).cast(schema)
+                      .append_column(VNODE, vnodes))
 
     def _task(self, reads: storage.ReadTasks, task: str, lookups: list[Lookup],
               indexed: list[int], ranges: int) -> _Task:

@@ -6,11 +6,12 @@ row as +1 (docs/JOINS.md), which on the driver means collecting the whole fact t
 dimension. Here the same result is computed where the rows are: the fact rows (the columns the
 MV reads) are read once and cached in Spark, the dimension likewise; each index (the fact
 rows by join key, hashed to the join key's vnode: `join_state.index_schema`) and each
-dimension table are written by Spark tasks through the storage door (`storage.apply_changes` inserts, one commit
-each, carrying the pair); the joined rows are Spark's equi-join (a null key matches nothing:
-SQL's rule, the algebra's), projected like the driver's rows (`engine.projection.project`,
-`aggregate.projection.bulk_values`). A row MV's rows are written by tasks too; an aggregate's
-groups are aggregated by Spark and only the groups come to the driver (the aggregate bulk).
+dimension table are written by Spark tasks through the storage door
+(`storage.apply_changes` inserts, one commit each, carrying the pair); the joined rows are
+Spark's equi-join (a null key matches nothing: SQL's rule, the algebra's), projected like the
+driver's rows (`engine.projection.project`, `aggregate.projection.bulk_values`). A row MV's
+rows are written by tasks too; an aggregate's groups are aggregated by Spark and only the
+groups come to the driver (the aggregate bulk).
 
 Only the tables behind the pair are written: a bulk barrier a crash interrupted resumes with
 the tables it had not committed (each commit holds the pair: join/store.py).

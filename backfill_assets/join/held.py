@@ -73,6 +73,9 @@ def committed(snap: storage.TableVersion, version: int | None, key: Sequence[str
     if prior is None or version is None or version != snap.version + 1:
         _HELD.discard_where(lambda k: k == uri)
         return
+    if before.num_rows == 0 and after.num_rows == 0:  # a commit of the pair alone
+        _HELD.put(uri, _Entry(_table_id(snap), version, prior))
+        return
     touched = pa.concat_tables([before.select(list(key)).cast(prior.select(list(key)).schema),
                                 after.select(list(key)).cast(prior.select(list(key)).schema)])
     kept = prior.join(touched.group_by(list(key), use_threads=False).aggregate([]),

@@ -21,6 +21,7 @@ from backfill_assets.aggregate.store import Table
 from backfill_assets.arrow.join_state import JoinTables, index_columns
 from backfill_assets.core.errors import JoinStateLayoutOutdated
 from backfill_assets.core.names import VNODE
+from backfill_assets.join import held
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook
@@ -99,6 +100,20 @@ class JoinStore:
                          tuple(index_columns(side, pk)), phase, False)
         return Table(f"{root}/dimension_{i}", jt.dimension_schemas[i], side.key, phase, False)
 
+    def write_key(self, phase: str) -> list[str]:
+        """The columns a keyed commit finds the table's rows by: its key, but for an index
+        the fact pk alone, which is unique there too (a fact has one index row per join).
+        Why: the storage layer finds held rows of a single integer key by a binary search in
+        the file keys it keeps, and a two-column key by a hash join over every kept key of
+        every file a change meets, which 20,000 changed facts spread over every vnode make
+        the whole index at every fact barrier (docs/JOINS.md, "Measured"). The price: the
+        rows a commit writes are clustered by (vnode, pk), so a read by join key opens
+        every row group of the touched vnodes in those files (one per barrier, as large as
+        its changes; the bulk's files stay sorted by the table's key)."""
+        if phase.startswith("join_index_"):
+            return list(self.jt.plan.pk)
+        return list(self.table(phase).key)
+
     def ensure(self) -> None:
         """Create the missing state tables, empty (merge-on-read, keyed by their key columns);
         the index tables in small row groups (`KEYED_LAYOUT`), which a dimension barrier
@@ -128,12 +143,19 @@ class JoinStore:
         """The rows whose ``by`` columns (default: the key) equal a row of ``keys`` (all
         rows when None) at ``snap`` (``by`` holds the columns the table's vnode hashes, or
         all of its key). A table in small row groups is read by key (`storage.rows_of_keys`:
-        only the groups whose statistics admit a key); any other (the dimension) reads the
-        files of the keys' vnodes whole."""
+        only the groups whose statistics admit a key); a dimension is held whole in the
+        process (join/held.py) unless it is large, then read by the files of the keys'
+        vnodes, as an index without the property."""
         t = self.table(phase)
         if keys is not None and keys.num_rows == 0:
             return t.schema.empty_table()
         key = by or list(t.key)
+        if phase.startswith("join_dimension_") and (keys is None or held.holds_whole(snap)):
+            rows = held.rows_at(snap)
+            if rows is None:
+                rows = owned_tables.read_rows(snap.table).select(t.schema.names).cast(t.schema)
+                held.hold(snap, rows)
+            return rows if keys is None else _semi(rows, keys, key)
         if keys is None:
             return owned_tables.read_rows(snap.table).select(t.schema.names).cast(t.schema)
         keys = self.jt.with_vnode(keys.select(key), _hash_key(phase, t, self.jt))
@@ -141,32 +163,37 @@ class JoinStore:
             return storage.rows_of_keys(snap, key, keys, t.schema.names).cast(t.schema)
         vnodes = sorted(set(keys.column(VNODE).to_pylist()))
         rows = owned_tables.read_rows(snap.table, vnodes).select(t.schema.names).cast(t.schema)
-        probe = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
-        return rows.join(probe, keys=key, join_type="left semi", use_threads=False) \
-            .select(t.schema.names)
+        return _semi(rows, keys, key)
 
     def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
               pair: Pair, hook: Hook) -> None:
         """One commit of the table: the rows of the changed keys ``before`` -> ``after`` (a
-        key only before is deleted), carrying the barrier's pair."""
-        keyed_write(self.name, self.vnode_count, self.table(phase), snap, before, after, pair,
-                    hook)
+        key only before is deleted), carrying the barrier's pair; a dimension held at
+        ``snap`` is brought to the new version. An index's rows are found by the fact pk
+        alone (`write_key`)."""
+        t = self.table(phase)
+        version = keyed_write(self.name, self.vnode_count, t, snap, before, after, pair, hook,
+                              self.write_key(phase))
+        if phase.startswith("join_dimension_"):
+            held.committed(snap, version, t.key, before, after)
 
 
 def keyed_write(name: str, vnode_count: int, t: Table, snap: storage.TableVersion,
-                before: pa.Table, after: pa.Table, pair: Pair, hook: Hook) -> None:
+                before: pa.Table, after: pa.Table, pair: Pair, hook: Hook,
+                key: Sequence[str] | None = None) -> int | None:
     """One commit of table ``t`` (uri, schema, key, phase) of MV ``name``: the rows of the
-    changed keys ``before`` -> ``after``, carrying ``pair`` (the fact version per vnode, each
-    dimension's version)."""
+    changed keys ``before`` -> ``after`` (keyed by ``key``, default the table's), carrying
+    ``pair`` (the fact version per vnode, each dimension's version); the version committed
+    (None: nothing changed)."""
     intent = owned_tables.intent(name, t.phase, range(vnode_count), pair.fact,
                                  extra=pair.txns(name, t.phase))
 
     def inner(point: str) -> None:
         hook(f"{t.phase}_{point}")
 
-    storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
+    return storage.apply_keyed(snap, list(key or t.key), intent, storage.KeyedRows(
         before.select(t.schema.names).cast(t.schema),
-        after.select(t.schema.names).cast(t.schema)), hook=inner)
+        after.select(t.schema.names).cast(t.schema)), hook=inner).version
 
 
 def held_by(uri: str, tables: MVTables, name: str, phase: str, vnode_count: int,
@@ -178,6 +205,13 @@ def held_by(uri: str, tables: MVTables, name: str, phase: str, vnode_count: int,
         return None
     return pair_of(storage.TableVersion(uri, so, table).txn_versions, name, phase,
                    range(vnode_count), joins)
+
+
+def _semi(rows: pa.Table, keys: pa.Table, key: list[str]) -> pa.Table:
+    """The ``rows`` whose ``key`` columns equal a row of ``keys`` (a null matches nothing)."""
+    probe = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+    return rows.join(probe, keys=key, join_type="left semi", use_threads=False) \
+        .select(rows.schema.names)
 
 
 def _hash_key(phase: str, t: Table, jt: JoinTables) -> list[str]:

@@ -1,5 +1,6 @@
 """A join MV's index tables (which carry the fact rows) are written in small row groups and
-read by key (`storage.rows_of_keys`), the dimension table by vnode; an index without
+read by key (`storage.rows_of_keys`), the dimension table held whole in the process
+(join/held.py: brought forward by its own commits); an index without
 `backfill.rowGroupRows` is read by vnode. Either way every barrier's MV equals Spark SQL's
 join (verify/join_oracle.py). State made by the layout before (a facts table) is refused by
 name, saying to reset the MV."""
@@ -14,6 +15,7 @@ import pytest
 from backfill_assets import storage
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import JoinStateLayoutOutdated
+from backfill_assets.join import held
 from backfill_assets.join import store as join_store
 from backfill_assets.mv.owned_tables import read_rows
 from backfill_assets.storage.rows.keyed_read import row_groups_read
@@ -67,6 +69,12 @@ def test_dimension_barriers_read_the_state_by_key(spark, warehouse, monkeypatch,
         report = run_barrier(spark, d, tables, [0])
         assert report.extra["join_path"] == "apply"
         assert_exact(spark, d, tables)
+        # the dimension this process holds is the table's latest version, row for row
+        snap = storage.TableVersion.load(f"{root}/dimension_0")
+        rows = held.rows_at(snap)
+        assert rows is not None
+        assert sorted(rows.to_pylist(), key=repr) == \
+            sorted(read_rows(snap.table).select(rows.schema.names).to_pylist(), key=repr)
 
 
 def test_state_made_by_the_layout_before_is_refused_saying_to_reset(spark, warehouse):

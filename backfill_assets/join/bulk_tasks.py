@@ -46,6 +46,7 @@ from backfill_assets.core.aggregate_definition import GROUP_KEY
 from backfill_assets.core.errors import DimensionKeyNotUnique
 from backfill_assets.core.names import VNODE
 from backfill_assets.engine.projection import exact_projection
+from backfill_assets.join import held
 from backfill_assets.join.bulk_join import (
     Lookup,
     index_rows,
@@ -196,13 +197,18 @@ class TaskBulk:
             if phase not in behind:
                 continue
             snap, t = self.store.snapshot(phase), self.store.table(phase)
+            rows = None
             if phase not in written:  # a dimension table: its rows are the lookup's
                 rows = lookups[int(phase.rsplit("_", 1)[1])].rows
                 written[phase] = _write(snap, t, rows, storage.file_rows_for(rows.num_rows))
             intent = owned_tables.intent(self.store.name, phase, range(self.store.vnode_count),
                                          self.to.fact, extra=self.to.txns(self.store.name, phase))
-            storage.commit_written(snap, intent, storage.written_files(snap, written[phase]),
-                                   hook=lambda point, phase=phase: self.hook(f"{phase}_{point}"))
+            done = storage.commit_written(
+                snap, intent, storage.written_files(snap, written[phase]),
+                hook=lambda point, phase=phase: self.hook(f"{phase}_{point}"))
+            if rows is not None and done.version is not None:  # the next barrier's lookup
+                held.hold(self.store.snapshot(phase, done.version),
+                          rows.select(t.schema.names).cast(t.schema))
             self.hook(f"after_{phase}_commit")
 
 

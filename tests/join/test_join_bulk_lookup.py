@@ -78,3 +78,25 @@ def test_positions_are_the_hash_joins_match(columns):
             for row in zip(*(facts.column(c).to_pylist() for c in on), strict=True)]
     assert got == want
     assert any(p is None for p in got) and any(p is not None for p in got)
+
+
+def test_the_sort_order_is_arrows_for_every_key_type():
+    """numpy's lexsort where the columns allow it (integers, dates), Arrow's sort otherwise:
+    the same order of rows unique by their key."""
+    import datetime as dt
+
+    import pyarrow.compute as pc
+
+    from backfill_assets.join.bulk_tasks import sort_order
+
+    rng = random.Random(3)
+    ids = list(range(3000))
+    rng.shuffle(ids)
+    rows = pa.table({VNODE: pa.array([rng.randint(0, 7) for _ in ids], pa.int32()),
+                     "k": [rng.randint(-5, 50) for _ in ids],
+                     "d": [dt.date(2020, 1, 1) + dt.timedelta(days=rng.randint(0, 30))
+                           for _ in ids],
+                     "s": [str(rng.randint(0, 9)) for _ in ids], "id": ids})
+    for names in ([VNODE, "k", "id"], [VNODE, "d", "id"], [VNODE, "s", "id"]):
+        want = pc.sort_indices(rows, [(n, "ascending") for n in names]).to_pylist()
+        assert sort_order(rows, names).to_pylist() == want, names

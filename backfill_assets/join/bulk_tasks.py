@@ -59,7 +59,7 @@ from backfill_assets.join.sources import Side
 from backfill_assets.join.store import JoinStore, Pair, index_phase, keyed_write
 from backfill_assets.mv import owned_tables
 from backfill_assets.step.request import Hook
-from backfill_assets.upstream.layout import same_vnodes
+from backfill_assets.upstream import same_vnodes
 
 
 @dataclass(frozen=True)

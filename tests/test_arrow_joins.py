@@ -54,7 +54,6 @@ class Store:
 
     def __init__(self, t: JoinTables, keyed: bool = False) -> None:
         self.t, self.keyed = t, keyed
-        self.facts: dict[tuple, dict] = {}
         self.index: list[dict[tuple, dict]] = [{} for _ in t.plan.sides]
         self.dims: list[dict[tuple, dict]] = [{} for _ in t.plan.sides]
         self.joined: pa.Table | None = None
@@ -65,13 +64,10 @@ class Store:
         dim_changes = [change_table(c, s) for c, s in zip(dims, t.dimension_change_schemas,
                                                           strict=True)]
         state = self._keyed_reads(fact_changes, dim_changes) if self.keyed else (
-            pa.Table.from_pylist(list(self.facts.values()), t.fact_schema),
             _tables(self.index, t.index_schemas), _tables(self.dims, t.dimension_schemas))
         update = t.apply(*state, fact_changes, dim_changes)
-        self._write(self.facts, PK, update.fact_upserts, update.fact_deletes, PK)
         for i, side in enumerate(sides):
-            self._write(self.index[i], (*side.on, *PK), update.index_upserts[i],
-                        update.index_deletes[i], side.on, side.key_types)
+            self._write_index(i, update.index_before[i], update.index_after[i])
             self._write(self.dims[i], side.key, update.dimension_upserts[i],
                         update.dimension_deletes[i], side.key, side.key_types)
         assert update.joined.schema == t.joined_schema
@@ -79,18 +75,32 @@ class Store:
         return [(r.pop(SIGN), r) for r in update.joined.to_pylist()]
 
     def _keyed_reads(self, fact_changes: pa.Table, dim_changes: list[pa.Table]) -> tuple:
-        """The state rows of the keys `changed_keys`, `reached_pks`, `lookup_keys` name."""
+        """The state rows of the keys `changed_keys` and `lookup_keys` name."""
         t = self.t
-        pks, keys = t.changed_keys(fact_changes, dim_changes)
+        _, keys = t.changed_keys(fact_changes, dim_changes)
         index = [_rows(store, schema, {k for k in store if k[:len(s.on)] in _keys(wanted)})
                  for store, schema, wanted, s in zip(self.index, t.index_schemas, keys,
                                                      t.plan.sides, strict=True)]
-        reached = t.reached_pks(pks, index, keys)
-        facts = _rows(self.facts, t.fact_schema, _keys(reached))
-        lookups = t.lookup_keys(facts, fact_changes, keys)
+        lookups = t.lookup_keys(t.reached_facts(index, keys), fact_changes, keys)
         dims = [_rows(store, schema, _keys(wanted)) for store, schema, wanted in
                 zip(self.dims, t.dimension_schemas, lookups, strict=True)]
-        return facts, index, dims
+        return index, dims
+
+    def _write_index(self, i: int, before: pa.Table, after: pa.Table) -> None:
+        """A keyed write as `storage.apply_keyed` does it: each ``before`` row is the row
+        held (a fact retracted that the index never held is refused), ``after`` replaces."""
+        side = self.t.plan.sides[i]
+        key = (*side.on, *(c for c in PK if c not in side.on))
+        for row in before.to_pylist():
+            if tuple(row[c] for c in key) not in self.index[i]:
+                raise JoinStateMismatch("the index never held the retracted fact")
+        self._write(self.index[i], key, after, before, side.on, side.key_types)
+
+    def facts(self) -> dict[tuple, dict]:
+        """The fact rows the indexes hold (a fact with a null join key in every join is in
+        none)."""
+        return {tuple(r[c] for c in PK): {c: r[c] for c in self.t.plan.fact_columns}
+                for d in self.index for r in d.values()}
 
     def _write(self, store: dict, key: tuple, upserts: pa.Table, deletes: pa.Table,
                hashed: tuple, types: tuple | None = None) -> None:
@@ -135,8 +145,9 @@ def test_arrow_rows_equal_the_reference_and_the_join_recomputed(kinds, data) -> 
         assert ordered(got) == ordered(reference_batch(t.plan, reference, facts, dims))
         apply_to_mv(mv, got)
         assert mv == naive_join(t.plan, tables)
-        assert {k: {c: r[c] for c in t.plan.fact_columns} for k, r in store.facts.items()} \
-            == tables.facts
+        assert store.facts() == {k: r for k, r in tables.facts.items()
+                                 if any(all(r[c] is not None for c in s.on)
+                                        for s in t.plan.sides)}
         for i in range(len(t.plan.sides)):
             assert set(store.index[i]) == {(*k, *pk) for k, pks in reference.index[i].items()
                                            for pk in pks}
@@ -147,14 +158,16 @@ def test_arrow_rows_equal_the_reference_and_the_join_recomputed(kinds, data) -> 
                                   [[Signed(1, r) for r in tables.customers.values()],
                                    [Signed(1, r) for r in tables.products.values()]]))
     assert built == mv
-    assert (bulk.facts, bulk.index, bulk.dims) == (store.facts, store.index, store.dims)
+    assert (bulk.index, bulk.dims) == (store.index, store.dims)
 
 
 def test_the_state_tables_are_keyed_and_typed_for_delta() -> None:
     t = tables_for(("left", "inner"))
-    assert t.fact_schema.names == ["id", "cust", "pcode", "pver", "amount", VNODE]
-    assert [s.names for s in t.index_schemas] == [["cust", "id", VNODE],
-                                                  ["pcode", "pver", "id", VNODE]]
+    assert t.fact_row_schema.names == ["id", "cust", "pcode", "pver", "amount"]
+    # each index row carries the fact's columns after its key (join key + pk)
+    assert [s.names for s in t.index_schemas] == [
+        ["cust", "id", "pcode", "pver", "amount", VNODE],
+        ["pcode", "pver", "id", "cust", "amount", VNODE]]
     assert [s.names for s in t.dimension_schemas] == [["cid", "region", "tier", VNODE],
                                                       ["code", "ver", "price", VNODE]]
     assert str(t.dimension_schemas[1].field("price").type) == "decimal128(7, 2)"
@@ -193,8 +206,7 @@ def test_the_state_tables_round_trip_through_delta(tmp_path) -> None:
     store.apply([Signed(1, {"id": 1, "cust": 2, "pcode": "b", "pver": 1, "amount": 3})],
                 [[Signed(1, {"cid": 2, "region": "é", "tier": None, "note": "x"})],
                  [Signed(1, {"code": "b", "ver": 1, "price": None})]])
-    tables = {"facts": (list(store.facts.values()), t.fact_schema),
-              **{f"index_{i}": (list(d.values()), s) for i, (d, s) in
+    tables = {              **{f"index_{i}": (list(d.values()), s) for i, (d, s) in
                  enumerate(zip(store.index, t.index_schemas, strict=True))},
               **{f"dimension_{i}": (list(d.values()), s) for i, (d, s) in
                  enumerate(zip(store.dims, t.dimension_schemas, strict=True))}}

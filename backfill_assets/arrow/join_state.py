@@ -1,5 +1,5 @@
 """The lookup-join algebra over Arrow tables: the join state tables' schemas, and one barrier of
-signed fact and dimension changes turned into state upserts and deletes and signed joined rows.
+signed fact and dimension changes turned into state writes and signed joined rows.
 
 Why Arrow: a barrier must cost its changed rows and the fact rows they reach, never a scan of
 the fact table, so every step here is an Arrow hash join or group-by over the changes and the
@@ -9,10 +9,11 @@ semantics and the same order rule: each reached fact row gives -(its joined row 
 which is SQL's rule for join columns, so join keys are joined; netting groups (a null is a
 value there), as the aggregate state does.
 
-Tables (docs/JOINS.md):
-- facts: the fact columns the MV reads (pk first), `vnode` of the fact pk; key: the pk;
-- index, per join: the join key (the fact's join columns), the fact pk, `vnode` of the join
-  key; key: join key + pk; only facts whose join key has no null;
+Tables (docs/JOINS.md, RisingWave's join state):
+- index, per join (`index_schema`): the join key (the fact's join columns), the fact pk, then
+  every other fact column the MV reads, `vnode` of the join key; key: join key + pk; only
+  facts whose join key has no null. It is the facts' only copy: a changed fact's row before
+  is its pre-image in the change feed, a fact a dimension change reaches is its index row;
 - dimension, per join: its declared key, the columns the join carries, `vnode` of the key;
   key: the declared key (the same vnode as the index rows it matches);
 - changes in: `SIGN` (+1 row after / -1 row before), netted per key, with each side's columns.
@@ -29,24 +30,23 @@ import pyarrow.compute as pc
 from backfill_assets.arrow.aggregate_state import SIGN
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.errors import DimensionKeyNotUnique, JoinStateMismatch
-from backfill_assets.core.join_algebra import JoinPlan
+from backfill_assets.core.join_algebra import JoinPlan, JoinSide
 from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
 from backfill_assets.core.vnode import vnodes_of
 
 _MATCH = f"{INTERNAL_PREFIX}match"
 _KEY = f"{INTERNAL_PREFIX}key_"
-_N = f"{INTERNAL_PREFIX}n"
 
 
 @dataclass
 class JoinUpdate:
-    """One barrier's writes (upserts are whole rows, deletes the keys with `vnode`; the
-    per-join lists follow the plan's joins) and its signed joined rows."""
+    """One barrier's writes and its signed joined rows. Per join (the plan's order): the
+    index rows the changed facts held before and hold after (`storage.KeyedRows`' two sides:
+    a key only before is deleted, an unchanged row is dropped by the write), the dimension
+    upserts (whole rows) and deletes (the keys with `vnode`)."""
 
-    fact_upserts: pa.Table
-    fact_deletes: pa.Table
-    index_upserts: list[pa.Table]
-    index_deletes: list[pa.Table]
+    index_before: list[pa.Table]
+    index_after: list[pa.Table]
     dimension_upserts: list[pa.Table]
     dimension_deletes: list[pa.Table]
     joined: pa.Table
@@ -63,12 +63,10 @@ class JoinTables:
         self.dim_types = [{c: t[c] for c in s.dimension_columns}
                           for s, t in zip(plan.sides, dimension_types, strict=True)]
         fields = {c: pa.field(c, arrow_type(t)) for c, t in self.fact_types.items()}
-        vnode = pa.field(VNODE, pa.int32())
-        self.fact_schema = pa.schema([*fields.values(), vnode])
+        self.fact_row_schema = pa.schema(list(fields.values()))
         self.fact_change_schema = pa.schema([pa.field(SIGN, pa.int8()), *fields.values()])
-        self.index_schemas = [pa.schema([*(fields[c] for c in index_columns(s, plan.pk)),
-                                         vnode]) for s in plan.sides]
-        self.dimension_schemas = [pa.schema([*_fields(t).values(), vnode])
+        self.index_schemas = [index_schema(s, plan.pk, fields) for s in plan.sides]
+        self.dimension_schemas = [pa.schema([*_fields(t).values(), pa.field(VNODE, pa.int32())])
                                   for t in self.dim_types]
         self.dimension_change_schemas = [pa.schema([pa.field(SIGN, pa.int8()),
                                                     *_fields(t).values()])
@@ -78,50 +76,45 @@ class JoinTables:
                    for n, c in s.columns]
         self.joined_schema = pa.schema([pa.field(SIGN, pa.int8()), *fields.values(), *carried])
 
-    def apply(self, facts: pa.Table, index: Sequence[pa.Table], dimensions: Sequence[pa.Table],
+    def apply(self, index: Sequence[pa.Table], dimensions: Sequence[pa.Table],
               fact_changes: pa.Table, dimension_changes: Sequence[pa.Table]) -> JoinUpdate:
         """The writes and signed joined rows of one barrier. The state tables must hold (at
-        least) the rows of the keys the changes touch: facts of the changed pks and of the
-        pks the index lists under changed dimension keys, index rows of the changed
-        dimension keys, dimension rows of the changed keys and of the reached facts' join
-        keys; other rows are ignored. Raises JoinStateMismatch / DimensionKeyNotUnique as
-        the reference does."""
+        least) the rows of the keys the changes touch: index rows of the changed dimension
+        keys, dimension rows of the changed keys and of the reached facts' join keys; other
+        rows are ignored. A changed fact's row before is its pre-image (the -1 change).
+        Raises JoinStateMismatch / DimensionKeyNotUnique as the reference does (a retracted
+        fact the index never held is refused by the index's keyed write)."""
         pk = list(self.plan.pk)
         fc = fact_changes.select(self.fact_change_schema.names).cast(self.fact_change_schema)
         f_before, f_after = _sides(fc, pk, "fact")
-        facts = facts.select(self.fact_schema.names[:-1])
-        _check_held(f_before, f_after, facts, pk, "fact")
-        changed_pks = _distinct(pa.concat_tables([f_before.select(pk), f_after.select(pk)]))
         dims = [self._dimension(i, d, c) for i, (d, c) in enumerate(
             zip(dimensions, dimension_changes, strict=True))]
         held, new_held, changed_keys = ([d[k] for d in dims] for k in range(3))
-        reached = [changed_pks] + [
-            _semi(index[i].select(index_columns(s, pk)), keys, list(s.on), list(s.key))
-            .select(pk) for i, (s, keys) in enumerate(zip(self.plan.sides, changed_keys,
-                                                          strict=True))]
-        old_facts = _semi(facts, _distinct(pa.concat_tables(reached)), pk, pk)
+        reached = self.reached_facts(index, changed_keys)
+        columns = self.fact_row_schema.names
+        _check_held(f_before, f_after, pa.concat_tables([reached, f_before.select(columns)]),
+                    pk, "fact")
+        changed_pks = _distinct(pa.concat_tables([f_before.select(pk), f_after.select(pk)]))
+        old_facts = pa.concat_tables([_anti(reached, changed_pks, pk, pk),
+                                      f_before.select(columns)])
         new_facts = pa.concat_tables([_anti(old_facts, changed_pks, pk, pk),
-                                      f_after.select(facts.schema.names)])
+                                      f_after.select(columns)])
         joined = _net(pa.concat_tables([
             _signed(self._joined(old_facts, held), -1),
             _signed(self._joined(new_facts, new_held), 1)]), self.joined_schema)
-        old_changed = _semi(old_facts, changed_pks, pk, pk)
-        index_writes = [self._index_moves(s, old_changed, f_after) for s in self.plan.sides]
-        gone = _anti(f_before.select(pk), f_after.select(pk), pk, pk)
-        return JoinUpdate(
-            self._with_vnode(f_after.select(facts.schema.names), pk).cast(self.fact_schema),
-            self._with_vnode(gone, pk), [w[0] for w in index_writes],
-            [w[1] for w in index_writes], [d[3][0] for d in dims], [d[3][1] for d in dims],
-            joined)
+        index_rows = [(self._index_rows(i, f_before), self._index_rows(i, f_after))
+                      for i in range(len(self.plan.sides))]
+        return JoinUpdate([w[0] for w in index_rows], [w[1] for w in index_rows],
+                          [d[3][0] for d in dims], [d[3][1] for d in dims], joined)
 
-    # The reads a barrier needs, in three keyed rounds (RisingWave's lookups into its join
+    # The reads a barrier needs, in two keyed rounds (RisingWave's lookups into its join
     # state): what `apply` reads of the state tables, and nothing more.
 
     def changed_keys(self, fact_changes: pa.Table, dimension_changes: Sequence[pa.Table]
                      ) -> tuple[pa.Table, list[pa.Table]]:
         """Round one, from the changes alone: the fact pks they name, and per join the
         dimension keys they name (a null key reaches nothing). Read the index rows of these
-        dimension keys."""
+        dimension keys (by key prefix: the join key)."""
         pk = list(self.plan.pk)
         keys = []
         for side, changes, schema in zip(self.plan.sides, dimension_changes,
@@ -131,21 +124,23 @@ class JoinTables:
             keys.append(_distinct(named.filter(_no_null(named, k))))
         return _distinct(fact_changes.select(pk)), keys
 
-    def reached_pks(self, changed_pks: pa.Table, index: Sequence[pa.Table],
-                    changed_keys: Sequence[pa.Table]) -> pa.Table:
-        """Round two: the fact pks whose rows the barrier reads: the changed ones and those
-        the index lists under a changed dimension key."""
-        pk = list(self.plan.pk)
-        listed = [_semi(rows.select(index_columns(s, pk)), keys, list(s.on), list(s.key))
-                  .select(pk)
-                  for s, rows, keys in zip(self.plan.sides, index, changed_keys, strict=True)]
-        return _distinct(pa.concat_tables([changed_pks.select(pk).cast(
-            _only(self.fact_schema, pk)), *listed]))
+    def reached_facts(self, index: Sequence[pa.Table], changed_keys: Sequence[pa.Table]
+                      ) -> pa.Table:
+        """The fact rows (`fact_row_schema`) the index lists under a changed dimension key,
+        once each (a fact reached through two joins is in both indexes, the same row)."""
+        pk, out = list(self.plan.pk), self.fact_row_schema.empty_table()
+        for side, rows, keys in zip(self.plan.sides, index, changed_keys, strict=True):
+            listed = _semi(rows, keys, list(side.on), list(side.key))
+            listed = listed.select(self.fact_row_schema.names).cast(self.fact_row_schema)
+            out = pa.concat_tables([out, _anti(listed, out, pk, pk) if out.num_rows
+                                    else listed])
+        return out
 
     def lookup_keys(self, facts: pa.Table, fact_changes: pa.Table,
                     changed_keys: Sequence[pa.Table]) -> list[pa.Table]:
-        """Round three: per join, the dimension keys whose rows the barrier reads: the
-        changed keys and the join keys of the reached facts, before and after."""
+        """Round two: per join, the dimension keys whose rows the barrier reads: the changed
+        keys and the join keys of the reached facts (``facts``: `reached_facts`) and of the
+        changed ones, before and after."""
         out = []
         for side, keys, schema in zip(self.plan.sides, changed_keys, self.dimension_schemas,
                                       strict=True):
@@ -197,16 +192,12 @@ class JoinTables:
             out = out.drop_columns([c for c in (*keys, _MATCH) if c in out.schema.names])
         return _with_nulls(out, self.joined_schema.names[1:])
 
-    def _index_moves(self, side, old: pa.Table, new: pa.Table) -> tuple[pa.Table, pa.Table]:
-        """The index rows the changed facts leave and enter (a fact whose join key did not
-        change writes nothing): (upserts, deletes)."""
-        cols = index_columns(side, self.plan.pk)
-        rows = pa.concat_tables([_signed(old.filter(_no_null(old, side.on)).select(cols), -1),
-                                 _signed(new.filter(_no_null(new, side.on)).select(cols), 1)])
-        net = rows.group_by(cols, use_threads=False).aggregate([(SIGN, "sum")])
-        sums = net.column(f"{SIGN}_sum")
-        return (self._with_vnode(net.filter(pc.greater(sums, 0)).select(cols), side.on),
-                self._with_vnode(net.filter(pc.less(sums, 0)).select(cols), side.on))
+    def _index_rows(self, i: int, facts: pa.Table) -> pa.Table:
+        """Join ``i``'s index rows of ``facts`` (those whose join key has no null), with the
+        join key's `vnode`."""
+        side, schema = self.plan.sides[i], self.index_schemas[i]
+        rows = facts.filter(_no_null(facts, side.on)).select(schema.names[:-1])
+        return self._with_vnode(rows, side.on).cast(schema)
 
     def with_vnode(self, table: pa.Table, key: Sequence[str]) -> pa.Table:
         """``table`` with the `vnode` of ``key``, as the state tables hash it (a step reads
@@ -222,10 +213,22 @@ class JoinTables:
                                                    pa.int32()))
 
 
-def index_columns(side, pk: Sequence[str]) -> list[str]:
-    """An index row's columns: the join key, then the fact pk's columns not already in it (a
+def index_columns(side: JoinSide, pk: Sequence[str]) -> list[str]:
+    """An index row's key: the join key, then the fact pk's columns not already in it (a
     join on the fact's own key, a one-to-one enrichment, names each column once)."""
     return [*side.on, *(c for c in pk if c not in side.on)]
+
+
+def index_schema(side: JoinSide, pk: Sequence[str], fact_fields: Mapping[str, pa.Field]
+                 ) -> pa.Schema:
+    """What an index row holds: its key (`index_columns`), then every other fact column the
+    MV reads (``fact_fields``, the plan's fact columns in order), then `vnode` (of the join
+    key, hashed with the dimension key's types). Why the fact columns: the index is the
+    facts' only copy, so a dimension change reads its facts' rows in one keyed read."""
+    key = index_columns(side, pk)
+    return pa.schema([*(fact_fields[c] for c in key),
+                      *(f for c, f in fact_fields.items() if c not in key),
+                      pa.field(VNODE, pa.int32())])
 
 
 def _only(schema: pa.Schema, names: Sequence[str]) -> pa.Schema:

@@ -115,6 +115,11 @@ class JoinStateMismatch(BackfillError):
     one it already holds: the state is not the one these changes follow."""
 
 
+class JoinStateLayoutOutdated(JoinStateMismatch):
+    """A join MV's state tables were made by an older layout (a facts table beside an index
+    of fact keys), which this version does not read: reset the MV to rebuild them."""
+
+
 # --- storage / Spark adapters, settings (resources/, storage/, upstream/, engine/)
 
 

@@ -1,7 +1,7 @@
 """One barrier of a join MV (docs/JOINS.md, "How it runs"): the whole MV brought from the
 version pair its progress records to the barrier's pair (v_fact, v_dim...).
 
-1. recover: each table (facts, index and dimension per join, MV) tells by its app
+1. recover: each table (index and dimension per join, MV) tells by its app
    transactions which pair it holds; a pair some table holds but the progress does not is a
    barrier a crash interrupted: it is completed first over the same change ranges, its
    update computed from the state as it was before that barrier (a table that already holds
@@ -9,9 +9,11 @@ version pair its progress records to the barrier's pair (v_fact, v_dim...).
 2. the first barrier is the join at the pair built by Spark, each table read once and every
    table written by Spark tasks (`BULK`, join/bulk.py: what `apply` over empty state with
    every row as +1 would give); a later one reads both change feeds, netted per key, and
-   the state rows of the keys they touch in three keyed rounds (`JoinTables.changed_keys`,
-   `reached_pks`, `lookup_keys`): never a scan of the facts for a dimension change (`APPLY`);
-3. commits, each carrying the pair: facts, each index, each dimension, the MV (its rows, or
+   the state rows of the keys they touch in two keyed rounds (`JoinTables.changed_keys`:
+   the index rows of the changed dimension keys, which carry their facts' rows;
+   `lookup_keys`: the dimension rows): never a scan of the facts (`APPLY`). A changed
+   fact's row before is its pre-image in the fact's change feed;
+3. commits, each carrying the pair: each index, each dimension, the MV (its rows, or
    the aggregate's tables, from the signed joined rows: join/output.py), then progress.
 """
 
@@ -29,9 +31,7 @@ from backfill_assets.core.progress import BackfillState, Completed
 from backfill_assets.join import sources
 from backfill_assets.join.bulk import BulkBuild, refuse_duplicate_dimension_keys
 from backfill_assets.join.output import Output, output_of
-from backfill_assets.join.reads import fact_rows
 from backfill_assets.join.store import (
-    FACTS,
     PROGRESS,
     JoinStore,
     Pair,
@@ -51,9 +51,8 @@ BULK, APPLY = "bulk", "apply"
 
 @dataclass
 class _State:
-    """The state rows a barrier read (facts, index and dimension rows of its keys)."""
+    """The state rows a barrier read (index and dimension rows of its keys)."""
 
-    facts: pa.Table
     index: list[pa.Table]
     dimensions: list[pa.Table]
 
@@ -184,13 +183,13 @@ class _Barrier:
     def apply_changes(self, fc: pa.Table, dcs: list[pa.Table], old: dict[str, TableVersion]
                       ) -> tuple[JoinUpdate, _State]:
         """Signed fact and dimension changes through `JoinTables.apply` over the state rows
-        of the keys they reach, read from ``old`` in three keyed rounds (never a scan)."""
+        of the keys they reach, read from ``old`` in two keyed rounds (never a scan)."""
         jt, store = self.store.jt, self.store
-        changed_pks, changed_keys = jt.changed_keys(fc, dcs)
+        _, changed_keys = jt.changed_keys(fc, dcs)
         index = [store.read(old[index_phase(i)], index_phase(i),
                             keys.rename_columns(list(s.on)), by=list(s.on))
                  for i, (s, keys) in enumerate(zip(jt.plan.sides, changed_keys, strict=True))]
-        facts = fact_rows(store, old[FACTS], fc, jt.reached_pks(changed_pks, index, changed_keys))
+        facts = jt.reached_facts(index, changed_keys)
         lookups = jt.lookup_keys(facts, fc, changed_keys)
         dims = [store.read(old[dimension_phase(i)], dimension_phase(i), keys)
                 for i, keys in enumerate(lookups)]
@@ -199,7 +198,7 @@ class _Barrier:
         self.report.extra.update(fact_changes=fc.num_rows,
                                  dimension_changes=sum(c.num_rows for c in dcs),
                                  facts_reached=facts.num_rows)
-        return jt.apply(facts, index, dims, fc, dcs), _State(facts, index, dims)
+        return jt.apply(index, dims, fc, dcs), _State(index, dims)
 
     def commit_tables(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
                       update: JoinUpdate, state: _State) -> None:
@@ -214,11 +213,9 @@ class _Barrier:
                update: JoinUpdate, state: _State) -> None:
         """The commits of the state tables behind ``to``, in order, each a keyed write of
         the rows it held for the changed keys -> the rows they hold after."""
-        store, pk = self.store, list(self.store.jt.plan.pk)
-        writes = {FACTS: (_held(state.facts, update.fact_upserts, update.fact_deletes, pk),
-                          update.fact_upserts)}
+        store, writes = self.store, {}
         for i, side in enumerate(store.jt.plan.sides):
-            writes[index_phase(i)] = (update.index_deletes[i], update.index_upserts[i])
+            writes[index_phase(i)] = (update.index_before[i], update.index_after[i])
             key = list(side.key)
             writes[dimension_phase(i)] = (
                 _held(state.dimensions[i], update.dimension_upserts[i],

@@ -1,16 +1,21 @@
-"""A join MV's first barrier built by Spark: the join at the pinned pair, its state tables and
-the MV (row MV rows, or an aggregate's tables) from one read of each table.
+"""A join MV's first barrier: the join at the pinned pair, its state tables and the MV (row
+MV rows, or an aggregate's tables) from one read of each table.
 
 Why not the barrier's own algebra: the first barrier is `apply` over empty state with every
 row as +1 (docs/JOINS.md), which on the driver means collecting the whole fact table and
-dimension. Here the same result is computed where the rows are: the fact rows (the columns the
-MV reads) are read once and cached in Spark, the dimension likewise; the facts table, each
-index (the fact pks by join key, hashed to the join key's vnode) and each dimension table are
-written by Spark tasks through the storage door (`storage.apply_changes` inserts, one commit
-each, carrying the pair); the joined rows are Spark's equi-join (a null key matches nothing:
-SQL's rule, the algebra's), projected like the driver's rows (`engine.projection.project`,
-`aggregate.projection.bulk_values`). A row MV's rows are written by tasks too; an aggregate's
-groups are aggregated by Spark and only the groups come to the driver (the aggregate bulk).
+dimension. Two builds compute the same result where the rows are:
+
+- by tasks here (join/bulk_tasks.py), where they serve (an aggregate without kept input
+  whose projection compiles to Arrow, over a platform upstream, tasks on this machine): one
+  read of the fact by Python tasks, no row through the JVM;
+- by Spark (`BulkBuild._spark`) otherwise: the fact rows (the columns the MV reads) read once
+  and cached in Spark, the dimension likewise; each index (the fact rows by join key, hashed
+  to the join key's vnode: `join_state.index_schema`) and each dimension table written by
+  Spark tasks through the storage door (`storage.apply_changes` inserts, one commit each,
+  carrying the pair); the joined rows are Spark's equi-join (a null key matches nothing:
+  SQL's rule, the algebra's), projected like the driver's rows (`engine.projection.project`,
+  `aggregate.projection.bulk_values`). A row MV's rows are written by tasks too; an
+  aggregate's groups are aggregated by Spark and only the groups come to the driver.
 
 Only the tables behind the pair are written: a bulk barrier a crash interrupted resumes with
 the tables it had not committed (each commit holds the pair: join/store.py).
@@ -18,6 +23,7 @@ the tables it had not committed (each commit holds the pair: join/store.py).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,29 +35,28 @@ from pyspark.sql import functions as F
 
 from backfill_assets import storage
 from backfill_assets.aggregate.projection import bulk_inputs, bulk_partials, bulk_values
-from backfill_assets.aggregate.store import INPUT, STATE, with_key
-from backfill_assets.aggregate.store import MV as AGG_MV
-from backfill_assets.arrow.join_state import index_columns
-from backfill_assets.core.aggregate_definition import GROUP_KEY
 from backfill_assets.core.errors import DimensionKeyNotUnique
 from backfill_assets.core.names import INTERNAL_PREFIX, KEEP, VNODE
 from backfill_assets.engine.netting import with_vnode
 from backfill_assets.engine.projection import project
+from backfill_assets.join.bulk_tasks import TaskBulk, refuse_duplicates, valid_keys, write_groups
 from backfill_assets.join.output import AggregateOutput, Output
 from backfill_assets.join.sources import Side
 from backfill_assets.join.store import (
-    FACTS,
     MV,
     JoinStore,
     Pair,
     dimension_phase,
     index_phase,
-    keyed_write,
 )
 from backfill_assets.mv import owned_tables
 from backfill_assets.step.request import Hook
 
 _KEY = f"{INTERNAL_PREFIX}dim_key_"
+# fact rows per partition of the Spark join: at the session's 4 shuffle partitions a 20M-row
+# join sorted 5M rows per task, whose pointer array asked the heap for 256 MB pages beside
+# the cached facts, and a 2g driver ran out of heap (docs/JOINS.md, "Driver memory")
+JOIN_PARTITION_ROWS = 1 << 20
 
 
 @dataclass
@@ -68,7 +73,17 @@ class BulkBuild:
 
     def run(self, behind: list[str], report_extra: dict) -> int:
         """Write every table in ``behind`` (state tables, then the MV's), in commit order;
-        the number of fact rows read."""
+        the number of fact rows read: by tasks here where they serve (join/bulk_tasks.py),
+        else by Spark."""
+        tasks = TaskBulk.of(self.spark, self.upstream_uri, self.sides, self.store, self.out,
+                            self.to, self.hook)
+        rows = tasks.run(behind, report_extra) if tasks is not None else None
+        report_extra["bulk_path"] = "spark" if rows is None else "tasks"
+        return self._spark(behind, report_extra) if rows is None else rows
+
+    def _spark(self, behind: list[str], report_extra: dict) -> int:
+        """The bulk by Spark: the fact's columns read and cached once, the state tables
+        written by Spark tasks, the join and GROUP BY in Spark."""
         facts = self._facts().persist(StorageLevel.MEMORY_AND_DISK)
         dims = [self._dimension(i).persist(StorageLevel.MEMORY_AND_DISK)
                 for i in range(self.store.joins)]
@@ -81,7 +96,7 @@ class BulkBuild:
                 _refuse_duplicate_keys(d, list(self.store.jt.plan.sides[i].key))
             seconds["read_dimensions"] = round(time.perf_counter() - started
                                                - seconds["read_facts"], 3)
-            writes: dict[str, Callable[[], DataFrame]] = {FACTS: lambda: facts}
+            writes: dict[str, Callable[[], DataFrame]] = {}
             for i, side in enumerate(self.store.jt.plan.sides):
                 writes[index_phase(i)] = lambda i=i, side=side: self._index(facts, i, side)
                 writes[dimension_phase(i)] = lambda d=dims[i]: d
@@ -94,7 +109,7 @@ class BulkBuild:
             out_behind = [p for p in self.out.phases if p in behind]
             if out_behind:
                 started = time.perf_counter()
-                joined = self._joined(facts, dims)
+                joined = self._joined(facts, dims, rows)
                 if isinstance(self.out, AggregateOutput):
                     report_extra["groups"] = self._aggregate(joined, out_behind)
                 else:
@@ -111,11 +126,11 @@ class BulkBuild:
                                     storage_options=self.store.tables.storage_options)
 
     def _facts(self) -> DataFrame:
-        """The fact columns the MV reads, with the fact pk's vnode (the facts table's rows)."""
+        """The fact columns the MV reads (`JoinTables.fact_row_schema`), with the fact pk's
+        vnode (the MV's)."""
         jt = self.store.jt
-        schema = pa.schema([f for f in jt.fact_schema if f.name != VNODE])
         pk = list(jt.plan.pk)
-        return with_vnode(self._read(self.upstream_uri, self.to.fact, schema), pk,
+        return with_vnode(self._read(self.upstream_uri, self.to.fact, jt.fact_row_schema), pk,
                           [jt.fact_types[k] for k in pk], jt.vnode_count)
 
     def _dimension(self, i: int) -> DataFrame:
@@ -129,11 +144,12 @@ class BulkBuild:
         return with_vnode(rows, key, [jt.dim_types[i][k] for k in key], jt.vnode_count)
 
     def _index(self, facts: DataFrame, i: int, side) -> DataFrame:
-        """Join ``i``'s index rows: every fact with a non-null join key, by that key's vnode
-        (hashed like the dimension key, so a key's index rows and dimension row meet)."""
+        """Join ``i``'s index rows (`join_state.index_schema`): every fact with a non-null
+        join key, its columns, by that key's vnode (hashed like the dimension key, so a key's
+        index rows and dimension row meet)."""
         jt, on = self.store.jt, list(side.on)
         rows = facts.where(F.expr(" AND ".join(f"`{c}` IS NOT NULL" for c in on)))
-        rows = rows.select(*index_columns(side, jt.plan.pk))
+        rows = rows.select(*(n for n in jt.index_schemas[i].names if n != VNODE))
         return with_vnode(rows, on, [jt.fact_types[c] for c in on], jt.vnode_count)
 
     def _append(self, phase: str, rows: DataFrame, rows_hint: int) -> None:
@@ -147,15 +163,17 @@ class BulkBuild:
                               inserts=rows, rows_hint=rows_hint,
                               hook=lambda point: self.hook(f"{phase}_{point}"))
 
-    def _joined(self, facts: DataFrame, dims: list[DataFrame]) -> DataFrame:
+    def _joined(self, facts: DataFrame, dims: list[DataFrame], rows: int) -> DataFrame:
         """Each fact row with every join's carried columns, as `output.joined_schema`: a
-        left join pads a missing dimension row with nulls, an inner join drops the row."""
-        out = facts
+        left join pads a missing dimension row with nulls, an inner join drops the row. Both
+        sides hashed on the join key into partitions of ``JOIN_PARTITION_ROWS`` fact rows."""
+        out, parts = facts, max(4, math.ceil(rows / JOIN_PARTITION_ROWS))
         for i, (side, d) in enumerate(zip(self.store.jt.plan.sides, dims, strict=True)):
             keys = [f"{_KEY}{i}_{j}" for j in range(len(side.key))]
             right = d.select(*(F.col(k).alias(a) for k, a in zip(side.key, keys, strict=True)),
                              *(F.col(c).alias(n) for n, c in side.columns))
             cond = [F.col(o) == F.col(a) for o, a in zip(side.on, keys, strict=True)]
+            out, right = out.repartition(parts, *side.on), right.repartition(parts, *keys)
             out = out.join(right, on=cond, how="left" if side.kind == "left" else "inner") \
                 .drop(*keys)
         schema = self.out.joined_schema
@@ -173,7 +191,7 @@ class BulkBuild:
         input when an aggregate keeps one), the driver writes the group tables."""
         out = self.out
         assert isinstance(out, AggregateOutput)
-        t, agg = out.proj.tables, out.agg
+        t = out.proj.tables
         values = bulk_values(joined, out.proj)
         if t.kept:
             values = values.persist(StorageLevel.MEMORY_AND_DISK)
@@ -183,30 +201,18 @@ class BulkBuild:
         finally:
             if t.kept:
                 values.unpersist()
-        keyed = with_key(state, t)
-        afters = {STATE: lambda: keyed, INPUT: lambda: with_key(t.input_of(kept), t),
-                  AGG_MV: lambda: with_key(t.mv_rows(keyed, kept), t, keyed.column(GROUP_KEY))}
-        for phase in agg.phases:
-            if phase in behind:
-                snap, old = agg.read(phase, None)
-                keyed_write(self.store.name, self.store.vnode_count, agg.table(phase), snap,
-                            old, afters[phase](), self.to, self.hook)
-                self.hook(f"after_{phase}_commit")
-        return state.num_rows
+        return write_groups(self.store, out, state, kept, self.to, self.hook, behind)
 
 
 def refuse_duplicate_dimension_keys(spark: SparkSession, sides: list[Side], store: JoinStore
                                     ) -> None:
     """Every dimension's declared key unique at the pair's version: checked before the first
     barrier creates any table, so a refused MV leaves nothing behind, not even empty tables."""
-    jt = store.jt
-    for i, side in enumerate(sides):
-        schema = pa.schema([f for f in jt.dimension_schemas[i] if f.name != VNODE])
-        rows = storage.read_version(spark, side.uri, side.version, schema,
-                                    storage_options=store.tables.storage_options)
-        key = list(jt.plan.sides[i].key)
-        _refuse_duplicate_keys(rows.where(F.expr(" AND ".join(f"`{k}` IS NOT NULL"
-                                                              for k in key))), key)
+    for side in sides:
+        key = list(side.join.key)
+        rows = storage.read_table(side.uri, side.version, key,
+                                  storage_options=store.tables.storage_options)
+        refuse_duplicates(rows.filter(valid_keys(rows, key)), key)
 
 
 def _refuse_duplicate_keys(dimension: DataFrame, key: list[str]) -> None:

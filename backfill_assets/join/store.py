@@ -1,4 +1,4 @@
-"""A join MV's Delta tables (facts, index and dimension per join, the MV), read by key and
+"""A join MV's Delta tables (index and dimension per join, the MV), read by key and
 written through the storage door, each commit carrying the barrier's version pair.
 
 Why a pair in every commit: a join barrier moves the fact to v_fact and every dimension to
@@ -19,12 +19,18 @@ import pyarrow as pa
 from backfill_assets import storage
 from backfill_assets.aggregate.store import Table
 from backfill_assets.arrow.join_state import JoinTables, index_columns
+from backfill_assets.core.errors import JoinStateLayoutOutdated
 from backfill_assets.core.names import VNODE
+from backfill_assets.join import held
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.request import Hook
 
-FACTS, MV, PROGRESS = "join_facts", "mv", "progress"
+MV, PROGRESS = "mv", "progress"
+# the index tables' layout: 1,024-row groups, so a read of a few keys opens ~1 group per key
+# (docs/STORAGE.md, "Keyed reads": 1,000 keys of a 20M-row index in 0.11 s, 2.15 s by vnode;
+# the files are 9% larger)
+KEYED_LAYOUT = {storage.ROW_GROUP_ROWS_PROPERTY: "1024"}
 
 
 def index_phase(i: int) -> str:
@@ -80,13 +86,11 @@ class JoinStore:
     def phases(self) -> tuple[str, ...]:
         """The state tables a barrier writes, in commit order (the MV's tables follow:
         join/output.py)."""
-        return (FACTS, *(index_phase(i) for i in range(self.joins)),
+        return (*(index_phase(i) for i in range(self.joins)),
                 *(dimension_phase(i) for i in range(self.joins)))
 
     def table(self, phase: str) -> Table:
         root, pk, jt = self.tables.join_state, tuple(self.jt.plan.pk), self.jt
-        if phase == FACTS:
-            return Table(f"{root}/facts", jt.fact_schema, pk, FACTS, False)
         if phase == MV:
             return Table(self.tables.mv, self.mv_schema, pk, MV, True)
         i = int(phase.rsplit("_", 1)[1])
@@ -96,13 +100,33 @@ class JoinStore:
                          tuple(index_columns(side, pk)), phase, False)
         return Table(f"{root}/dimension_{i}", jt.dimension_schemas[i], side.key, phase, False)
 
+    def write_key(self, phase: str) -> list[str]:
+        """The columns a keyed commit finds the table's rows by: its key, but for an index
+        the fact pk alone, which is unique there too (a fact has one index row per join).
+        Why: the storage layer finds held rows of a single integer key by a binary search in
+        the file keys it keeps, and a two-column key by a hash join over every kept key of
+        every file a change meets, which 20,000 changed facts spread over every vnode make
+        the whole index at every fact barrier (docs/JOINS.md, "Measured"). The price: the
+        rows a commit writes are clustered by (vnode, pk), so a read by join key opens
+        every row group of the touched vnodes in those files (one per barrier, as large as
+        its changes; the bulk's files stay sorted by the table's key)."""
+        if phase.startswith("join_index_"):
+            return list(self.jt.plan.pk)
+        return list(self.table(phase).key)
+
     def ensure(self) -> None:
-        """Create the missing state tables, empty (merge-on-read, keyed by their key columns)."""
+        """Create the missing state tables, empty (merge-on-read, keyed by their key columns);
+        the index tables in small row groups (`KEYED_LAYOUT`), which a dimension barrier
+        reads by key. State made by the layout before (a facts table beside index rows
+        without the fact columns) is refused: `JoinStateLayoutOutdated`."""
+        refuse_old_layout(self.name, self.tables)
         for phase in self.phases:
             t = self.table(phase)
+            layout = None if phase.startswith("join_dimension_") else KEYED_LAYOUT
             owned_tables.ensure_data_table(t.uri, _nullable(t.schema),
                                            self.tables.storage_options, cdf=t.cdf,
-                                           key_names=list(t.key), vnode_count=self.vnode_count)
+                                           key_names=list(t.key), vnode_count=self.vnode_count,
+                                           layout=layout)
 
     def snapshot(self, phase: str, version: int | None = None) -> storage.TableVersion:
         """The table at its Delta ``version`` (latest when None)."""
@@ -117,46 +141,59 @@ class JoinStore:
     def read(self, snap: storage.TableVersion, phase: str, keys: pa.Table | None,
              by: list[str] | None = None) -> pa.Table:
         """The rows whose ``by`` columns (default: the key) equal a row of ``keys`` (all
-        rows when None) at ``snap``: only the files of those keys' vnodes are read (``by``
-        holds the columns the table's vnode hashes, or all of its key)."""
+        rows when None) at ``snap`` (``by`` holds the columns the table's vnode hashes, or
+        all of its key). A table in small row groups is read by key (`storage.rows_of_keys`:
+        only the groups whose statistics admit a key); a dimension is held whole in the
+        process (join/held.py) unless it is large, then read by the files of the keys'
+        vnodes, as an index without the property."""
         t = self.table(phase)
         if keys is not None and keys.num_rows == 0:
             return t.schema.empty_table()
         key = by or list(t.key)
-        vnodes = None
-        if keys is not None:
-            keys = keys.select(key)
-            vnodes = sorted(set(self.jt.with_vnode(keys, _hash_key(phase, t, self.jt))
-                                .column(VNODE).to_pylist()))
-        rows = owned_tables.read_rows(snap.table, vnodes).select(t.schema.names).cast(t.schema)
+        if phase.startswith("join_dimension_") and (keys is None or held.holds_whole(snap)):
+            rows = held.rows_at(snap)
+            if rows is None:
+                rows = owned_tables.read_rows(snap.table).select(t.schema.names).cast(t.schema)
+                held.hold(snap, rows)
+            return rows if keys is None else _semi(rows, keys, key)
         if keys is None:
-            return rows
-        probe = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
-        return rows.join(probe, keys=key, join_type="left semi", use_threads=False) \
-            .select(t.schema.names)
+            return owned_tables.read_rows(snap.table).select(t.schema.names).cast(t.schema)
+        keys = self.jt.with_vnode(keys.select(key), _hash_key(phase, t, self.jt))
+        if storage.ROW_GROUP_ROWS_PROPERTY in snap.configuration:
+            return storage.rows_of_keys(snap, key, keys, t.schema.names).cast(t.schema)
+        vnodes = sorted(set(keys.column(VNODE).to_pylist()))
+        rows = owned_tables.read_rows(snap.table, vnodes).select(t.schema.names).cast(t.schema)
+        return _semi(rows, keys, key)
 
     def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
               pair: Pair, hook: Hook) -> None:
         """One commit of the table: the rows of the changed keys ``before`` -> ``after`` (a
-        key only before is deleted), carrying the barrier's pair."""
-        keyed_write(self.name, self.vnode_count, self.table(phase), snap, before, after, pair,
-                    hook)
+        key only before is deleted), carrying the barrier's pair; a dimension held at
+        ``snap`` is brought to the new version. An index's rows are found by the fact pk
+        alone (`write_key`)."""
+        t = self.table(phase)
+        version = keyed_write(self.name, self.vnode_count, t, snap, before, after, pair, hook,
+                              self.write_key(phase))
+        if phase.startswith("join_dimension_"):
+            held.committed(snap, version, t.key, before, after)
 
 
 def keyed_write(name: str, vnode_count: int, t: Table, snap: storage.TableVersion,
-                before: pa.Table, after: pa.Table, pair: Pair, hook: Hook) -> None:
+                before: pa.Table, after: pa.Table, pair: Pair, hook: Hook,
+                key: Sequence[str] | None = None) -> int | None:
     """One commit of table ``t`` (uri, schema, key, phase) of MV ``name``: the rows of the
-    changed keys ``before`` -> ``after``, carrying ``pair`` (the fact version per vnode, each
-    dimension's version)."""
+    changed keys ``before`` -> ``after`` (keyed by ``key``, default the table's), carrying
+    ``pair`` (the fact version per vnode, each dimension's version); the version committed
+    (None: nothing changed)."""
     intent = owned_tables.intent(name, t.phase, range(vnode_count), pair.fact,
                                  extra=pair.txns(name, t.phase))
 
     def inner(point: str) -> None:
         hook(f"{t.phase}_{point}")
 
-    storage.apply_keyed(snap, list(t.key), intent, storage.KeyedRows(
+    return storage.apply_keyed(snap, list(key or t.key), intent, storage.KeyedRows(
         before.select(t.schema.names).cast(t.schema),
-        after.select(t.schema.names).cast(t.schema)), hook=inner)
+        after.select(t.schema.names).cast(t.schema)), hook=inner).version
 
 
 def held_by(uri: str, tables: MVTables, name: str, phase: str, vnode_count: int,
@@ -170,12 +207,31 @@ def held_by(uri: str, tables: MVTables, name: str, phase: str, vnode_count: int,
                    range(vnode_count), joins)
 
 
+def _semi(rows: pa.Table, keys: pa.Table, key: list[str]) -> pa.Table:
+    """The ``rows`` whose ``key`` columns equal a row of ``keys`` (a null matches nothing)."""
+    probe = pa.table({k: keys.column(k).cast(rows.schema.field(k).type) for k in key})
+    return rows.join(probe, keys=key, join_type="left semi", use_threads=False) \
+        .select(rows.schema.names)
+
+
 def _hash_key(phase: str, t: Table, jt: JoinTables) -> list[str]:
-    """The columns a table's vnode hashes: the fact pk (facts, MV), the join key (index:
+    """The columns a table's vnode hashes: the fact pk (MV), the join key (index:
     its `on` columns, hashed with the dimension key's types), the declared key."""
     if phase.startswith("join_index_"):
         return list(jt.plan.sides[int(phase.rsplit("_", 1)[1])].on)
     return list(t.key)
+
+
+def refuse_old_layout(name: str, tables: MVTables) -> None:
+    """A join MV whose state has a facts table was made by the layout before the index
+    carried the fact columns: its index cannot serve a dimension change, so it is refused
+    by name, before anything is written, rather than read two ways."""
+    uri = storage.objects.join(tables.join_state, "facts")
+    if owned_tables.open_if_exists(uri, tables.storage_options) is not None:
+        raise JoinStateLayoutOutdated(
+            f"join MV {name!r} keeps its state in the layout before this version (a facts "
+            "table beside an index of fact keys): reset the MV (reset_mv_job) to rebuild it "
+            "in the current layout, where each index row carries the fact columns")
 
 
 def _nullable(schema: pa.Schema) -> pa.Schema:

@@ -24,6 +24,8 @@ surface (``__all__``); the modules it comes from are the layer's inside.
 - ``BulkRows`` + ``write_bulk``: a bulk step's rows read, transformed and written by Python
   tasks alone; the ``BulkWritten`` files are then committed by ``commit_written`` with the
   progress they make (``TransformRefused``: nothing written, write them through Spark);
+  ``read_tasks`` + ``write_sorted`` + ``written_files``: the same reads and writes with the
+  caller's own work between them (the join MV's bulk);
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files;
   ``KeyedRows`` + ``apply_keyed``: changes applied by key lookups on the driver;
@@ -128,6 +130,12 @@ from backfill_assets.storage.writes.merge import (
     file_rows_for,
 )
 from backfill_assets.storage.writes.replica_copy import FirstChunk, write_copy
+from backfill_assets.storage.writes.table_tasks import (
+    ReadTasks,
+    read_tasks,
+    write_sorted,
+    written_files,
+)
 
 __all__ = [
     # tables by delta-rs, and their properties
@@ -151,7 +159,8 @@ __all__ = [
     # writes
     "Applied", "BulkRows", "BulkWritten", "FirstChunk", "TransformRefused", "append",
     "apply_changes", "apply_keyed", "commit_written", "file_rows_for", "local_threads",
-    "write_bulk", "write_chunk", "write_copy",
+    "write_bulk", "write_chunk", "write_copy", "ReadTasks", "read_tasks", "write_sorted",
+    "written_files",
     "DV_KEEP_VERSIONS", "DV_MIN_AGE_SECONDS", "compact", "compaction_due", "maintain",
     # bytes that are not Delta
     "objects", "StorageOptions", "table_uri", "append_sequence", "read_json", "read_sequence",

@@ -4,8 +4,8 @@
 n-th time (default 1st) it reaches `<point>`; unset, the hook is a no-op function. Points:
 before_write, after_replica_commit, after_agg_state_commit, after_agg_input_commit (an
 aggregate MV's group state and kept input; agg_state_dv_file_written inside the first),
-after_join_facts_commit, after_join_index_0_commit, after_join_dimension_0_commit (a join
-MV's state tables; join_facts_dv_file_written inside the first),
+after_join_index_0_commit, after_join_dimension_0_commit (a join MV's state tables;
+join_index_0_dv_file_written inside the first),
 after_mv_commit, before_progress_commit, after_progress_commit, and inside the MV's
 storage-layer commit: mv_data_files_written, mv_change_files_written, mv_dv_file_written
 (just before its log entry is published).
@@ -30,9 +30,9 @@ STORAGE_KILL_POINTS = ("mv_data_files_written", "mv_change_files_written", "mv_d
 # an aggregate MV's barrier commits its group state, then its kept input, then the MV
 AGGREGATE_KILL_POINTS = ("agg_state_dv_file_written", "after_agg_state_commit",
                          "after_agg_input_commit")
-# a join MV's barrier commits its facts, then each index and dimension (join 0's named here)
-JOIN_KILL_POINTS = ("join_facts_dv_file_written", "after_join_facts_commit",
-                    "after_join_index_0_commit", "after_join_dimension_0_commit")
+# a join MV's barrier commits each index, then each dimension (join 0's named here)
+JOIN_KILL_POINTS = ("join_index_0_dv_file_written", "after_join_index_0_commit",
+                    "after_join_dimension_0_commit")
 KILL_POINTS = ("before_write", "after_replica_commit", "after_mv_commit",
                "before_progress_commit", "after_progress_commit", *STORAGE_KILL_POINTS)
 PAUSE = "pause:"

@@ -21,7 +21,7 @@ from tests.reliability import harness as H
 pytestmark = pytest.mark.spark
 
 # the deletion-vector points last: by then the positions cover enough facts that a step's
-# fact changes delete held rows of the facts table and the MV
+# fact changes delete held rows of the index and the MV
 ORDER = sorted(HELD, key=lambda point: point.endswith("_dv_file_written"))
 
 

@@ -1,4 +1,5 @@
-"""The join MV's bulk build runs in Spark (backfill_assets/join/bulk.py); its state tables must
+"""The join MV's bulk build runs by tasks here (an aggregate: join/bulk_tasks.py) or in Spark
+(a row MV, join/bulk.py); either way its state tables must
 be the ones the barrier's algebra gives for every row as +1 over empty state
 (`JoinTables.apply`, itself tested against a pure reference and Spark's JOIN), row for row
 and vnode for vnode (Spark's hash of a key must be the driver's, or a later keyed read would
@@ -16,7 +17,7 @@ from backfill_assets.arrow.aggregate_state import SIGN
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.errors import DimensionKeyNotUnique
 from backfill_assets.join.barrier import open_barrier
-from backfill_assets.join.store import FACTS, dimension_phase, index_phase
+from backfill_assets.join.store import dimension_phase, index_phase
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import open_if_exists, read_rows
 from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
@@ -39,26 +40,58 @@ def _sorted(rows: pa.Table, schema: pa.Schema) -> list[dict]:
 
 @pytest.mark.parametrize("kind", ["left", "inner"])
 def test_the_spark_bulk_build_writes_the_state_the_algebra_gives(spark, warehouse, kind):
-    rng = random.Random(60)
-    live = H.orders(warehouse, 60)
+    live, dim = _tables(spark, warehouse, 60)
+    raw = join_raw(f"bulk_{kind}", live.uri, kind)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    report = run_barrier(spark, d, tables, [0])
+    assert report.extra["join_path"] == "bulk" and report.extra["bulk_path"] == "spark"
+    assert set(report.extra["bulk_seconds"]) >= {"read_facts", index_phase(0), "mv"}
+    assert_exact(spark, d, tables)
+    _assert_state_of_apply(spark, d, tables, live, dim)
+
+
+@pytest.mark.parametrize("kind", ["left", "inner"])
+def test_the_task_bulk_build_writes_the_state_the_algebra_gives(spark, warehouse, kind):
+    """An aggregate over the join (no kept input): read, joined, indexed and aggregated by
+    tasks here, nothing through the JVM; a filter and a computed column over joined ones."""
+    live, dim = _tables(spark, warehouse, 62)
+    raw = join_raw(f"tasks_{kind}", live.uri, kind)
+    del raw["columns"], raw["computed"]  # concat / coalesce: not compiled to Arrow
+    raw |= {"computed": [{"name": "gross", "expr": "amount * qty"}], "group_by": ["region"],
+            "aggregates": {"revenue": "sum(amount)", "orders": "count(*)",
+                           "avg_amount": "avg(amount)", "tiers": "sum(tier_level)",
+                           "regions": "count(region)", "grossed": "sum(gross)"}}
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    report = run_barrier(spark, d, tables, [0])
+    assert report.extra["join_path"] == "bulk" and report.extra["bulk_path"] == "tasks"
+    assert assert_exact(spark, d, tables) > 0
+    _assert_state_of_apply(spark, d, tables, live, dim)
+    live.apply(live.random_batch(10))
+    dim.random_dml()
+    run_barrier(spark, d, tables, [0])
+    assert_exact(spark, d, tables)
+
+
+def _tables(spark, warehouse: str, seed: int):
+    """The fact table (90 orders) and a tiers dimension that some facts meet no row of."""
+    rng = random.Random(seed)
+    live = H.orders(warehouse, seed)
     live.create(rows=90)
     dim = Dimension(spark, f"{warehouse}/tiers", rng)
     dim.insert(range(0, 13))  # qty runs 0..20: some facts meet no row
     dim.random_dml()
-    raw = join_raw(f"bulk_{kind}", live.uri, kind)
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    report = run_barrier(spark, d, tables, [0])
-    assert report.extra["join_path"] == "bulk" and report.engine == "spark"
-    assert set(report.extra["bulk_seconds"]) >= {"read_facts", FACTS, "mv"}
-    assert_exact(spark, d, tables)
+    return live, dim
 
+
+def _assert_state_of_apply(spark, d, tables, live, dim) -> None:
+    """The bulk's state tables are `apply`'s over empty state, row for row, vnode for vnode."""
     barrier, pair = open_barrier(spark, d, tables, None, lambda _: None, Controls())
     store, jt = barrier.store, barrier.store.jt
-    want = jt.apply(jt.fact_schema.empty_table(), [s.empty_table() for s in jt.index_schemas],
+    want = jt.apply([s.empty_table() for s in jt.index_schemas],
                     [s.empty_table() for s in jt.dimension_schemas],
                     _plus(live.uri, pair.fact, jt.fact_change_schema),
                     [_plus(dim.uri, pair.dimensions[0], jt.dimension_change_schemas[0])])
-    expected = {FACTS: want.fact_upserts, index_phase(0): want.index_upserts[0],
+    expected = {index_phase(0): want.index_after[0],
                 dimension_phase(0): want.dimension_upserts[0]}
     for phase, rows in expected.items():
         table = store.table(phase)
@@ -77,5 +110,5 @@ def test_a_dimension_key_held_twice_is_refused_before_any_table_is_written(spark
     d, tables = H.definition(raw), H.tables_of(warehouse, raw)
     with pytest.raises(DimensionKeyNotUnique, match="declared key"):
         run_barrier(spark, d, tables, [0])
-    for uri in (tables.progress, tables.mv, f"{tables.join_state}/facts"):
+    for uri in (tables.progress, tables.mv, f"{tables.join_state}/index_0"):
         assert open_if_exists(uri, {}) is None, f"{uri}: a refusal wrote a table"

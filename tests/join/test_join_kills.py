@@ -19,25 +19,25 @@ from tests.reliability import harness as H
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-FACTS, INDEX, DIM, MV = "join_facts", "join_index_0", "join_dimension_0", "mv"
+INDEX, DIM, MV = "join_index_0", "join_dimension_0", "mv"
 # the boundaries in commit order, and which tables hold the killed barrier at each
-HELD = {"before_write": (), "join_facts_dv_file_written": (),
-        "after_join_facts_commit": (FACTS,), "after_join_index_0_commit": (FACTS, INDEX),
-        "after_join_dimension_0_commit": (FACTS, INDEX, DIM),
-        "mv_dv_file_written": (FACTS, INDEX, DIM),
-        "after_mv_commit": (FACTS, INDEX, DIM, MV),
-        "before_progress_commit": (FACTS, INDEX, DIM, MV),
-        "after_progress_commit": (FACTS, INDEX, DIM, MV)}
-BULK_KILLS = ["after_join_facts_commit", "after_join_dimension_0_commit", "after_mv_commit"]
+HELD = {"before_write": (), "join_index_0_dv_file_written": (),
+        "after_join_index_0_commit": (INDEX,),
+        "after_join_dimension_0_commit": (INDEX, DIM),
+        "mv_dv_file_written": (INDEX, DIM),
+        "after_mv_commit": (INDEX, DIM, MV),
+        "before_progress_commit": (INDEX, DIM, MV),
+        "after_progress_commit": (INDEX, DIM, MV)}
+BULK_KILLS = ["after_join_index_0_commit", "after_join_dimension_0_commit", "after_mv_commit"]
 APPLY_KILLS = list(HELD)
 # the default run (CI time): one boundary of each kind; "apply_all" (a variant) kills at every one
-APPLY_SOME = ["join_facts_dv_file_written", "after_join_index_0_commit", "after_mv_commit",
+APPLY_SOME = ["join_index_0_dv_file_written", "after_join_dimension_0_commit", "after_mv_commit",
               "after_progress_commit"]
 
 
 def _held(tables, name: str, pair: Pair) -> set[str]:
     """The tables whose app transactions hold ``pair``."""
-    uris = {FACTS: f"{tables.join_state}/facts", INDEX: f"{tables.join_state}/index_0",
+    uris = {INDEX: f"{tables.join_state}/index_0",
             DIM: f"{tables.join_state}/dimension_0", MV: tables.mv}
     out = set()
     for phase, uri in uris.items():
@@ -48,7 +48,18 @@ def _held(tables, name: str, pair: Pair) -> set[str]:
     return out
 
 
-@pytest.mark.parametrize("phase", ["bulk", "apply",
+def _raw(name: str, upstream: str, phase: str) -> dict:
+    """The row MV over a left join; for "bulk_tasks" an aggregate over it, whose bulk runs
+    by tasks here (join/bulk_tasks.py)."""
+    raw = join_raw(name, upstream, "left")
+    if phase == "bulk_tasks":
+        del raw["columns"], raw["computed"]  # concat / coalesce: not compiled to Arrow
+        raw |= {"group_by": ["region"],
+                "aggregates": {"revenue": "sum(amount)", "orders": "count(*)"}}
+    return raw
+
+
+@pytest.mark.parametrize("phase", ["bulk", "bulk_tasks", "apply",
                                    pytest.param("apply_all", marks=pytest.mark.variant)])
 def test_a_kill_at_every_commit_boundary_neither_loses_nor_doubles(spark, warehouse, phase):
     rng = random.Random(11)
@@ -56,12 +67,14 @@ def test_a_kill_at_every_commit_boundary_neither_loses_nor_doubles(spark, wareho
     live.create(rows=80)
     dim = Dimension(spark, f"{warehouse}/tiers", rng)
     dim.insert(range(0, 12))
-    kills = {"bulk": BULK_KILLS, "apply": APPLY_SOME, "apply_all": APPLY_KILLS}[phase]
+    kills = {"bulk": BULK_KILLS, "bulk_tasks": BULK_KILLS, "apply": APPLY_SOME,
+             "apply_all": APPLY_KILLS}[phase]
+    bulk = phase.startswith("bulk")
     for n, point in enumerate(kills):
-        name = f"join_kill_{phase}_{n}" if phase == "bulk" else "join_kill"
-        raw = join_raw(name, live.uri, "left")
+        name = f"join_kill_{phase}_{n}" if bulk else "join_kill"
+        raw = _raw(name, live.uri, phase)
         d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-        if phase != "bulk" and n == 0:
+        if not bulk and n == 0:
             run_barrier(spark, d, tables, [0])
         live.apply(live.random_batch(8))
         dim.random_dml()
@@ -73,6 +86,8 @@ def test_a_kill_at_every_commit_boundary_neither_loses_nor_doubles(spark, wareho
         assert held == want, f"{point}: tables holding {pair}: {held}, expected {want}"
         report = run_barrier(spark, d, tables, [0])
         assert report.v_new == pair[0] and report.finished
+        if bulk:
+            assert report.extra["bulk_path"] == ("tasks" if phase == "bulk_tasks" else "spark")
         assert bool(report.recovered) == (bool(want) and point != "after_progress_commit")
         assert recorded_pair(name, tables, 1, 8) == Pair(*pair[:1], pair[1:])
         assert_exact(spark, d, tables)

@@ -1,6 +1,6 @@
 """A join on the fact's own primary key (a one-to-one enrichment: orders joined to their
-details by order id): the index's row is the join key then the pk's other columns, each column
-once. Before, the index schema named `id` twice and the first barrier's table creation failed
+details by order id): the index's row is the join key then the pk's other columns, then the
+other fact columns, each column once. Before, the index schema named `id` twice and the first barrier's table creation failed
 (found by tests/catalog/test_mixed_catalog.py's join whose dimension is another MV)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def test_a_join_on_the_fact_key_indexes_each_column_once_and_stays_exact():
                             "columns": ["note"], "kind": "left"}])
     t = JoinTables(JoinPlan.of([join], ["id"], list(FACT_TYPES), [["bigint"]]), FACT_TYPES,
                    [DIM_TYPES], 8)
-    assert t.index_schemas[0].names == ["id", "vnode"]
+    assert t.index_schemas[0].names == ["id", "amount", "vnode"]  # the key, then the facts
     store = Store(t)
     first = store.apply([Signed(1, {"id": 1, "amount": 5}), Signed(1, {"id": 2, "amount": 7})],
                         [[Signed(1, {"id": 2, "note": "two"})]])

@@ -1,7 +1,8 @@
 """A join on the fact's own primary key (a one-to-one enrichment: orders joined to their
 details by order id): the index's row is the join key then the pk's other columns, then the
-other fact columns, each column once. Before, the index schema named `id` twice and the first barrier's table creation failed
-(found by tests/catalog/test_mixed_catalog.py's join whose dimension is another MV)."""
+other fact columns, each column once. Before, the index schema named `id` twice and the
+first barrier's table creation failed (found by tests/catalog/test_mixed_catalog.py's join
+whose dimension is another MV)."""
 
 from __future__ import annotations
 

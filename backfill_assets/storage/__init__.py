@@ -91,7 +91,7 @@ from backfill_assets.storage.rows import key_cache, replica
 from backfill_assets.storage.rows.change_range import read_raw_changes
 from backfill_assets.storage.rows.commit import Intent
 from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
-from backfill_assets.storage.rows.keyed_read import rows_of_keys
+from backfill_assets.storage.rows.keyed_read import row_groups_read, rows_of_keys
 from backfill_assets.storage.rows.scan import parallelism, read_table_version
 from backfill_assets.storage.rows.spark_types import col, spark_schema, spark_type
 from backfill_assets.storage.rows.write import ROW_GROUP_ROWS_PROPERTY
@@ -152,7 +152,7 @@ __all__ = [
     "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",
     "read_raw_changes", "change_rows_by_vnode", "estimate_change_rows",
     "Intent", "KeyedRows", "key_counts", "replace_keyed", "key_cache", "replica",
-    "rows_of_keys", "ROW_GROUP_ROWS_PROPERTY",
+    "rows_of_keys", "row_groups_read", "ROW_GROUP_ROWS_PROPERTY",
     # chunk reads
     "SEEK_ROWS_PROPERTY", "HeldChunk", "SharedCut", "chunk_files", "chunk_tasks", "file_reader",
     "read_chunk", "seek_file_rows", "shared_cut", "vnode_key_stats", "windowed_cut",

@@ -18,7 +18,6 @@ from backfill_assets.core.errors import JoinStateLayoutOutdated
 from backfill_assets.join import held
 from backfill_assets.join import store as join_store
 from backfill_assets.mv.owned_tables import read_rows
-from backfill_assets.storage.rows.keyed_read import row_groups_read
 from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
 from tests.reliability import harness as H
 
@@ -59,7 +58,7 @@ def test_dimension_barriers_read_the_state_by_key(spark, warehouse, monkeypatch,
     assert storage.ROW_GROUP_ROWS_PROPERTY not in dimension.configuration
     if layout == "keyed":  # one join key's index rows lie in a few of the table's groups
         keys = read_rows(index.table, columns=["qty", "vnode"]).slice(0, 1)
-        opened = sum(len(g) for g in row_groups_read(index, ["qty"], keys).values())
+        opened = sum(len(g) for g in storage.row_groups_read(index, ["qty"], keys).values())
         assert 0 < opened < len(_groups(index))
     assert_exact(spark, d, tables)
     for n in range(4):

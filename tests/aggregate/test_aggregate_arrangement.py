@@ -64,9 +64,26 @@ def _held(spark, d, tables) -> tuple[set[str], tuple[str, ...]]:
     return {p for p, v in b.txns().items() if v is not None and v > done}, b.store.phases
 
 
+# the default run (CI time) kills at one boundary of each kind: inside a state commit (its
+# deletion vectors), between the state commits, after the MV's, before the progress; the
+# variant at every one (the snapshot path's matrix, test_aggregate_kills, runs every one too)
+SOME = ["agg_state_dv_file_written", "after_agg_state_commit", "after_mv_commit",
+        "before_progress_commit"]
+
+
 @pytest.mark.slow
+def test_a_kill_at_some_commit_boundaries_of_a_step_neither_loses_nor_double_counts(
+        spark, warehouse):
+    _kill_matrix(spark, warehouse, SOME)
+
+
+@pytest.mark.variant
 def test_a_kill_at_every_commit_boundary_of_a_step_neither_loses_nor_double_counts(
         spark, warehouse):
+    _kill_matrix(spark, warehouse, APPLY_KILLS)
+
+
+def _kill_matrix(spark, warehouse, points: list[str]) -> None:
     rng = random.Random(11)
     live = H.orders(warehouse, 11)
     live.create(rows=200)
@@ -74,7 +91,7 @@ def test_a_kill_at_every_commit_boundary_of_a_step_neither_loses_nor_double_coun
     d, tables = H.definition(raw), H.tables_of(warehouse, raw)
     run_barrier(spark, d, tables, [0])
     tops: list[int] = []
-    for point in APPLY_KILLS:
+    for point in points:
         live.apply(extremes_batch(live, rng, tops))
         _killed(warehouse, raw, point)
         held, phases = _held(spark, d, tables)

@@ -3,7 +3,7 @@ through the JVM (docs/JOINS.md, "The bulk by tasks").
 
 Why: the Spark bulk (join/bulk.py) read and cached the fact's columns in Spark, then wrote the
 state tables through Python writer tasks and joined in Spark: every fact row crossed the JVM
-and Python several times, and at 20M orders it cost 4x the recompute. Here:
+and Python several times, and cost several recomputes (docs/JOINS.md, "Measured"). Here:
 
 1. each dimension is read once into this process (``storage.read_table`` at the pair's
    version), null keys dropped, its key checked unique, each row's key hashed to its vnode;
@@ -251,8 +251,8 @@ def _write(snap: storage.TableVersion, t, rows: pa.Table, file_rows: int) -> lis
 
 def sort_order(rows: pa.Table, names: Sequence[str]) -> pa.Array:
     """The row order by ``names`` ascending (unique together, so any sort gives the same):
-    numpy's lexsort where every column is a non-null integer or date (4x faster than Arrow's
-    multi-column sort: 0.34 s against 1.33 s for 2M index rows), else Arrow's."""
+    numpy's lexsort where every column is a non-null integer or date (several times faster
+    than Arrow's multi-column sort on the index's integer keys), else Arrow's."""
     columns = [rows.column(n) for n in names]
     if all((pa.types.is_integer(c.type) or pa.types.is_date(c.type)) and c.null_count == 0
            for c in columns):

@@ -28,8 +28,8 @@ from backfill_assets.step.request import Hook
 
 MV, PROGRESS = "mv", "progress"
 # the index tables' layout: 1,024-row groups, so a read of a few keys opens ~1 group per key
-# (docs/STORAGE.md, "Keyed reads": 1,000 keys of a 20M-row index in 0.11 s, 2.15 s by vnode;
-# the files are 9% larger)
+# (docs/STORAGE.md, "Keyed reads", has the figures against a read by vnode, and the larger
+# files it costs)
 KEYED_LAYOUT = {storage.ROW_GROUP_ROWS_PROPERTY: "1024"}
 
 

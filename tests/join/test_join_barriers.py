@@ -66,6 +66,17 @@ def join_raw(name: str, upstream: str, kind: str, **extra) -> dict:
             "vnode_count": 8, **extra}
 
 
+def left_join_mv(spark, warehouse: str, seed: int, name: str, rows: int, keys: int):
+    """An orders upstream of ``rows`` rows, a tiers dimension of ``keys`` keys and the row MV
+    over their left join, not yet run: (live, dim, d, tables)."""
+    live = H.orders(warehouse, seed)
+    live.create(rows=rows)
+    dim = Dimension(spark, f"{warehouse}/tiers", random.Random(seed))
+    dim.insert(range(0, keys))
+    raw = join_raw(name, live.uri, "left")
+    return live, dim, H.definition(raw), H.tables_of(warehouse, raw)
+
+
 def assert_exact(spark, d, tables) -> int:
     verdict = verify_join(spark, d, tables)
     assert verdict.ok, (verdict.pair, verdict.missing, verdict.extra)

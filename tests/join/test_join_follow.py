@@ -5,7 +5,6 @@ equals Spark SQL's join at its recorded pair."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 
@@ -13,7 +12,7 @@ import pytest
 
 from backfill_assets.barrier.follower import follow
 from backfill_assets.barrier.runner import watched_uris
-from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
+from tests.join.test_join_barriers import assert_exact, left_join_mv
 from tests.reliability import harness as H
 
 pytestmark = pytest.mark.spark
@@ -31,12 +30,7 @@ def _until(records: list, fact: int, dim: int, timeout: float = 90.0) -> None:
 
 
 def test_a_commit_on_either_side_wakes_the_follower(spark, warehouse):
-    live = H.orders(warehouse, 70)
-    live.create(rows=60)
-    dim = Dimension(spark, f"{warehouse}/tiers", random.Random(70))
-    dim.insert(range(0, 12))
-    raw = join_raw("joined_follow", live.uri, "left")
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    live, dim, d, tables = left_join_mv(spark, warehouse, 70, "joined_follow", rows=60, keys=12)
     assert watched_uris(d, tables) == (live.uri, dim.uri)
     records, stop = [], threading.Event()
     thread = threading.Thread(target=follow, args=(spark, d, tables, list(range(8))),

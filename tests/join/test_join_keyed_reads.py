@@ -18,7 +18,7 @@ from backfill_assets.core.errors import JoinStateLayoutOutdated
 from backfill_assets.join import held
 from backfill_assets.join import store as join_store
 from backfill_assets.mv.owned_tables import read_rows
-from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
+from tests.join.test_join_barriers import Dimension, assert_exact, join_raw, left_join_mv
 from tests.reliability import harness as H
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -80,14 +80,13 @@ def test_state_made_by_the_layout_before_is_refused_saying_to_reset(spark, wareh
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    live = H.orders(warehouse, 58)
-    live.create(rows=50)
-    dim = Dimension(spark, f"{warehouse}/tiers", random.Random(58))
-    dim.insert(range(0, 5))
-    raw = join_raw("old_layout", live.uri, "left")
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    live, _, d, tables = left_join_mv(spark, warehouse, 58, "old_layout", rows=50, keys=5)
     run_barrier(spark, d, tables, [0])
     write_deltalake(f"{tables.join_state}/facts", pa.table({"id": [1]}))  # the old layout's
     live.apply(live.random_batch(5))
+    owned = [tables.mv, tables.progress, f"{tables.join_state}/index_0",
+             f"{tables.join_state}/dimension_0"]
+    before = [H.latest(uri) for uri in owned]
     with pytest.raises(JoinStateLayoutOutdated, match="reset the MV"):
         run_barrier(spark, d, tables, [0])
+    assert [H.latest(uri) for uri in owned] == before, "the refused barrier wrote a commit"

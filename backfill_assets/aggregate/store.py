@@ -175,8 +175,14 @@ class AggregateStore:
     def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
               version: int, vnodes: Sequence[int], hook: Hook) -> storage.Applied:
         """One commit of the table: the rows of the changed keys ``before`` -> ``after``
-        (a key only before is deleted), carrying the barrier's app transaction."""
+        (a key only before is deleted), carrying the barrier's app transaction. When this
+        process holds the whole table at ``snap`` and the barrier covers every vnode, the
+        storage layer may rewrite the table from those rows instead of giving its files DVs
+        (`storage.apply_keyed`'s ``whole``: a barrier touching a large share of the groups
+        meets every file anyway, and its DVs would make a compaction due)."""
         t = self.table(phase)
+        whole = held.rows_at(t.uri, table_id(snap), snap.version) \
+            if len(set(vnodes)) == self.vnode_count else None
         intent = owned_tables.intent(self.name, phase, vnodes, version)
 
         def inner(point: str) -> None:
@@ -185,7 +191,8 @@ class AggregateStore:
         before = before.select(t.schema.names).cast(t.schema)
         after = after.select(t.schema.names).cast(t.schema)
         applied = storage.apply_keyed(snap, list(t.key), intent,
-                                      storage.KeyedRows(before, after), hook=inner)
+                                      storage.KeyedRows(before, after), whole=whole,
+                                      hook=inner)
         held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after)
         return applied
 

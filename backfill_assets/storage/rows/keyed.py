@@ -88,7 +88,7 @@ def locate(snap: TableVersion, key_names: Sequence[str], rows: KeyedRows) -> Loc
 def write_located(snap: TableVersion, key_names: Sequence[str], located: Located,
                   file_rows_max: int = NEW_FILE_ROWS) -> list:
     """The new rows of ``located`` as files clustered by (vnode, key), written here."""
-    return _written(snap, key_names, located.after, file_rows_max)
+    return write_clustered(snap, key_names, located.after, file_rows_max)
 
 
 def write_located_feed(snap: TableVersion, key_names: Sequence[str], located: Located) -> list:
@@ -107,7 +107,8 @@ def replace_keyed(snap: TableVersion, key_names: Sequence[str], intent: Intent, 
     holds for those keys goes. No change-data files (callers' tables have no change feed)."""
     schema = snap.arrow_schema
     found = _held(snap, key_names, keys.select(list(key_names)))
-    adds = _written(snap, key_names, rows.select(schema.names).cast(schema), NEW_FILE_ROWS)
+    adds = write_clustered(snap, key_names, rows.select(schema.names).cast(schema),
+                           NEW_FILE_ROWS)
     if adds:
         hook("data_files_written")
     change = Change(adds=adds, deletes=_deletes(found))
@@ -128,17 +129,23 @@ def _deletes(found: pa.Table) -> dict[str, BitMap64]:
             for i, path in enumerate(paths.dictionary.to_pylist())}
 
 
-def _written(snap: TableVersion, key_names: Sequence[str], rows: pa.Table,
-             file_rows_max: int) -> list:
+def write_clustered(snap: TableVersion, key_names: Sequence[str], rows: pa.Table,
+                    file_rows_max: int, *, one_file_unsorted: bool = False) -> list:
     """``rows`` written as new files clustered by (vnode, key), their keys handed to the key
-    cache (the next barrier's lookup would read them back)."""
+    cache (the next barrier's lookup would read them back: a barrier's new rows, and a
+    compaction's rewritten ones, which the barrier after it would otherwise read whole).
+    ``one_file_unsorted``: rows that fit one file of one row group are written as they come
+    (a keyed rewrite of a small table: its statistics span every vnode and key whatever the
+    order inside, and the sort of 100k text keys cost a third of the rewrite)."""
     if not rows.num_rows:
         return []
-    order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
-    clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
+    group_rows = row_group_rows(snap.configuration)
+    clustered = rows
+    if not (one_file_unsorted and rows.num_rows <= min(file_rows_max, group_rows)):
+        order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
+        clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
     files = write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
-                        max_rows_per_file=file_rows_max,
-                        row_group_rows=row_group_rows(snap.configuration))
+                        max_rows_per_file=file_rows_max, row_group_rows=group_rows)
     if key_cache.CACHE.fits(sum(f.num_records or 0 for f in snap.files) + rows.num_rows):
         key_cache.CACHE.remember_written(snap.uri, [(f.path, f.size, f.rows) for f in files],
                                          clustered.select(list(key_names)))
@@ -160,7 +167,7 @@ def _positions(snap: TableVersion, key_names: Sequence[str], before: pa.Table,
         return pa.table({**{k: [] for k in key_names}, FILE_COLUMN: pa.array([], pa.string()),
                          ROW_COLUMN: pa.array([], pa.int64())})
     found = _held(snap, key_names, wanted)
-    _check_agrees(snap.uri, key_names, before, found)
+    check_agrees(snap.uri, key_names, before, found)
     return found
 
 
@@ -271,7 +278,7 @@ def _held_in_nothing(snap: TableVersion, key_names: Sequence[str]) -> pa.Table:
                      FILE_COLUMN: pa.array([], pa.string()), ROW_COLUMN: pa.array([], pa.int64())})
 
 
-def _check_agrees(uri: str, key_names: Sequence[str], before: pa.Table,
+def check_agrees(uri: str, key_names: Sequence[str], before: pa.Table,
                   found: pa.Table) -> None:
     """Every key ``before`` names is held exactly once, and no other changed key is held."""
     keys = list(key_names)

@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
@@ -31,9 +30,10 @@ from backfill_assets.storage.delta import dv
 from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
 from backfill_assets.storage.delta.log import DataFile, TableVersion, commit_uri
 from backfill_assets.storage.delta.prune import VNODE, files_within_vnodes
+from backfill_assets.storage.rows import keyed
 from backfill_assets.storage.rows.commit import Change, Intent, commit
 from backfill_assets.storage.rows.scan import file_rows, read_table_version
-from backfill_assets.storage.rows.write import NewFile, row_group_rows, write_files, write_table
+from backfill_assets.storage.rows.write import NewFile, row_group_rows, write_files
 from backfill_assets.storage.store import objects
 from backfill_assets.storage.writes.merge import FILE_ROWS, Applied, clustered, file_rows_for
 
@@ -81,15 +81,17 @@ def compaction_due(before: TableVersion, applied: Applied, vnodes: Iterable[int]
     committed on top of ``before``, judged from ``before``'s files and the change alone: a
     small barrier then loads no version to learn that nothing is due (a fresh load of the
     new version would be a large share of its cost). True (load and look) when the commit was
-    not the next version of ``before`` (it was rebased over another writer's) or removed files
-    whole."""
+    not the next version of ``before`` (it was rebased over another writer's). A commit that
+    removed files whole (a keyed rewrite) leaves the rest and its adds."""
     change = applied.change
-    if applied.version is None or change is None or change.removes \
-            or applied.version != before.version + 1:
+    if applied.version is None or change is None or applied.version != before.version + 1:
         return True
+    removed = {f.path for f in change.removes}
     files = []
     for f in before.files:
         now = len(change.deletes.get(f.path) or ())
+        if f.path in removed:
+            continue
         if not now:
             files.append(f)
         elif f.deleted + now < (f.num_records or 0):  # the rows found live: disjoint from its DV
@@ -154,7 +156,8 @@ def _rewrite_on_driver(snap: TableVersion, files: Sequence[DataFile], key_names:
                        per_file: int) -> list:
     """A small compaction (the files a few barriers left) in Arrow on the driver: the files'
     live rows read, sorted by (vnode, key) and written, without the fixed cost of Spark jobs
-    that would make the barrier that runs it several times slower than its neighbours."""
+    that would make the barrier that runs it several times slower than its neighbours. The
+    new files' keys go to the key cache as a barrier's new file's do."""
     schema = snap.arrow_schema
     physical = {c: snap.physical_names.get(c, c) for c in schema.names}
     parts = [file_rows(snap.file_uri(f.path), snap.storage_options, physical, schema,
@@ -162,10 +165,7 @@ def _rewrite_on_driver(snap: TableVersion, files: Sequence[DataFile], key_names:
                        deleted=dv.load(snap.uri, f.deletion_vector, snap.storage_options))
              for f in files]
     rows = pa.concat_tables([schema.empty_table(), *parts])
-    order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
-    rows = rows.take(pc.sort_indices(rows, sort_keys=order))
-    return write_table(rows, snap.uri, snap.storage_options, schema, max_rows_per_file=per_file,
-                       row_group_rows=row_group_rows(snap.configuration))
+    return keyed.write_clustered(snap, key_names, rows, per_file)
 
 
 def collect_dv_garbage(snap: TableVersion, keep_versions: int = DV_KEEP_VERSIONS,

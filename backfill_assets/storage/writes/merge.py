@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 from pyroaring import BitMap64
@@ -36,7 +36,7 @@ from backfill_assets.storage.chunks.seek import SEEK_ROWS_PROPERTY
 from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
 from backfill_assets.storage.delta.log import TableVersion
 from backfill_assets.storage.delta.prune import VNODE, files_holding
-from backfill_assets.storage.rows import keyed
+from backfill_assets.storage.rows import keyed, keyed_rewrite
 from backfill_assets.storage.rows.commit import Change, Hook, Intent, _no_hook, commit
 from backfill_assets.storage.rows.keyed import NEW_FILE_ROWS, KeyedRows
 from backfill_assets.storage.rows.scan import FILE_COLUMN, ROW_COLUMN, read_table_version
@@ -60,6 +60,7 @@ class Applied:
     rows_written: int
     rows_deleted: int
     change: Change | None = None  # what it committed (`maintain.compaction_due` reads it)
+    rewrote: bool = False  # the table was rewritten whole (`keyed_rewrite`), not given DVs
 
 
 def file_rows_for(table_rows: int) -> int:
@@ -127,15 +128,20 @@ def apply_changes(spark: SparkSession, snap: TableVersion, key_names: Sequence[s
 
 def apply_keyed(snap: TableVersion, key_names: Sequence[str], intent: Intent, rows: KeyedRows,
                 *, inserts: DataFrame | None = None, rows_hint: int = 0,
-                file_rows: int | None = None,
-                clustered_inserts: bool = False, hook: Hook = _no_hook) -> Applied:
+                file_rows: int | None = None, clustered_inserts: bool = False,
+                whole: pa.Table | None = None, hook: Hook = _no_hook) -> Applied:
     """One commit of ``rows`` (each changed key's row before and after) found by key lookups
     on the driver, plus Spark ``inserts`` as in `apply_changes` (a chunked barrier's
     forwarded changes beside its chunk; without inserts, a small barrier's alone: no Spark
     job). Their new rows are written in files of at most ``file_rows`` (and NEW_FILE_ROWS)
-    rows. A side the table disagrees with raises ``StorageMismatch`` before anything is
-    written."""
+    rows. ``whole``: every live row of ``snap``, when the caller holds them; the commit may
+    then rewrite the table instead (``keyed_rewrite``). A side the table disagrees with
+    raises ``StorageMismatch`` before anything is written."""
     _refuse_written(inserts)
+    planned = None if whole is None or inserts is not None else \
+        keyed_rewrite.plan(snap, key_names, rows, whole)
+    if planned is not None:
+        return _rewritten(snap, key_names, intent, planned, hook)
     located = keyed.locate(snap, key_names, rows)
     side = _SparkSide.of(snap, key_names, rows_hint, file_rows)
     side.add_inserts(inserts, clustered_inserts)
@@ -146,6 +152,26 @@ def apply_keyed(snap: TableVersion, key_names: Sequence[str], intent: Intent, ro
     return _published(snap, intent, adds, dict(located.deletes), bool(side.laid_out),
                       lambda: _feed_files(snap, side.cdc_parts, one_file=False)
                       + keyed.write_located_feed(snap, key_names, located), hook)
+
+
+def _rewritten(snap: TableVersion, key_names: Sequence[str], intent: Intent,
+               planned: keyed_rewrite.Rewrite, hook: Hook) -> Applied:
+    """The commit of a planned rewrite: every live row in new files, every old file removed,
+    the changed keys' rows in the change file (even inserts alone: the removes and adds
+    carry no change rows where one exists)."""
+    adds = keyed.write_clustered(snap, key_names, planned.rows, NEW_FILE_ROWS,
+                                 one_file_unsorted=True)
+    hook("data_files_written")
+    cdc = []
+    if snap.configuration.get("delta.enableChangeDataFeed") == "true":
+        cdc = keyed.write_located_feed(snap, key_names, planned.located)
+        hook("change_files_written")
+    change = Change(adds=adds, cdc=cdc, removes=list(snap.files))
+    marked = replace(intent, metadata={**intent.metadata,
+                                       keyed_rewrite.COMMIT_KIND: "rewrite"})
+    version = commit(snap, change, marked, hook)
+    return Applied(version, planned.located.after.num_rows, planned.located.rows_deleted,
+                   change, rewrote=True)
 
 
 def commit_written(snap: TableVersion, intent: Intent, written: BulkWritten, *,

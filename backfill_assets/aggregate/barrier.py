@@ -306,6 +306,8 @@ class _Barrier:
                 done = list(pool.map(one, pending))
         for phase, snap, applied in done:
             self.committed[phase] = (snap, applied)
+            # rewritten whole from the held rows, or given DVs (storage.apply_keyed's whole)
+            self.report.extra[f"{phase}_rewritten"] = applied.rewrote
 
 
 def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -61,6 +62,9 @@ class Applied:
     rows_deleted: int
     change: Change | None = None  # what it committed (`maintain.compaction_due` reads it)
     rewrote: bool = False  # the table was rewritten whole (`keyed_rewrite`), not given DVs
+
+
+_WRITER = ThreadPoolExecutor(2, thread_name_prefix="keyed-rewrite")  # a rewrite's change file
 
 
 def file_rows_for(table_rows: int) -> int:
@@ -158,13 +162,19 @@ def _rewritten(snap: TableVersion, key_names: Sequence[str], intent: Intent,
                planned: keyed_rewrite.Rewrite, hook: Hook) -> Applied:
     """The commit of a planned rewrite: every live row in new files, every old file removed,
     the changed keys' rows in the change file (even inserts alone: the removes and adds
-    carry no change rows where one exists)."""
-    adds = keyed.write_clustered(snap, key_names, planned.rows, NEW_FILE_ROWS,
-                                 one_file_unsorted=True)
-    hook("data_files_written")
-    cdc = []
+    carry no change rows where one exists). The change file is written in a thread beside
+    the data files (Parquet writes release the GIL; the two were half of a 0.1% barrier's
+    rewrite, one after the other)."""
+    feed = None
     if snap.configuration.get("delta.enableChangeDataFeed") == "true":
-        cdc = keyed.write_located_feed(snap, key_names, planned.located)
+        feed = _WRITER.submit(keyed.write_located_feed, snap, key_names, planned.located)
+    try:
+        adds = keyed.write_clustered(snap, key_names, planned.rows, NEW_FILE_ROWS,
+                                     one_file_unsorted=True)
+    finally:
+        cdc = [] if feed is None else feed.result()  # never left running past a refusal
+    hook("data_files_written")
+    if feed is not None:
         hook("change_files_written")
     change = Change(adds=adds, cdc=cdc, removes=list(snap.files))
     marked = replace(intent, metadata={**intent.metadata,

@@ -28,7 +28,8 @@ surface (``__all__``); the modules it comes from are the layer's inside.
   caller's own work between them (the join MV's bulk);
 - ``apply_changes`` / ``append`` with an ``Intent`` (app transactions + commit metadata): one
   commit of new clustered files, deletion vectors and exact change-data files;
-  ``KeyedRows`` + ``apply_keyed``: changes applied by key lookups on the driver;
+  ``KeyedRows`` + ``apply_keyed``: changes applied by key lookups on the driver (or, given
+  every row of a small table, by a rewrite of it: ``keyed_rewrite``, its cost rule);
   ``replace_keyed``: the rows of a few keys overwritten (the progress table); ``key_counts``;
   ``rows_of_keys``: the live rows of given keys, reading only the Parquet row groups whose
   statistics admit one (tables written with small groups: ``ROW_GROUP_ROWS_PROPERTY``);
@@ -87,7 +88,7 @@ from backfill_assets.storage.delta.log_head import TableHead, open_head
 from backfill_assets.storage.delta.log_wait import wait_for_any_commit, wait_for_commit
 from backfill_assets.storage.delta.mor_tables import ensure_mor_table, open_mor_table
 from backfill_assets.storage.delta.prune import VNODE, files_in_vnodes, vnode_stats_from_log
-from backfill_assets.storage.rows import key_cache, replica
+from backfill_assets.storage.rows import key_cache, keyed_rewrite, replica
 from backfill_assets.storage.rows.change_range import read_raw_changes
 from backfill_assets.storage.rows.commit import Intent
 from backfill_assets.storage.rows.keyed import KeyedRows, key_counts, replace_keyed
@@ -151,7 +152,8 @@ __all__ = [
     # rows in and out
     "read_version", "read_table_version", "parallelism", "col", "spark_schema", "spark_type",
     "read_raw_changes", "change_rows_by_vnode", "estimate_change_rows",
-    "Intent", "KeyedRows", "key_counts", "replace_keyed", "key_cache", "replica",
+    "Intent", "KeyedRows", "key_counts", "replace_keyed", "key_cache", "keyed_rewrite",
+    "replica",
     "rows_of_keys", "row_groups_read", "ROW_GROUP_ROWS_PROPERTY",
     # chunk reads
     "SEEK_ROWS_PROPERTY", "HeldChunk", "SharedCut", "chunk_files", "chunk_tasks", "file_reader",

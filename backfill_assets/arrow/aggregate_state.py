@@ -24,10 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.arrow.group_keys import group_vnodes
+from backfill_assets.arrow.narrow_sums import as_decimal, signed_units
 from backfill_assets.arrow.running_avg import decimal_avg
 from backfill_assets.arrow.types import arrow_type, decimal_units
 from backfill_assets.core.aggregates import (
@@ -43,6 +45,7 @@ SIGN = f"{INTERNAL_PREFIX}sign"
 ROWS = f"{INTERNAL_PREFIX}rows"
 _OLD = f"{INTERNAL_PREFIX}old_rows"
 _TOUCH = f"{INTERNAL_PREFIX}touched"
+_AT = f"{INTERNAL_PREFIX}at"  # an old state row's position
 
 
 def count_column(i: int) -> str:
@@ -178,48 +181,61 @@ class AggregateTables:
         return self._mv_rows(state.select(self.state_schema.names), kept.select(names)
                              if self.kept else kept)
 
-    def _partials(self, changes: pa.Table) -> pa.Table:
-        """The changes as state deltas per row: signed row count, non-null counts, sums."""
+    def _partials(self, changes: pa.Table, units: list[np.ndarray] | None) -> pa.Table:
+        """The changes as state deltas per row: signed row count, non-null counts, sums
+        (``units``: the signed int64 units of each running sum, else decimal256)."""
         sign = pc.cast(changes.column(SIGN), pa.int64())
-        positive = pc.greater(sign, 0)
         cols = {**{n: changes.column(n) for n in self.group_names}, ROWS: sign}
         for i in self.args:
             valid = pc.cast(pc.is_valid(changes.column(value_column(i))), pa.int64())
             cols[count_column(i)] = pc.multiply(valid, sign)
-        for i in self.running:
+        for k, i in enumerate(self.running):
+            if units is not None:
+                cols[sum_column(i)] = pa.array(units[k], pa.int64())
+                continue
             v = pc.fill_null(pc.cast(changes.column(value_column(i)), self._wide_type(i)),
                              pa.scalar(0, self._wide_type(i)))  # a null adds nothing
-            cols[sum_column(i)] = pc.if_else(positive, v, pc.negate(v))
+            cols[sum_column(i)] = pc.if_else(pc.greater(sign, 0), v, pc.negate(v))
         cols[_OLD] = pa.repeat(pa.scalar(0, pa.int64()), changes.num_rows)
         cols[_TOUCH] = pa.repeat(pa.scalar(1, pa.int64()), changes.num_rows)
+        cols[_AT] = pa.nulls(changes.num_rows, pa.int64())
         return pa.table(cols)
 
+    def _narrow(self, old: pa.Table, changes: pa.Table
+                ) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+        """The running sums as int64 units when no group can leave int64 (narrow_sums.py)."""
+        signs = changes.column(SIGN).to_numpy().astype(np.int64)
+        return signed_units([old.column(sum_column(i)) for i in self.running],
+                            [changes.column(value_column(i)) for i in self.running], signs,
+                            [self.plan.sum_scale(i) for i in self.running])
+
     def _new_state(self, old: pa.Table, changes: pa.Table, carry: list[str]) -> pa.Table:
-        """Old state + change deltas, summed per touched group (Arrow's group-by: no join)."""
-        deltas = self._partials(changes)
-        for c in [*carry, VNODE]:
-            deltas = deltas.append_column(old.schema.field(c).with_nullable(True),
-                                          pa.nulls(deltas.num_rows, old.schema.field(c).type))
-        before = old.append_column(_OLD, old.column(ROWS))
-        before = before.append_column(_TOUCH, pa.repeat(pa.scalar(0, pa.int64()), old.num_rows))
-        both = pa.concat_tables([before.select(deltas.schema.names).cast(deltas.schema), deltas])
+        """Old state + change deltas, summed per touched group (Arrow's group-by: no join).
+        An old row's position rides along (`_AT`, max over its group: null for a group born
+        here), so its carried columns and `vnode` are taken from it, not aggregated."""
+        narrow = self._narrow(old, changes) if self.running else None
+        deltas = self._partials(changes, None if narrow is None else narrow[1])
+        cols = {c: old.column(c) for c in deltas.schema.names[:len(self.group) + 1 + len(
+            self.args)]}
+        for k, i in enumerate(self.running):
+            cols[sum_column(i)] = old.column(sum_column(i)) if narrow is None else \
+                pa.array(narrow[0][k], pa.int64())
+        cols |= {_OLD: old.column(ROWS), _TOUCH: pa.repeat(pa.scalar(0, pa.int64()),
+                                                          old.num_rows),
+                 _AT: pa.array(np.arange(old.num_rows, dtype=np.int64))}
+        both = pa.concat_tables([pa.table(cols).cast(deltas.schema), deltas])
         summed = both.group_by(self.group_names, use_threads=False).aggregate(
-            [(c, "sum") for c in deltas.schema.names
-             if c not in (*self.group_names, *carry, VNODE)]
-            + [(c, "max") for c in [*carry, VNODE]])  # an old group's own (null: born here)
+            [(c, "sum") for c in deltas.schema.names[len(self.group):-1]] + [(_AT, "max")])
         summed = summed.rename_columns([c.removesuffix("_sum").removesuffix("_max")
                                         for c in summed.schema.names])
         summed = summed.filter(pc.greater(summed.column(_TOUCH), 0))
+        at = summed.column(_AT)
+        for c in [*carry, VNODE]:  # an old group's own (null: born here)
+            summed = summed.append_column(old.schema.field(c).with_nullable(True),
+                                          old.column(c).take(at))
         for i in self.running:
-            try:
-                summed = summed.set_column(summed.schema.get_field_index(sum_column(i)),
-                                           sum_column(i),
-                                           pc.cast(summed.column(sum_column(i)), self._sum_type(i)))
-            except pa.ArrowInvalid as e:
-                raise AggregateOverflow(
-                    f"the sum of {self.plan.aggregates[i].text} in a group leaves 38 digits, "
-                    "beyond every Spark decimal (Spark fails too): aggregate a rescaled "
-                    "expression") from e
+            summed = summed.set_column(summed.schema.get_field_index(sum_column(i)),
+                                       sum_column(i), self._stored_sum(summed, i, narrow))
         rows = summed.column(ROWS)
         bad = pc.less(rows, 0)
         for i in self.args:
@@ -230,6 +246,19 @@ class AggregateTables:
                 "the changes retract rows the aggregate state never held (a group's count "
                 "would fall below zero): reset the MV to rebuild its state")
         return summed
+
+    def _stored_sum(self, summed: pa.Table, i: int, narrow: object) -> pa.Array:
+        """Running sum i of ``summed`` in the state's decimal(38, s): from int64 units (they
+        fit), or the decimal256 sum checked to fit 38 digits."""
+        if narrow is not None:
+            return as_decimal(summed.column(sum_column(i)), self._sum_type(i))
+        try:
+            return pc.cast(summed.column(sum_column(i)), self._sum_type(i))
+        except pa.ArrowInvalid as e:
+            raise AggregateOverflow(
+                f"the sum of {self.plan.aggregates[i].text} in a group leaves 38 digits, "
+                "beyond every Spark decimal (Spark fails too): aggregate a rescaled "
+                "expression") from e
 
     def _new_inputs(self, old: pa.Table, changes: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
         """(touched groups' kept input after the batch, input upserts, input deletes)."""

@@ -223,7 +223,7 @@ class _Barrier:
         touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
         new = keyed_state(t, whole.filter(touched), changes)
         rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
-        checkpoint.start(uri, table_id(snap), snap.version, at, rows, keys, changes.num_rows,
+        checkpoint.start(uri, table_id(snap), snap.version, at, rows, (keys,), changes.num_rows,
                          due=True)
         self.report.extra["state_replayed"] = [c, at]
 

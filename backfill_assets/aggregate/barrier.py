@@ -243,7 +243,7 @@ class _Barrier:
                                      self.d.vnode_count)
         else:
             raw = raw.append_column(VNODE, pa.repeat(pa.scalar(0, pa.int32()), raw.num_rows))
-        return netting.net_with_prior(raw, key_names)
+        return netting.net_with_prior(raw, key_names, checked=True)
 
     def _write(self, to: int, behind: list[str],
                changes: tuple[pa.Table, pa.Array, Sequence[int]] | None,

@@ -47,14 +47,20 @@ def json_lists(texts: Sequence[pa.Array], rows: int) -> pa.Array | None:
     (a null as JSON null), or None when a text holds a control character."""
     if not texts:
         return pa.array(["[]"] * rows, pa.string())
-    parts = []
+    escaped = []
     for t in texts:
         if pc.any(pc.match_substring_regex(t, '[\\x00-\\x1f"\\\\]')).as_py():  # rare: one scan
             if pc.any(pc.match_substring_regex(t, "[\\x00-\\x1f]")).as_py():
                 return None
             t = pc.replace_substring(pc.replace_substring(t, "\\", "\\\\"), '"', '\\"')
-        quoted = pc.binary_join_element_wise('"', t, '"', "")
-        parts.append(pc.fill_null(quoted, "null"))
+        escaped.append(t)
+    if not any(t.null_count for t in escaped):  # one join: a quarter of joining per column
+        pieces: list[object] = ['["']
+        for t in escaped:
+            pieces += [t, '", "']
+        return pc.binary_join_element_wise(*pieces[:-1], '"]', "")
+    parts = [pc.fill_null(pc.binary_join_element_wise('"', t, '"', ""), "null")
+             for t in escaped]
     inner = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, ", ")
     return pc.binary_join_element_wise("[", inner, "]", "")
 

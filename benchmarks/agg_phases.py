@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import gc
 import shutil
 import statistics
 import time
@@ -41,6 +42,23 @@ def _timed(owner: object, name: str) -> None:
             _SPENT[name] += time.perf_counter() - t0
 
     setattr(owner, name, wrapper)
+
+
+def _gc_timer() -> None:
+    """The garbage collector's pauses as a phase (`gc`, and `gc2` for full collections): a
+    pause lands in whichever phase allocates when it triggers."""
+    started: list[float] = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            spent = time.perf_counter() - started.pop()
+            _SPENT["gc"] += spent
+            if info.get("generation") == 2:
+                _SPENT["gc2"] += spent
+
+    gc.callbacks.append(callback)
 
 
 def _wrap() -> None:
@@ -79,6 +97,7 @@ def main() -> None:
     from backfill_assets.upstream.writer.dml import apply_dml
 
     _wrap()
+    _gc_timer()
     run_dir, uri, info = R.private_upstream(args, "phases")
     d = A.definition(uri, args.vnodes)
     tables = MVTables.under(run_dir, d.name, uri)

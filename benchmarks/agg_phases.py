@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import gc
 import shutil
 import statistics
 import time
@@ -28,7 +29,9 @@ _SPENT: dict[str, float] = collections.defaultdict(float)
 
 
 def _timed(owner: object, name: str) -> None:
-    inner = getattr(owner, name)
+    inner = getattr(owner, name, None)
+    if inner is None:  # a name the measured commit does not have (an older frozen copy)
+        return
 
     @functools.wraps(inner)
     def wrapper(*args, **kwargs):
@@ -39,6 +42,23 @@ def _timed(owner: object, name: str) -> None:
             _SPENT[name] += time.perf_counter() - t0
 
     setattr(owner, name, wrapper)
+
+
+def _gc_timer() -> None:
+    """The garbage collector's pauses as a phase (`gc`, and `gc2` for full collections): a
+    pause lands in whichever phase allocates when it triggers."""
+    started: list[float] = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            spent = time.perf_counter() - started.pop()
+            _SPENT["gc"] += spent
+            if info.get("generation") == 2:
+                _SPENT["gc2"] += spent
+
+    gc.callbacks.append(callback)
 
 
 def _wrap() -> None:
@@ -52,7 +72,8 @@ def _wrap() -> None:
 
     for owner, names in [
         (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress",
-             "settle", "compact_later", "run"]),
+             "settle", "compact_later", "run", "distinct_groups", "apply_signed"]),
+        (K, ["keyed_state"]), (K.Ahead, ["touched", "advanced", "changed"]),
         (B._Barrier, ["progress_version", "txns", "_choice", "netted", "_replay", "_commit",
                       "_apply", "_write"]),
         (S.AggregateStore, ["read", "write"]), (K, ["state_step"]),
@@ -76,6 +97,7 @@ def main() -> None:
     from backfill_assets.upstream.writer.dml import apply_dml
 
     _wrap()
+    _gc_timer()
     run_dir, uri, info = R.private_upstream(args, "phases")
     d = A.definition(uri, args.vnodes)
     tables = MVTables.under(run_dir, d.name, uri)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage
-from backfill_assets.aggregate import checkpoint, cost
+from backfill_assets.aggregate import checkpoint, cost, held
 from backfill_assets.aggregate.checkpoint import Commit
 from backfill_assets.aggregate.projection import (
     Projection,
@@ -223,7 +223,7 @@ class _Barrier:
         touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
         new = keyed_state(t, whole.filter(touched), changes)
         rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
-        checkpoint.start(uri, table_id(snap), snap.version, at, rows, keys, changes.num_rows,
+        checkpoint.start(uri, table_id(snap), snap.version, at, rows, (keys,), changes.num_rows,
                          due=True)
         self.report.extra["state_replayed"] = [c, at]
 
@@ -243,10 +243,10 @@ class _Barrier:
                                      self.d.vnode_count)
         else:
             raw = raw.append_column(VNODE, pa.repeat(pa.scalar(0, pa.int32()), raw.num_rows))
-        return netting.net_with_prior(raw, key_names)
+        return netting.net_with_prior(raw, key_names, checked=True)
 
     def _write(self, to: int, behind: list[str],
-               changes: tuple[pa.Table, pa.Array, list[int]] | None,
+               changes: tuple[pa.Table, pa.Array, Sequence[int]] | None,
                state: pa.Table | None, kept: pa.Table | None, at: int | None = None) -> None:
         """The commits of the tables behind ``to``. ``changes`` (signed rows, their groups'
         keys and vnodes): each table brought forward from its touched groups' rows (``at``:
@@ -320,8 +320,8 @@ def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
     groups = distinct_groups(changes, b.proj.tables)  # keys and vnodes per group, not per row
     keys = group_texts(groups, b.proj.tables)
     b.report.extra["touched_groups"] = len(keys)
-    b._write(txn, behind, (changes, keys, group_vnodes(groups, b.proj.tables)), None, None,
-             at)
+    vnodes = held.TouchedVnodes(lambda: group_vnodes(groups, b.proj.tables))
+    b._write(txn, behind, (changes, keys, vnodes), None, None, at)
 
 
 def distinct_groups(changes: pa.Table, t: AggregateTables) -> pa.Table:

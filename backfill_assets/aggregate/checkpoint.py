@@ -42,14 +42,16 @@ CHECKPOINT_ROWS = 1_000_000  # signed rows entered since the checkpoint, at most
 @dataclass(frozen=True)
 class Ahead:
     """Every group's state row at barrier ``barrier``, brought from the state table's
-    version ``table_version`` (id ``table_id``); ``dirty``: the keys of the groups changed
-    since then; ``barriers`` / ``change_rows``: what entered since then."""
+    version ``table_version`` (id ``table_id``); ``dirty``: the keys of the groups each
+    barrier since then changed (made distinct only at the checkpoint: a distinct over every
+    key since the checkpoint at each barrier was a third of a 0.01% barrier's state step);
+    ``barriers`` / ``change_rows``: what entered since then."""
 
     table_id: str
     table_version: int
     barrier: int
     rows: pa.Table
-    dirty: pa.Array
+    dirty: tuple[pa.Array, ...]
     barriers: int
     change_rows: int
 
@@ -57,6 +59,10 @@ class Ahead:
     def due(self) -> bool:
         """Whether the next barrier commits the state."""
         return self.barriers >= CHECKPOINT_BARRIERS or self.change_rows >= CHECKPOINT_ROWS
+
+    def changed(self) -> pa.Array:
+        """The keys of the groups changed since the checkpoint, once each."""
+        return pc.unique(pa.chunked_array(self.dirty, pa.string()).combine_chunks())
 
     def touched(self, keys: pa.Array) -> pa.ChunkedArray:
         """Which rows are of the groups ``keys`` (a group that does not exist has none)."""
@@ -74,8 +80,7 @@ class Ahead:
         rows = pa.concat_tables([kept, new_rows.select(kept.schema.names).cast(kept.schema)])
         if rows.column(0).num_chunks > 16:
             rows = rows.combine_chunks()
-        dirty = pc.unique(pa.chunked_array([self.dirty, keys], pa.string()).combine_chunks())
-        return replace(self, barrier=barrier, rows=rows, dirty=dirty,
+        return replace(self, barrier=barrier, rows=rows, dirty=(*self.dirty, keys),
                        barriers=self.barriers + 1, change_rows=self.change_rows + change_rows)
 
 
@@ -97,7 +102,7 @@ def current(uri: str, snap: storage.TableVersion, barrier: int) -> Ahead | None:
 
 
 def start(uri: str, table: str, table_version: int, barrier: int, rows: pa.Table,
-          dirty: pa.Array, change_rows: int, due: bool) -> None:
+          dirty: tuple[pa.Array, ...], change_rows: int, due: bool) -> None:
     """Hold ``rows`` (every group's state at ``barrier``, brought from the state table's
     ``table_version``, id ``table``); ``due``: the next barrier commits them (then they are
     held whatever their size, for that barrier; otherwise only when they fit)."""
@@ -144,8 +149,7 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
         snap, old = store.read(STATE, keys, vnodes)
         whole = held.rows_at(uri, table_id(snap), snap.version)
         if whole is not None:  # held whole: this barrier checkpoints, later ones may skip
-            ahead = Ahead(table_id(snap), snap.version, at, whole, pa.array([], pa.string()),
-                          CHECKPOINT_BARRIERS, 0)
+            ahead = Ahead(table_id(snap), snap.version, at, whole, (), CHECKPOINT_BARRIERS, 0)
     else:
         old = ahead.rows.filter(touched := ahead.touched(keys))
     new = keyed_state(t, old, changes)
@@ -156,13 +160,13 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
     after = ahead.advanced(keys, touched, new, to, changes.num_rows)
     if not after.due:
         return new, None, lambda _: keep(uri, after)
-    before = store.read(STATE, after.dirty)[1]  # the rows the table holds: the checkpoint's
+    dirty = after.changed()
+    before = store.read(STATE, dirty)[1]  # the rows the table holds: the checkpoint's
 
     def checkpointed(applied: storage.Applied | None) -> None:
         if applied is None or applied.version != snap.version + 1:
             forget(uri)  # not committed by this barrier, or rebased past another writer
         else:
-            start(uri, after.table_id, applied.version, to, after.rows,
-                  pa.array([], pa.string()), 0, due=False)
+            start(uri, after.table_id, applied.version, to, after.rows, (), 0, due=False)
 
-    return new, (STATE, snap, before, after.of(after.dirty)), checkpointed
+    return new, (STATE, snap, before, after.of(dirty)), checkpointed

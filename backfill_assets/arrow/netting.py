@@ -126,13 +126,23 @@ class Netted:
     keys: int
 
 
-def net_with_prior(raw: pa.Table, key_names: Sequence[str]) -> Netted:
-    """Net ``raw`` per key (see the module docstring for the rule)."""
+def net_with_prior(raw: pa.Table, key_names: Sequence[str], checked: bool = False) -> Netted:
+    """Net ``raw`` per key (see the module docstring for the rule). ``checked``: the caller
+    refused a key that one version inserts twice or deletes twice
+    (`step.key_checks.check_change_keys`); a range of one version is then netted without a
+    sort (below)."""
     data = [c for c in raw.column_names if not c.startswith("_commit") and c != CHANGE_TYPE]
     if not raw.num_rows:
         empty = raw.select(data).slice(0, 0)
         return Netted(empty, empty, 0)
     upsert = pc.is_in(raw.column(CHANGE_TYPE), pa.array(UPSERT_TYPES))
+    if checked and _one_version(raw):
+        # each key has at most one delete-side and one upsert-side row, so its first change
+        # is its delete-side row and its last its upsert-side one: the rule without the sort
+        # (a sixth of its cost at 30k change rows)
+        keys = raw.select(list(key_names)).group_by(list(key_names), use_threads=False)
+        return Netted(raw.filter(pc.invert(upsert)).select(data), raw.filter(upsert).select(data),
+                      keys.aggregate([]).num_rows)
     ranked = raw.append_column(RANK, pc.cast(upsert, pa.int8()))  # delete 0, upsert 1
     ranked = ranked.append_column(ROW_NUMBER, pa.array(np.arange(raw.num_rows)))
     order = [*[(k, "ascending") for k in key_names], (VERSION, "ascending"),
@@ -143,6 +153,12 @@ def net_with_prior(raw: pa.Table, key_names: Sequence[str]) -> Netted:
     before = firsts.filter(pc.equal(firsts.column(RANK), 0)).select(data)
     after = lasts.filter(pc.equal(lasts.column(RANK), 1)).select(data)
     return Netted(before, after, firsts.num_rows)
+
+
+def _one_version(raw: pa.Table) -> bool:
+    """Whether every row of ``raw`` is of one commit version."""
+    bounds = pc.min_max(raw.column(VERSION)).as_py()
+    return bounds["min"] == bounds["max"]
 
 
 def inserted_keys(raw: pa.Table, key_names: Sequence[str]) -> pa.Table:

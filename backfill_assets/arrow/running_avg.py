@@ -16,7 +16,7 @@ import pyarrow as pa
 _LIMIT = 1 << 61  # |numerator| * 2 + count must stay below 2^63
 
 
-def _int64_units(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
+def int64_units(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
     """The unscaled values of a decimal128 column as int64 (nulls as 0), or None when one
     of them leaves int64."""
     array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
@@ -33,7 +33,7 @@ def _int64_units(column: pa.Array | pa.ChunkedArray) -> np.ndarray | None:
     return low.copy()
 
 
-def _decimal_array(units: np.ndarray, valid: np.ndarray, type_: pa.Decimal128Type) -> pa.Array:
+def decimal_array(units: np.ndarray, valid: np.ndarray, type_: pa.Decimal128Type) -> pa.Array:
     """A decimal128 array of int64 unscaled ``units`` (null where not ``valid``)."""
     words = np.empty((len(units), 2), dtype="<i8")
     words[:, 0], words[:, 1] = units, units >> 63
@@ -47,7 +47,7 @@ def decimal_avg(sums: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedA
     null where the count is 0) in ``result``, or None when the int64 path cannot hold the
     batch (the caller then takes the exact reference). HALF_UP at the result scale, as
     `core.aggregates._exact` rounds."""
-    units = _int64_units(sums)
+    units = int64_units(sums)
     shift = result.scale - sum_scale
     if units is None or shift < 0 or shift > 18:
         return None
@@ -63,4 +63,4 @@ def decimal_avg(sums: pa.Array | pa.ChunkedArray, counts: pa.Array | pa.ChunkedA
     rounded = np.where(valid, rounded, 0)
     if result.precision <= 18 and len(rounded) and np.abs(rounded).max() >= 10 ** result.precision:
         return None  # the reference names the overflow
-    return _decimal_array(rounded.astype(np.int64), valid, result)
+    return decimal_array(rounded.astype(np.int64), valid, result)

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from backfill_assets.arrow.aggregate_state import SIGN
+from backfill_assets.arrow.key_hash import key_vnodes
 from backfill_assets.arrow.types import arrow_type
 from backfill_assets.core.errors import DimensionKeyNotUnique, JoinStateMismatch
 from backfill_assets.core.join_algebra import JoinPlan, JoinSide
@@ -205,12 +206,15 @@ class JoinTables:
         return self._with_vnode(table, key)
 
     def _with_vnode(self, table: pa.Table, key: Sequence[str]) -> pa.Table:
-        """``table`` with the `vnode` of ``key`` (non-null) appended (O(rows), on the driver);
-        a join key hashes with its dimension key's types, so both land on one vnode."""
+        """``table`` with the `vnode` of ``key`` (non-null) appended (O(rows), on the driver,
+        a column at a time: arrow/key_hash.py); a join key hashes with its dimension key's
+        types, so both land on one vnode."""
         types = [self.fact_types.get(k) or _type_of(self.dim_types, k) for k in key]
-        keys = list(zip(*(table.column(k).to_pylist() for k in key), strict=True))
-        return table.append_column(VNODE, pa.array(vnodes_of(keys, types, self.vnode_count),
-                                                   pa.int32()))
+        vnodes = key_vnodes([table.column(k) for k in key], types, self.vnode_count)
+        if vnodes is None:  # a type Arrow's text does not cover: a value at a time
+            keys = list(zip(*(table.column(k).to_pylist() for k in key), strict=True))
+            vnodes = pa.array(vnodes_of(keys, types, self.vnode_count), pa.int32())
+        return table.append_column(VNODE, vnodes)
 
 
 def index_columns(side: JoinSide, pk: Sequence[str]) -> list[str]:

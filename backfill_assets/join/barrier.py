@@ -20,6 +20,7 @@ version pair its progress records to the barrier's pair (v_fact, v_dim...).
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -202,8 +203,15 @@ class _Barrier:
 
     def commit_tables(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
                       update: JoinUpdate, state: _State) -> None:
-        """The commits of the tables behind ``to``: the state tables, then the MV's."""
-        self._write(to, behind, snaps, update, state)
+        """The commits of the tables behind ``to``: the state tables, then the MV's. The
+        MV's input (`Output.prepare`: the aggregate's signed input rows, which read no
+        table) is computed in a thread while the state tables commit; the commits keep
+        their order, so a state commit that refuses (the index not holding a retracted
+        fact) still stops the barrier before the MV's first write."""
+        with ThreadPoolExecutor(1) as pool:  # its exit waits for the thread
+            prepared = pool.submit(self.out.prepare, update.joined)
+            self._write(to, behind, snaps, update, state)
+        prepared.result()
         for phase in self.out.phases:
             if phase in behind:
                 self.out.write(phase, update.joined, to, self.hook)

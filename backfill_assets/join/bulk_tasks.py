@@ -184,11 +184,13 @@ class TaskBulk:
         join key, pk), one file each."""
         t = self.store.table(index_phase(i))
         snap = self.store.snapshot(index_phase(i))
+        key = self.store.write_key(index_phase(i))
+        total = sum(rows.num_rows for p in parts for (j, _), rows in p.items() if j == i)
 
         def write(r: int) -> list:
             rows = [p[(i, r)] for p in parts if (i, r) in p]
             both = pa.concat_tables(rows) if rows else None
-            return [] if both is None else _write(snap, t, both, both.num_rows)
+            return [] if both is None else _write(snap, t, both, both.num_rows, key, total)
 
         return [f for files in self._map(write, range(ranges)) for f in files]
 
@@ -202,7 +204,8 @@ class TaskBulk:
             rows = None
             if phase not in written:  # a dimension table: its rows are the lookup's
                 rows = lookups[int(phase.rsplit("_", 1)[1])].rows
-                written[phase] = _write(snap, t, rows, storage.file_rows_for(rows.num_rows))
+                written[phase] = _write(snap, t, rows, storage.file_rows_for(rows.num_rows),
+                                        self.store.write_key(phase), rows.num_rows)
             intent = owned_tables.intent(self.store.name, phase, range(self.store.vnode_count),
                                          self.to.fact, extra=self.to.txns(self.store.name, phase))
             done = storage.commit_written(
@@ -241,12 +244,16 @@ def refuse_duplicates(rows: pa.Table, key: list[str]) -> None:
             "the dimension's real key (unique, like a primary key)")
 
 
-def _write(snap: storage.TableVersion, t, rows: pa.Table, file_rows: int) -> list:
+def _write(snap: storage.TableVersion, t, rows: pa.Table, file_rows: int,
+           write_key: Sequence[str], table_rows: int) -> list:
     """``rows`` sorted by (vnode, the table's key) as new files of table ``t`` (its columns,
-    nullable as the table was created: join/store.py)."""
+    nullable as the table was created: join/store.py), their ``write_key`` values (what the
+    barriers' keyed commits find rows by: `JoinStore.write_key`) handed to the key cache
+    for a table of ``table_rows`` rows, so the first barrier after the bulk reads no file's
+    keys back."""
     schema = pa.schema([f.with_nullable(True) for f in t.schema])
     return storage.write_sorted(snap, schema, rows.take(sort_order(rows, [VNODE, *t.key])),
-                                max(1, file_rows))
+                                max(1, file_rows), write_key, table_rows)
 
 
 def sort_order(rows: pa.Table, names: Sequence[str]) -> pa.Array:

@@ -60,6 +60,9 @@ class RowOutput:
         s = self.store
         return held_by(s.tables.mv, s.tables, s.name, phase, s.vnode_count, s.joins)
 
+    def prepare(self, joined: pa.Table) -> None:
+        """Nothing to compute before the MV's commit (its rows are read then)."""
+
     def write(self, phase: str, joined: pa.Table, pair: Pair, hook: Hook) -> None:
         """The MV rows the joined changes touch, held -> after: a fact pk's +1 joined row
         projected (a row the filter rejects is deleted), a pk with only a -1 deleted."""
@@ -101,6 +104,11 @@ class AggregateOutput:
         s = self.store
         return held_by(self.agg.table(phase).uri, s.tables, s.name, phase, s.vnode_count,
                        s.joins)
+
+    def prepare(self, joined: pa.Table) -> None:
+        """The signed input rows of ``joined`` and their groups (read no table: the barrier
+        computes them while its state tables commit)."""
+        self._signed(joined)
 
     def write(self, phase: str, joined: pa.Table, pair: Pair, hook: Hook) -> None:
         """Each aggregate table brought forward from its own rows of the touched groups and

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from backfill_assets.arrow.aggregate_state import SIGN
@@ -20,6 +22,7 @@ from backfill_assets.join.barrier import open_barrier
 from backfill_assets.join.store import dimension_phase, index_phase
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import open_if_exists, read_rows
+from backfill_assets.storage import key_cache, objects
 from tests.join.test_join_barriers import Dimension, assert_exact, join_raw
 from tests.reliability import harness as H
 
@@ -66,6 +69,7 @@ def test_the_task_bulk_build_writes_the_state_the_algebra_gives(spark, warehouse
     assert report.extra["join_path"] == "bulk" and report.extra["bulk_path"] == "tasks"
     assert assert_exact(spark, d, tables) > 0
     _assert_state_of_apply(spark, d, tables, live, dim)
+    _assert_keys_handed_over(spark, d, tables)
     live.apply(live.random_batch(10))
     dim.random_dml()
     run_barrier(spark, d, tables, [0])
@@ -98,6 +102,22 @@ def _assert_state_of_apply(spark, d, tables, live, dim) -> None:
         held = read_rows(open_if_exists(table.uri, {}), None)
         assert rows.num_rows > 0
         assert _sorted(held, table.schema) == _sorted(rows, table.schema), phase
+
+
+def _assert_keys_handed_over(spark, d, tables) -> None:
+    """The bulk handed each state file's keys (by the column its keyed commits find rows by)
+    to the key cache, equal to the file's: the first barrier after it reads none back."""
+    barrier, _ = open_barrier(spark, d, tables, None, lambda _: None, Controls())
+    for phase in barrier.store.phases:
+        snap, key = barrier.store.snapshot(phase), barrier.store.write_key(phase)
+        assert snap.files, phase
+        for f in snap.files:
+            kept = key_cache.CACHE.kept(snap.uri, f.path, f.size, f.num_records, key)
+            assert kept is not None, (phase, f.path)
+            held = pq.read_table(objects.local_path(snap.file_uri(f.path)), columns=key) \
+                .column(0).to_numpy()
+            assert sorted(kept.sorted_keys.tolist()) == sorted(held.tolist()), phase
+            assert kept.sorted_keys[np.argsort(kept.order)].tolist() == held.tolist(), phase
 
 
 def test_a_dimension_key_held_twice_is_refused_before_any_table_is_written(spark, warehouse):

@@ -24,6 +24,7 @@ from backfill_assets.core.names import VNODE
 from backfill_assets.storage.chunks.chunk_scan import read_task_rows, whole_vnode_tasks
 from backfill_assets.storage.delta.delta_rs import VNODE_COUNT_PROPERTY
 from backfill_assets.storage.delta.log import TableVersion
+from backfill_assets.storage.rows import key_cache
 from backfill_assets.storage.rows.spark_types import exchange_schema
 from backfill_assets.storage.rows.write import FileWriter, NewFile, check_written, row_group_rows
 from backfill_assets.storage.writes.bulk import BULK_ROWS_HERE, BulkWritten
@@ -61,15 +62,24 @@ def read_tasks(snap: TableVersion, columns: Sequence[str], min_tasks: int,
 
 
 def write_sorted(snap: TableVersion, schema: pa.Schema, rows: pa.Table,
-                 max_rows_per_file: int) -> list[NewFile]:
+                 max_rows_per_file: int, kept_keys: Sequence[str] = (),
+                 table_rows: int = 0) -> list[NewFile]:
     """``rows`` (already in the table's order) as new, uncommitted files of the table of
     ``snap``, as ``schema``, in the table's row groups: nothing names them until
-    ``committed_files`` and ``commit_written``."""
+    ``committed_files`` and ``commit_written``. ``kept_keys``: the columns the table's keyed
+    commits find rows by; when a table of ``table_rows`` rows fits the key cache, the new
+    files' values of them are handed to it (``KeyCache.remember_written``), as the row MV's
+    bulk does: else the first small barrier after a bulk reads every file's keys back."""
     writer = FileWriter(snap.uri, dict(snap.storage_options), schema.serialize().to_pybytes(),
                         "", "part", max_rows_per_file,
                         row_group_rows=row_group_rows(snap.configuration))
     batches = iter(rows.select(schema.names).to_batches(max_chunksize=1 << 17))
-    return [NewFile.of(r) for out in writer(batches) for r in out.to_pylist()]
+    files = [NewFile.of(r) for out in writer(batches) for r in out.to_pylist()]
+    if kept_keys and key_cache.CACHE.fits(table_rows):
+        types = pa.schema([schema.field(k) for k in kept_keys])
+        key_cache.CACHE.remember_written(snap.uri, [(f.path, f.size, f.rows) for f in files],
+                                         rows.select(list(kept_keys)).cast(types))
+    return files
 
 
 def written_files(snap: TableVersion, files: Sequence[NewFile]) -> BulkWritten:

@@ -285,6 +285,8 @@ class _Barrier:
             pending.append((MV, snap, old, with_key(mv, t, texts)))
             self.report.extra["groups_written"] = mv.num_rows
         self._commit(to, pending)
+        if STATE in self.committed and changes is None:  # every group's state: a checkpoint
+            checkpoint.committed_whole(store.table(STATE).uri, *self.committed[STATE], to)
         checkpointed(self.committed[STATE][1] if STATE in self.committed else None)
 
     def _commit(self, to: int, pending: list[Commit]) -> None:

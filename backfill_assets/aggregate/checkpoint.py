@@ -113,6 +113,21 @@ def start(uri: str, table: str, table_version: int, barrier: int, rows: pa.Table
                                 CHECKPOINT_BARRIERS if due else 0, change_rows))
 
 
+def committed_whole(uri: str, snap: storage.TableVersion, applied: storage.Applied | None,
+                    barrier: int) -> None:
+    """The state table committed whole at ``barrier`` from ``snap`` (a bulk or a recompute
+    barrier): that commit is a checkpoint. When the process holds the table's rows at the
+    committed version (aggregate/held.py), the next barrier starts from them and need not
+    commit the state again, as after any checkpoint; otherwise (and when nothing was
+    committed, so the table's app transaction may name an older barrier) nothing is held."""
+    rows = None if applied is None or applied.version is None \
+        else held.rows_at(uri, table_id(snap), applied.version)
+    if rows is None:
+        forget(uri)
+    else:
+        start(uri, table_id(snap), applied.version, barrier, rows, (), 0, due=False)
+
+
 def keep(uri: str, ahead: Ahead) -> None:
     """Hold ``ahead`` (its barrier completed), or drop it when it no longer fits."""
     if held.fits(ahead.rows.num_rows):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -173,17 +173,19 @@ class AggregateStore:
         return snap, rows.select(t.schema.names).cast(t.schema)
 
     def write(self, phase: str, snap: storage.TableVersion, before: pa.Table, after: pa.Table,
-              version: int, vnodes: Sequence[int], hook: Hook) -> storage.Applied:
+              version: int, vnodes: Sequence[int], hook: Hook,
+              extra: Mapping[str, int] | None = None) -> storage.Applied:
         """One commit of the table: the rows of the changed keys ``before`` -> ``after``
         (a key only before is deleted), carrying the barrier's app transaction. When this
         process holds the whole table at ``snap`` and the barrier covers every vnode, the
         storage layer may rewrite the table from those rows instead of giving its files DVs
         (`storage.apply_keyed`'s ``whole``: a barrier touching a large share of the groups
-        meets every file anyway, and its DVs would make a compaction due)."""
+        meets every file anyway, and its DVs would make a compaction due). ``extra``: more
+        app ids the commit carries (a join's dimension versions)."""
         t = self.table(phase)
         whole = held.rows_at(t.uri, table_id(snap), snap.version) \
             if len(set(vnodes)) == self.vnode_count else None
-        intent = owned_tables.intent(self.name, phase, vnodes, version)
+        intent = owned_tables.intent(self.name, phase, vnodes, version, extra=extra)
 
         def inner(point: str) -> None:
             hook(f"{phase}_{point}")

@@ -25,7 +25,7 @@ from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import VNODE
 from backfill_assets.engine.projection import project_rows, validate_expressions
 from backfill_assets.join.sources import Side
-from backfill_assets.join.store import MV, JoinStore, Pair, held_by, keyed_write
+from backfill_assets.join.store import MV, JoinStore, Pair, held_by
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.step.preflight import CheckedUpstream
@@ -126,8 +126,10 @@ class AggregateOutput:
             kept = agg.read(INPUT, keys)[1] if INPUT in agg.phases else \
                 t.input_schema.empty_table()
             after = t.mv_rows(state, kept)
-        keyed_write(self.store.name, self.store.vnode_count, agg.table(phase), snap, old,
-                    with_key(after, t), pair, hook)
+        # the aggregate store's commit: it brings the rows this process holds forward (so
+        # the next barrier reads no file of them) and may rewrite a table it holds whole
+        agg.write(phase, snap, old, with_key(after, t), pair.fact,
+                  range(self.store.vnode_count), hook, extra=pair.txns(self.store.name, phase))
 
     def _signed(self, joined: pa.Table) -> tuple[pa.Table, pa.Array]:
         """The joined rows as the aggregate's signed input rows and their groups' keys

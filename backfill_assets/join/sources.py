@@ -94,7 +94,7 @@ def signed_changes(uri: str, start_exclusive: int, end: int, schema: pa.Schema,
     raw = raw.select([*columns, "_change_type", "_commit_version"])
     if fact:
         check_change_keys(raw, list(key), uri)
-    netted = netting.net_with_prior(raw, list(key))
+    netted = netting.net_with_prior(raw, list(key), checked=fact)  # facts: keys checked above
     return pa.concat_tables([_signed(netted.before.select(columns), -1).cast(schema),
                              _signed(netted.after.select(columns), 1).cast(schema)])
 

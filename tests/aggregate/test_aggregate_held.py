@@ -91,8 +91,9 @@ def test_a_version_the_process_did_not_write_is_never_answered(spark, warehouse,
     state = store.table(store.phases[0])
     live.apply(extremes_batch(live, rng, []))
     # a second file and a DV, so there is what to compact (no keyed rewrite: it leaves one
-    # file and no DV)
+    # file and no DV; a checkpoint at this barrier: the bulk's was the last one)
     monkeypatch.setattr(storage.keyed_rewrite, "REWRITE_SHARE", 2.0)
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_BARRIERS", 1)
     run_barrier(spark, d, tables, [0])
     monkeypatch.undo()
     # another writer: a compaction outside the store moves the version
@@ -141,7 +142,9 @@ def test_the_state_between_checkpoints_is_replayed_by_a_process_without_it(spark
         if n % 3 == 1:
             assert_exact(spark, d, tables)
     every = checkpoint.CHECKPOINT_BARRIERS
-    assert flags == [True, *[False] * (every - 1), True, False], flags
+    # the bulk's whole commit of the state is a checkpoint this process holds: the first
+    # commit of the state after it is the CHECKPOINT_BARRIERS-th barrier
+    assert flags == [*[False] * (every - 1), True, False, False], flags
     behind = store.txn_version(STATE, range(d.vnode_count))
     assert behind is not None and behind < report.v_new
     at = report.v_new

@@ -152,7 +152,8 @@ def test_a_backfill_in_progress_keeps_its_path(spark, warehouse):
 
 @pytest.mark.spark
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", ["after_mv_commit@2", "mv_dv_file_written@1"])
+@pytest.mark.parametrize("kill_at", [pytest.param("after_mv_commit@2", marks=pytest.mark.variant),
+                                     "mv_dv_file_written@1"])
 def test_a_crash_mid_resnapshot_recovers(spark, warehouse, kill_at):
     """SIGKILL a real process inside a re-snapshot of several slices (after the second slice's
     MV commit, before its progress; or inside the first slice's MV commit), then rerun the

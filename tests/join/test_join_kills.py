@@ -30,7 +30,8 @@ HELD = {"before_write": (), "join_index_0_dv_file_written": (),
         "after_progress_commit": (INDEX, DIM, MV)}
 BULK_KILLS = ["after_join_index_0_commit", "after_join_dimension_0_commit", "after_mv_commit"]
 APPLY_KILLS = list(HELD)
-# the default run (CI time): one boundary of each kind; "apply_all" (a variant) kills at every one
+# the default run (CI time): one boundary of each kind; "apply_all" (a variant) kills at every one;
+# the Spark bulk ("bulk", a variant: the bulk by tasks is the default path) as "bulk_tasks" is
 APPLY_SOME = ["join_index_0_dv_file_written", "after_join_dimension_0_commit", "after_mv_commit",
               "after_progress_commit"]
 
@@ -59,8 +60,8 @@ def _raw(name: str, upstream: str, phase: str) -> dict:
     return raw
 
 
-@pytest.mark.parametrize("phase", ["bulk", "bulk_tasks", "apply",
-                                   pytest.param("apply_all", marks=pytest.mark.variant)])
+@pytest.mark.parametrize("phase", [pytest.param("bulk", marks=pytest.mark.variant), "bulk_tasks",
+                                   "apply", pytest.param("apply_all", marks=pytest.mark.variant)])
 def test_a_kill_at_every_commit_boundary_neither_loses_nor_doubles(spark, warehouse, phase):
     rng = random.Random(11)
     live = H.orders(warehouse, 11)

@@ -44,7 +44,7 @@ class Ahead:
     """Every group's state row at barrier ``barrier``, brought from the state table's
     version ``table_version`` (id ``table_id``); ``dirty``: the keys of the groups each
     barrier since then changed (made distinct only at the checkpoint: a distinct over every
-    key since the checkpoint at each barrier was a third of a 0.01% barrier's state step);
+    key since the checkpoint at each barrier grew with every barrier since it);
     ``barriers`` / ``change_rows``: what entered since then."""
 
     table_id: str

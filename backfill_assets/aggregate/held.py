@@ -125,7 +125,7 @@ def moved(uri: str, table_id: str, base: int, version: int | None) -> None:
 class TouchedVnodes(Sequence[int]):
     """The distinct vnodes of a barrier's touched groups, hashed on first use: only a read
     that misses the held rows opens files by vnode, so a warm barrier never hashes its
-    touched groups (~10 ms of a 0.1% barrier at 20M rows, benchmarks/agg_phases.py)."""
+    touched groups (a hash per group, measurable in a small barrier: benchmarks/agg_phases.py)."""
 
     def __init__(self, compute: Callable[[], Sequence[int]]) -> None:
         self._compute, self._values = compute, None

@@ -139,7 +139,7 @@ def net_with_prior(raw: pa.Table, key_names: Sequence[str], checked: bool = Fals
     if checked and _one_version(raw):
         # each key has at most one delete-side and one upsert-side row, so its first change
         # is its delete-side row and its last its upsert-side one: the rule without the sort
-        # (a sixth of its cost at 30k change rows)
+        # (the sort is most of the netting's cost; docs/AGGREGATES.md has the figure)
         keys = raw.select(list(key_names)).group_by(list(key_names), use_threads=False)
         return Netted(raw.filter(pc.invert(upsert)).select(data), raw.filter(upsert).select(data),
                       keys.aggregate([]).num_rows)

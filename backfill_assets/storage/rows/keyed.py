@@ -136,7 +136,7 @@ def write_clustered(snap: TableVersion, key_names: Sequence[str], rows: pa.Table
     compaction's rewritten ones, which the barrier after it would otherwise read whole).
     ``one_file_unsorted``: rows that fit one file of one row group are written as they come
     (a keyed rewrite of a small table: its statistics span every vnode and key whatever the
-    order inside, and the sort of 100k text keys cost a third of the rewrite)."""
+    order inside, so sorting its text keys would buy nothing)."""
     if not rows.num_rows:
         return []
     group_rows = row_group_rows(snap.configuration)

@@ -163,8 +163,7 @@ def _rewritten(snap: TableVersion, key_names: Sequence[str], intent: Intent,
     """The commit of a planned rewrite: every live row in new files, every old file removed,
     the changed keys' rows in the change file (even inserts alone: the removes and adds
     carry no change rows where one exists). The change file is written in a thread beside
-    the data files (Parquet writes release the GIL; the two were half of a 0.1% barrier's
-    rewrite, one after the other)."""
+    the data files (Parquet writes release the GIL, so the two overlap instead of adding up)."""
     feed = None
     if snap.configuration.get("delta.enableChangeDataFeed") == "true":
         feed = _WRITER.submit(keyed.write_located_feed, snap, key_names, planned.located)

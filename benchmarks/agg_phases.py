@@ -80,8 +80,11 @@ def _wrap() -> None:
         (AS.AggregateTables, ["state_update", "mv_rows"]),
         (B.netting, ["net_with_prior"]), (storage, ["read_raw_changes", "apply_keyed"]),
         (M.keyed, ["locate", "write_located", "write_located_feed"]), (M, ["commit"]),
-        (CM, ["_entry"]), (CM.objects, ["put_if_absent"]), (S.held, ["committed"]),
-        (S.AggregateStore, ["snapshot", "txn_version"]), (B, ["check_change_keys"])]:
+        (CM, ["_entry", "_maybe_checkpoint"]), (CM.objects, ["put_if_absent"]),
+        (S.held, ["committed"]), (S.AggregateStore, ["snapshot", "txn_version", "ensure"]),
+        (B, ["check_change_keys", "checked_upstream", "projection_of", "read_progress"]),
+        (B.owned_tables, ["ensure_table", "overwrite_vnodes", "open_if_exists", "replace_keyed"]),
+        (B.storage, ["read_json"])]:
         for name in names:
             _timed(owner, name)
 

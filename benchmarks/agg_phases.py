@@ -84,7 +84,7 @@ def _wrap() -> None:
         (S.held, ["committed"]), (S.AggregateStore, ["snapshot", "txn_version", "ensure"]),
         (B, ["check_change_keys", "checked_upstream", "projection_of", "read_progress"]),
         (B.owned_tables, ["ensure_table", "overwrite_vnodes", "open_if_exists", "replace_keyed"]),
-        (B.storage, ["read_json"])]:
+        (B.storage, ["read_json"]), (CM.DeltaTable, ["create_checkpoint"])]:
         for name in names:
             _timed(owner, name)
 
@@ -94,6 +94,10 @@ def main() -> None:
     R.add_worker_args(parser)
     parser.add_argument("--changes", type=int, nargs="+", default=[2000, 20000])
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--checkpoint-interval", type=int, default=None,
+                        help="Delta checkpoints every N versions of each table the barrier "
+                             "commits to (storage/rows/commit.py's interval) instead of the "
+                             "code's own: how much a checkpoint costs a barrier")
     args = parser.parse_args()
     from backfill_assets.barrier.runner import run_barrier
     from backfill_assets.mv.owned_tables import MVTables
@@ -101,6 +105,10 @@ def main() -> None:
 
     _wrap()
     _gc_timer()
+    if args.checkpoint_interval:
+        from backfill_assets.storage.rows import commit
+
+        commit.CHECKPOINT_INTERVAL = args.checkpoint_interval
     run_dir, uri, info = R.private_upstream(args, "phases")
     d = A.definition(uri, args.vnodes)
     tables = MVTables.under(run_dir, d.name, uri)

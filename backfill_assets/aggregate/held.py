@@ -17,6 +17,7 @@ reads the files, then holds what it read. A table too large for the bound is rea
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -83,20 +84,56 @@ def forget(uri: str) -> None:
     _HELD.discard_where(lambda k: k == _uri(uri))
 
 
+@dataclass(frozen=True)
+class _Pick:
+    """The rows of some groups taken from a held table (`of_groups`): which rows they were."""
+
+    table_id: str
+    version: int
+    whole: weakref.ref  # the held rows they were taken from (not kept alive by the pick)
+    keys: pa.Array
+    rows: pa.ChunkedArray | pa.Array  # per held row, whether it is of one of ``keys``
+    picked: pa.Table
+
+
+def of_groups(uri: str, table_id: str, version: int, whole: pa.Table, keys: pa.Array
+              ) -> pa.Table:
+    """The rows of the groups ``keys`` in ``whole`` (the table held at ``version``). Which
+    rows they were is kept until this process commits that table: the commit replaces
+    exactly those groups (`committed`), and a second search of every held row for them cost
+    as much as the first."""
+    rows = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
+    picked = whole.filter(rows)
+    _PICKS.put(_uri(uri), _Pick(table_id, version, weakref.ref(whole), keys, rows, picked))
+    return picked
+
+
+_PICKS: storage.LRU[str, _Pick] = storage.LRU(16, name="aggregate groups picked")
+
+
 def committed(uri: str, table_id: str, base: int, version: int | None, before: pa.Table,
-              after: pa.Table) -> None:
+              after: pa.Table, read: pa.Table | None = None) -> None:
     """This process committed ``version`` on top of ``base``: the rows of the groups in
     ``before`` (every row the table held for them) replaced by ``after``. Held only when the
     table was held at ``base`` and the commit is the version right after it (a commit that
-    rebased onto another writer's carries rows this process never saw)."""
+    rebased onto another writer's carries rows this process never saw). ``read``: ``before``
+    as `of_groups` returned it, when it is that table (then its rows are known)."""
     prior = rows_at(uri, table_id, base)
+    pick = _PICKS.pop(_uri(uri))
     if prior is None or version is None or version != base + 1:
         forget(uri)
         return
-    touched = pc.unique(pa.chunked_array(
-        [*before.column(GROUP_KEY).chunks, *after.column(GROUP_KEY).chunks],
-        pa.string()))
-    kept = prior.filter(pc.invert(pc.is_in(prior.column(GROUP_KEY), value_set=touched)))
+    if pick is not None and read is not None and pick.picked is read \
+            and pick.whole() is prior and (pick.table_id, pick.version) == (table_id, base) \
+            and pc.all(pc.is_in(after.column(GROUP_KEY), value_set=pick.keys),
+                       min_count=0).as_py():
+        # ``before`` is every held row of the picked groups, ``after`` only of those groups
+        kept = prior.filter(pc.invert(pick.rows))
+    else:
+        touched = pc.unique(pa.chunked_array(
+            [*before.column(GROUP_KEY).chunks, *after.column(GROUP_KEY).chunks],
+            pa.string()))
+        kept = prior.filter(pc.invert(pc.is_in(prior.column(GROUP_KEY), value_set=touched)))
     hold(uri, table_id, version, pa.concat_tables([kept, after.cast(prior.schema)]))
 
 

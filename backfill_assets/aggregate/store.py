@@ -165,8 +165,8 @@ class AggregateStore:
                 whole = owned_tables.read_rows(delta).select(t.schema.names).cast(t.schema)
                 held.hold(t.uri, table_id(snap), snap.version, whole)
         if whole is not None:
-            return snap, whole if keys is None else whole.filter(
-                pc.is_in(whole.column(GROUP_KEY), value_set=keys))
+            return snap, whole if keys is None else held.of_groups(
+                t.uri, table_id(snap), snap.version, whole, keys)
         rows = owned_tables.read_rows(delta, vnodes)
         if keys is not None:
             rows = rows.filter(pc.is_in(rows.column(GROUP_KEY), keys))
@@ -190,12 +190,13 @@ class AggregateStore:
         def inner(point: str) -> None:
             hook(f"{phase}_{point}")
 
-        before = before.select(t.schema.names).cast(t.schema)
+        read, before = before, before.select(t.schema.names).cast(t.schema)
         after = after.select(t.schema.names).cast(t.schema)
         applied = storage.apply_keyed(snap, list(t.key), intent,
                                       storage.KeyedRows(before, after), whole=whole,
                                       hook=inner)
-        held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after)
+        held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after,
+                       read)
         return applied
 
     def compact(self, spark: SparkSession, phase: str,

@@ -22,6 +22,7 @@ from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls, read_controls
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.reset import nothing_left_on_refusal
+from backfill_assets.step import heap
 from backfill_assets.step.modes import mode_named
 from backfill_assets.step.request import Hook, StepReport, StepRequest, no_hook
 
@@ -48,9 +49,13 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     error) leaves none of the MV's state that the barrier would have created. Under a rate
     limit the barrier steps at that rate for `pace_seconds` (0: one step; a Dagster run gives
     `pacing.BARRIER_SECONDS`; barrier/pacing.py); otherwise a barrier over finished vnodes
-    applies its changes or re-reads them, whichever costs less (barrier/by_cost.py)."""
+    applies its changes or re-reads them, whichever costs less (barrier/by_cost.py). A
+    process's second join or aggregate barrier first moves the heap its first one left out of
+    the cyclic collector's reach (step/heap.py; a row MV's step loop does it per step)."""
     with nothing_left_on_refusal(tables):
         controls = controls_in_force(d, tables, overrides)
+        if d.joins or d.is_aggregate:
+            heap.step_starting()
         if d.joins:  # an MV kind of its own (backfill_assets/join/)
             return join.run_barrier(spark, d, tables, vnodes, version=version,
                                     controls=controls, hook=hook)

@@ -245,10 +245,7 @@ class _Barrier:
             prepared = pool.submit(self.out.prepare, update.joined)
             kept = self._write(to, behind, snaps, update, state)
         prepared.result()
-        for phase in self.out.phases:
-            if phase in behind:
-                self.out.write(phase, update.joined, to, self.hook)
-                self.hook(f"after_{phase}_commit")
+        self.out.write(behind, update.joined, to, self.hook)
         return kept
 
     def _write(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],

@@ -134,6 +134,7 @@ def test_commits_equal_the_model_for_every_reader(spark, tmp_path_factory, monke
                   rows_hint=len(model), file_rows=file_rows)
     for step, (ops, fresh) in enumerate(batches, start=1):
         applied, expected = _apply(spark, uri, model, ops, fresh, step, file_rows, engine)
+        commit.settle_checkpoints()  # written in the background: the reads below cross them
         dt = DeltaTable(uri)
         assert dt.transaction_version("t/mv/0") == step
         query = QueryBuilder().register("t", dt).execute("select * from t").read_all()

@@ -10,13 +10,26 @@ OR ours. A checkpoint is written through delta-rs every CHECKPOINT_INTERVAL vers
 after a commit of CHECKPOINT_ACTIONS files or more: a reader replays the JSON commits since the
 last checkpoint, and the replica's copy commits one add per file with its statistics (thousands
 of them on a large table), which a checkpoint's parquet loads several times faster than JSON.
+
+Why the checkpoint is written in the background (`checkpoint_later`): delta-rs loads the
+whole table at the version to write it, and a barrier commits to several tables (MV,
+progress, state, kept input, replica), so a checkpoint due on any of them landed on the
+barrier's critical path every few barriers. The commit is complete without it (a checkpoint
+only shortens later replays), so the commit returns first and one thread writes the
+checkpoints after it, in commit order; the interpreter waits for that thread at exit. A crash
+in it loses nothing: a missing checkpoint is legal Delta, and a torn one is never seen
+(delta-rs publishes the parquet whole, then ``_last_checkpoint``; our own replay takes only
+a complete checkpoint, `log.read_checkpoint`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from deltalake import DeltaTable
@@ -34,6 +47,7 @@ CHECKPOINT_INTERVAL = 50
 CHECKPOINT_ACTIONS = 1000  # files a commit adds or removes that make it worth a checkpoint
 COMMIT_ATTEMPTS = 20
 ENGINE = "backfill-assets storage layer"
+LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -193,5 +207,36 @@ def _check_rebase(planned: TableVersion, winner: TableVersion, change: Change,
 def _maybe_checkpoint(snap: TableVersion, version: int, change: Change) -> None:
     files = len(change.adds) + len(change.removes) + len(change.deletes)
     if version % CHECKPOINT_INTERVAL == 0 or files >= CHECKPOINT_ACTIONS:
-        DeltaTable(snap.uri, version=version,
-                   storage_options=dict(snap.storage_options) or None).create_checkpoint()
+        checkpoint_later(snap.uri, version, snap.storage_options)
+
+
+def checkpoint_later(uri: str, version: int, storage_options: Mapping[str, str]) -> None:
+    """A checkpoint of ``uri`` at ``version``, written by the background thread (the module
+    docstring: why, and why a crash in it loses nothing)."""
+    future = _CHECKPOINTER.submit(_write_checkpoint, uri, version, dict(storage_options))
+    with _PENDING_LOCK:  # the ones written are let go (a follower commits for days)
+        _PENDING[:] = [f for f in _PENDING if not f.done() or f.exception() is not None]
+        _PENDING.append(future)
+
+
+def _write_checkpoint(uri: str, version: int, storage_options: dict[str, str]) -> None:
+    try:
+        DeltaTable(uri, version=version,
+                   storage_options=storage_options or None).create_checkpoint()
+    except Exception:  # a checkpoint only shortens replays: the table is whole without it
+        LOG.warning("checkpoint of %s at version %s not written", uri, version, exc_info=True)
+        raise
+
+
+def settle_checkpoints() -> None:
+    """Wait for the checkpoints begun so far (`checkpoint_later`), raising what one of them
+    raised: for a caller that must see them written (tests, a maintenance job)."""
+    with _PENDING_LOCK:
+        pending, _PENDING[:] = list(_PENDING), []
+    for future in pending:
+        future.result()
+
+
+_PENDING: list[Future] = []  # checkpoints submitted and not yet waited for
+_PENDING_LOCK = threading.Lock()
+_CHECKPOINTER = ThreadPoolExecutor(1, thread_name_prefix="delta-checkpoint")

@@ -255,7 +255,8 @@ class _Barrier:
         (snapshot mode) an index commits only when its checkpoint is due (its rows changed
         since the checkpoint), and a dimension whose version did not move is not
         committed (its rows are the barrier's); the indexes left behind are returned."""
-        store, writes, kept = self.store, {}, []
+        store, writes = self.store, {}
+        kept: list[tuple[str, Lag | None]] = []  # None: a dimension not committed
         for i, side in enumerate(store.jt.plan.sides):
             writes[index_phase(i)] = (update.index_before[i], update.index_after[i])
             if state.lags is not None and index_phase(i) in behind:

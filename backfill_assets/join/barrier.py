@@ -29,8 +29,9 @@ from pyspark.sql import SparkSession
 from backfill_assets.arrow.join_state import JoinUpdate
 from backfill_assets.core.errors import JoinStateMismatch
 from backfill_assets.core.progress import BackfillState, Completed
-from backfill_assets.join import sources
+from backfill_assets.join import index_checkpoint, sources
 from backfill_assets.join.bulk import BulkBuild, refuse_duplicate_dimension_keys
+from backfill_assets.join.index_checkpoint import Lag
 from backfill_assets.join.output import Output, output_of
 from backfill_assets.join.store import (
     PROGRESS,
@@ -56,6 +57,8 @@ class _State:
 
     index: list[pa.Table]
     dimensions: list[pa.Table]
+    changed: pa.Table  # the pks of the changed facts
+    lags: list[Lag] | None = None  # each index's changes since its checkpoint (snapshot mode)
 
 
 @dataclass
@@ -101,7 +104,8 @@ class _Barrier:
         """Complete a barrier a crash left behind, then bring every table to ``target``."""
         at = self.progress_pair()
         snaps, held = self._held()
-        ahead = [p for p in self.phases if held[p] is not None and held[p] != at]
+        ahead = [p for p in self.phases if held[p] is not None and held[p] != at
+                 and not self._lags(p, held[p], at)]
         if ahead:
             pending = held[ahead[0]]
             self.report.recovered = list(self.vnodes)
@@ -122,6 +126,19 @@ class _Barrier:
         self.report.versions = {v: at.fact for v in self.vnodes}
         return self.report
 
+    def _lags(self, phase: str, held: Pair | None, at: Pair | None) -> bool:
+        """Whether a state table holding ``held`` is at ``at`` but for commits it skipped: an
+        index behind (the fact feed since its checkpoint brings it there:
+        join/index_checkpoint.py), a dimension whose own version is ``at``'s (a barrier
+        that did not change it skips its commit)."""
+        if held is None or at is None or held.fact > at.fact or any(
+                h > a for h, a in zip(held.dimensions, at.dimensions, strict=True)):
+            return False
+        if phase.startswith("join_index_"):
+            return True
+        i = int(phase.rsplit("_", 1)[1])
+        return phase == dimension_phase(i) and held.dimensions[i] == at.dimensions[i]
+
     def _finished(self, version: int) -> BackfillState:
         return BackfillState(self.upstream.key_order, self.vnodes, {
             v: (Completed(None, 0), version) for v in self.vnodes})
@@ -134,11 +151,17 @@ class _Barrier:
                for p in self.store.phases}
         self.hook("before_write")
         self.report.extra["join_path"] = BULK if at is None else APPLY
+        kept: list[tuple[str, Lag]] = []
         if at is None:
             self._bulk(to, behind)
         else:
-            update, state = self._apply(at, to, old)
-            self.commit_tables(to, behind, snaps, update, state)
+            lags, replayed = index_checkpoint.lags_at(
+                self.store, self.tables, [old[index_phase(i)] for i in range(self.store.joins)],
+                at)
+            if replayed:
+                self.report.extra["index_replayed"] = replayed
+            update, state = self._apply(at, to, old, lags)
+            kept = self.commit_tables(to, behind, snaps, update, state)
         self.hook("before_progress_commit")
         rows = progress_rows(self._finished(to.fact), self.vnodes, to.fact,
                              self.upstream.key_order)
@@ -148,6 +171,7 @@ class _Barrier:
             storage_options=self.tables.storage_options,
             extra=to.txns(self.store.name, PROGRESS))
         self.hook("after_progress_commit")
+        index_checkpoint.hold_after(self.store, to, dict(kept))
 
     def _before(self, phase: str, snap: TableVersion, at: Pair | None) -> TableVersion:
         """A table that already holds the pending barrier, as it was before its commit (one
@@ -155,7 +179,8 @@ class _Barrier:
         if at is None:
             return snap  # a bulk barrier starts from empty state (read nothing)
         prior = self.store.snapshot(phase, snap.table.version() - 1)
-        if self.store.held(prior, phase) != at:
+        if self.store.held(prior, phase) != at and not self._lags(
+                phase, self.store.held(prior, phase), at):
             raise JoinStateMismatch(
                 f"join MV {self.store.name!r}: table {phase} holds a barrier its progress "
                 "does not, and its commit before does not hold the progress's pair: reset "
@@ -169,7 +194,7 @@ class _Barrier:
             self.spark, self.tables.upstream, self.sides, self.store, self.out, to,
             self.hook).run(behind, self.report.extra)
 
-    def _apply(self, at: Pair, to: Pair, old: dict[str, TableVersion]
+    def _apply(self, at: Pair, to: Pair, old: dict[str, TableVersion], lags: list[Lag]
                ) -> tuple[JoinUpdate, _State]:
         """Both change feeds over (at, to], and the state rows of the keys they reach."""
         so, jt = self.tables.storage_options, self.store.jt
@@ -179,17 +204,23 @@ class _Barrier:
         dcs = [sources.signed_changes(s.uri, a, b, schema, list(s.join.key), so, fact=False)
                for s, a, b, schema in zip(self.sides, at.dimensions, to.dimensions,
                                           jt.dimension_change_schemas, strict=True)]
-        return self.apply_changes(fc, dcs, old)
+        return self.apply_changes(fc, dcs, old, lags)
 
-    def apply_changes(self, fc: pa.Table, dcs: list[pa.Table], old: dict[str, TableVersion]
-                      ) -> tuple[JoinUpdate, _State]:
+    def apply_changes(self, fc: pa.Table, dcs: list[pa.Table], old: dict[str, TableVersion],
+                      lags: list[Lag] | None = None) -> tuple[JoinUpdate, _State]:
         """Signed fact and dimension changes through `JoinTables.apply` over the state rows
-        of the keys they reach, read from ``old`` in two keyed rounds (never a scan)."""
+        of the keys they reach, read from ``old`` in two keyed rounds (never a scan);
+        ``lags``: each index's changes since its table's checkpoint (None: the tables hold
+        the barrier before, as an arrangement step's do)."""
         jt, store = self.store.jt, self.store
         _, changed_keys = jt.changed_keys(fc, dcs)
         index = [store.read(old[index_phase(i)], index_phase(i),
                             keys.rename_columns(list(s.on)), by=list(s.on))
                  for i, (s, keys) in enumerate(zip(jt.plan.sides, changed_keys, strict=True))]
+        if lags is not None:
+            index = [lag.overlay(rows, keys.rename_columns(list(s.on)), list(s.on))
+                     for lag, rows, s, keys in zip(lags, index, jt.plan.sides, changed_keys,
+                                                   strict=True)]
         facts = jt.reached_facts(index, changed_keys)
         lookups = jt.lookup_keys(facts, fc, changed_keys)
         dims = [store.read(old[dimension_phase(i)], dimension_phase(i), keys)
@@ -199,40 +230,58 @@ class _Barrier:
         self.report.extra.update(fact_changes=fc.num_rows,
                                  dimension_changes=sum(c.num_rows for c in dcs),
                                  facts_reached=facts.num_rows)
-        return jt.apply(index, dims, fc, dcs), _State(index, dims)
+        changed = fc.select(list(jt.plan.pk))
+        return jt.apply(index, dims, fc, dcs), _State(index, dims, changed, lags)
 
     def commit_tables(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
-                      update: JoinUpdate, state: _State) -> None:
-        """The commits of the tables behind ``to``: the state tables, then the MV's. The
+                      update: JoinUpdate, state: _State) -> list[tuple[str, Lag]]:
+        """The commits of the tables behind ``to``: the state tables, then the MV's; the
+        indexes whose commit waits for their checkpoint (held once the barrier is done). The
         MV's input (`Output.prepare`: the aggregate's signed input rows, which read no
         table) is computed in a thread while the state tables commit; the commits keep
         their order, so a state commit that refuses (the index not holding a retracted
         fact) still stops the barrier before the MV's first write."""
         with ThreadPoolExecutor(1) as pool:  # its exit waits for the thread
             prepared = pool.submit(self.out.prepare, update.joined)
-            self._write(to, behind, snaps, update, state)
+            kept = self._write(to, behind, snaps, update, state)
         prepared.result()
-        for phase in self.out.phases:
-            if phase in behind:
-                self.out.write(phase, update.joined, to, self.hook)
-                self.hook(f"after_{phase}_commit")
+        self.out.write(behind, update.joined, to, self.hook)
+        return kept
 
     def _write(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
-               update: JoinUpdate, state: _State) -> None:
+               update: JoinUpdate, state: _State) -> list[tuple[str, Lag]]:
         """The commits of the state tables behind ``to``, in order, each a keyed write of
-        the rows it held for the changed keys -> the rows they hold after."""
+        the rows it held for the changed keys -> the rows they hold after. With ``lags``
+        (snapshot mode) an index commits only when its checkpoint is due (its rows changed
+        since the checkpoint), and a dimension whose version did not move is not
+        committed (its rows are the barrier's); the indexes left behind are returned."""
         store, writes = self.store, {}
+        kept: list[tuple[str, Lag | None]] = []  # None: a dimension not committed
         for i, side in enumerate(store.jt.plan.sides):
             writes[index_phase(i)] = (update.index_before[i], update.index_after[i])
+            if state.lags is not None and index_phase(i) in behind:
+                lag = state.lags[i].advanced(state.changed, *writes[index_phase(i)], to)
+                writes[index_phase(i)] = (lag.before, lag.after)
+                if not lag.due:
+                    kept.append((index_phase(i), lag))
             key = list(side.key)
             writes[dimension_phase(i)] = (
                 _held(state.dimensions[i], update.dimension_upserts[i],
                       update.dimension_deletes[i], key), update.dimension_upserts[i])
+            held = store.held(snaps[dimension_phase(i)], dimension_phase(i))
+            if state.lags is not None and dimension_phase(i) in behind and held is not None \
+                    and held.dimensions[i] == to.dimensions[i] \
+                    and not any(w.num_rows for w in writes[dimension_phase(i)]):
+                kept.append((dimension_phase(i), None))
+        skipped = {p for p, _ in kept}
         for phase in store.phases:
-            if phase in behind:
+            if phase in behind and phase not in skipped:
                 store.write(phase, snaps[phase], *writes[phase], to, self.hook)
                 self.hook(f"after_{phase}_commit")
         self.report.extra["joined_changes"] = update.joined.num_rows
+        self.report.extra["index_checkpoint"] = not any(
+            p.startswith("join_index_") for p in skipped)
+        return [(p, lag) for p, lag in kept if lag is not None]
 
 
 def _held(rows: pa.Table, upserts: pa.Table, deletes: pa.Table, key: list[str]) -> pa.Table:

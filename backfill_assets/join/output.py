@@ -8,6 +8,7 @@ same on the driver (`engine.projection.project_rows`) as in Spark.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -15,11 +16,19 @@ import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets.aggregate.projection import Projection, projection_of, signed_rows
-from backfill_assets.aggregate.store import INPUT, STATE, AggregateStore, group_texts, with_key
+from backfill_assets.aggregate.store import (
+    INPUT,
+    STATE,
+    AggregateStore,
+    group_texts,
+    keyed_state,
+    with_key,
+)
 from backfill_assets.aggregate.store import MV as AGG_MV
 from backfill_assets.arrow.aggregate_state import SIGN
 from backfill_assets.arrow.join_state import JoinTables
 from backfill_assets.arrow.types import type_name
+from backfill_assets.core.aggregate_definition import GROUP_KEY
 from backfill_assets.core.join_algebra import JoinPlan
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import VNODE
@@ -63,7 +72,7 @@ class RowOutput:
     def prepare(self, joined: pa.Table) -> None:
         """Nothing to compute before the MV's commit (its rows are read then)."""
 
-    def write(self, phase: str, joined: pa.Table, pair: Pair, hook: Hook) -> None:
+    def _write_mv(self, joined: pa.Table, pair: Pair, hook: Hook) -> None:
         """The MV rows the joined changes touch, held -> after: a fact pk's +1 joined row
         projected (a row the filter rejects is deleted), a pk with only a -1 deleted."""
         jt, pk = self.store.jt, list(self.store.jt.plan.pk)
@@ -74,6 +83,12 @@ class RowOutput:
         _, after = project_rows(self.spark, self.rows, plus.slice(0, 0), plus,
                                 self.joined_schema)
         self.store.write(MV, snap, before, after, pair, hook)
+
+    def write(self, behind: list[str], joined: pa.Table, pair: Pair, hook: Hook) -> None:
+        """The MV's commit, when it is ``behind``."""
+        if MV in behind:
+            self._write_mv(joined, pair, hook)
+            hook(f"after_{MV}_commit")
 
 
 @dataclass
@@ -110,26 +125,45 @@ class AggregateOutput:
         computes them while its state tables commit)."""
         self._signed(joined)
 
-    def write(self, phase: str, joined: pa.Table, pair: Pair, hook: Hook) -> None:
-        """Each aggregate table brought forward from its own rows of the touched groups and
-        the signed input rows (the MV finished from the state and kept input, both already
-        at the pair): the aggregate barrier's rule (docs/AGGREGATES.md, "Exactly once")."""
+    def write(self, behind: list[str], joined: pa.Table, pair: Pair, hook: Hook) -> None:
+        """The aggregate's tables ``behind`` brought forward side by side: each one's rows
+        computed first (the MV's from the state and kept input after the barrier, computed
+        or, for a table already there, read), then their commits in threads, as the
+        aggregate barrier's (any subset a crash lets land is completed by recovery: each
+        table holds the pair by its own app transactions)."""
         changes, keys = self._signed(joined)
-        t, agg = self.proj.tables, self.agg
-        snap, old = agg.read(phase, keys)
-        if phase == STATE:
-            after = t.state_update(old, changes)[0]
-        elif phase == INPUT:
-            after = t.input_of(t.input_update(old, changes)[0])
+        t, agg, jobs = self.proj.tables, self.agg, []
+        if STATE in behind:
+            snap, old = agg.read(STATE, keys)
+            state = keyed_state(t, old, changes)
+            jobs.append((STATE, snap, old, state))
         else:
             state = agg.read(STATE, keys)[1]
-            kept = agg.read(INPUT, keys)[1] if INPUT in agg.phases else \
-                t.input_schema.empty_table()
-            after = t.mv_rows(state, kept)
-        # the aggregate store's commit: it brings the rows this process holds forward (so
-        # the next barrier reads no file of them) and may rewrite a table it holds whole
-        agg.write(phase, snap, old, with_key(after, t), pair.fact,
-                  range(self.store.vnode_count), hook, extra=pair.txns(self.store.name, phase))
+        kept = t.input_schema.empty_table()
+        if INPUT in agg.phases:
+            if INPUT in behind:
+                snap, old = agg.read(INPUT, keys)
+                kept = with_key(t.input_of(t.input_update(old, changes)[0]), t)
+                jobs.append((INPUT, snap, old, kept))
+            else:
+                kept = agg.read(INPUT, keys)[1]
+        if AGG_MV in behind:
+            snap, old = agg.read(AGG_MV, keys)
+            texts = state.column(GROUP_KEY) if GROUP_KEY in state.schema.names else None
+            jobs.append((AGG_MV, snap, old, with_key(t.mv_rows(state, kept), t, texts)))
+
+        def one(job: tuple[str, object, pa.Table, pa.Table]) -> None:
+            phase, snap, old, new = job
+            agg.write(phase, snap, old, new, pair.fact, range(self.store.vnode_count), hook,
+                      extra=pair.txns(self.store.name, phase))
+            hook(f"after_{phase}_commit")
+
+        if len(jobs) < 2:
+            for job in jobs:
+                one(job)
+            return
+        with ThreadPoolExecutor(len(jobs), thread_name_prefix="join-agg-commit") as pool:
+            list(pool.map(one, jobs))
 
     def _signed(self, joined: pa.Table) -> tuple[pa.Table, pa.Array]:
         """The joined rows as the aggregate's signed input rows and their groups' keys

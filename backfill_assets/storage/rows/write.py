@@ -204,9 +204,9 @@ class _OpenFile:
         # files no smaller once snappy has compressed them. Footer min/max of only some
         # columns (``footer_stats``): a file of one row group, whose log statistics say as
         # much, or a change file, which nothing prunes by row group
-        stats = True if spec.footer_stats is None else list(spec.footer_stats) or False
+        footer = True if spec.footer_stats is None else list(spec.footer_stats) or False
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy",
-                                       use_dictionary=False, write_statistics=stats)
+                                       use_dictionary=False, write_statistics=footer)
         self.fs, self.fs_path, self.rows = fs, path, 0
         self.preset = stats is not None  # the stats of all it will hold, computed by the caller
         self.stats = stats if stats is not None else _Stats(schema)

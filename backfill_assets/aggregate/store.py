@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from backfill_assets import storage
 from backfill_assets.aggregate import held
 from backfill_assets.arrow.aggregate_state import AggregateTables
-from backfill_assets.arrow.group_keys import canonical_texts, json_lists
+from backfill_assets.arrow.group_keys import canonical_texts, json_lists, plain_text
 from backfill_assets.core.aggregate_definition import GROUP_KEY
 from backfill_assets.core.names import VNODE
 from backfill_assets.core.vnode import SEPARATOR, canonical_value_text, check_vnode_count
@@ -46,7 +46,8 @@ def group_texts(rows: pa.Table, t: AggregateTables) -> pa.Array:
     texts = [canonical_texts(rows.column(n), ty) for n, ty in zip(t.group_names, types,
                                                                    strict=True)]
     if all(x is not None for x in texts):
-        lists = json_lists(texts, rows.num_rows)  # type: ignore[arg-type]
+        lists = json_lists(texts, rows.num_rows,  # type: ignore[arg-type]
+                           [plain_text(ty) for ty in types])
         if lists is not None:
             return lists
     columns = [rows.column(n).to_pylist() for n in t.group_names]
@@ -195,8 +196,12 @@ class AggregateStore:
         applied = storage.apply_keyed(snap, list(t.key), intent,
                                       storage.KeyedRows(before, after), whole=whole,
                                       hook=inner)
-        held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after,
-                       read)
+        if whole is not None and applied.rows is not None \
+                and applied.version == snap.version + 1:  # a rewrite: its rows are the table
+            held.hold(t.uri, table_id(snap), applied.version, applied.rows.cast(whole.schema))
+        else:
+            held.committed(t.uri, table_id(snap), snap.version, applied.version, before, after,
+                           read)
         return applied
 
     def compact(self, spark: SparkSession, phase: str,

@@ -42,13 +42,24 @@ def canonical_texts(column: pa.Array | pa.ChunkedArray, type_name: str) -> pa.Ar
     return None
 
 
-def json_lists(texts: Sequence[pa.Array], rows: int) -> pa.Array | None:
+def plain_text(type_name: str) -> bool:
+    """Whether every canonical text of the type is free of what JSON escapes (an integer's
+    or a date's digits and dashes): its texts need no scan for quotes or control characters."""
+    return type_name.strip().lower() in ("int", "bigint", "date")
+
+
+def json_lists(texts: Sequence[pa.Array], rows: int, plain: Sequence[bool] = ()
+               ) -> pa.Array | None:
     """The JSON list of each row's texts as `json.dumps(..., ensure_ascii=False)` writes it
-    (a null as JSON null), or None when a text holds a control character."""
+    (a null as JSON null), or None when a text holds a control character. ``plain[i]``: the
+    i-th texts are known to need no escaping (`plain_text`), so they are not scanned."""
     if not texts:
         return pa.array(["[]"] * rows, pa.string())
     escaped = []
-    for t in texts:
+    for i, t in enumerate(texts):
+        if i < len(plain) and plain[i]:
+            escaped.append(t)
+            continue
         if pc.any(pc.match_substring_regex(t, '[\\x00-\\x1f"\\\\]')).as_py():  # rare: one scan
             if pc.any(pc.match_substring_regex(t, "[\\x00-\\x1f]")).as_py():
                 return None

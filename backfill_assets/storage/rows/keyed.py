@@ -95,7 +95,7 @@ def write_located_feed(snap: TableVersion, key_names: Sequence[str], located: Lo
     """The exact change-data file of ``located`` (update pre/post images, inserts, deletes)."""
     feed = _change_rows(located.before, located.after, key_names)
     return write_table(feed, snap.uri, snap.storage_options, feed.schema,
-                       folder=CHANGE_FOLDER, prefix="cdc")
+                       folder=CHANGE_FOLDER, prefix="cdc", footer_stats=())
 
 
 def replace_keyed(snap: TableVersion, key_names: Sequence[str], intent: Intent, keys: pa.Table,
@@ -140,12 +140,15 @@ def write_clustered(snap: TableVersion, key_names: Sequence[str], rows: pa.Table
     if not rows.num_rows:
         return []
     group_rows = row_group_rows(snap.configuration)
-    clustered = rows
-    if not (one_file_unsorted and rows.num_rows <= min(file_rows_max, group_rows)):
+    clustered, footer_stats = rows, None
+    if one_file_unsorted and rows.num_rows <= min(file_rows_max, group_rows):
+        footer_stats = [VNODE, *key_names]  # one row group: the log's statistics say the rest
+    else:
         order = [(VNODE, "ascending"), *[(k, "ascending") for k in key_names if k != VNODE]]
         clustered = rows.take(pc.sort_indices(rows, sort_keys=order))
     files = write_table(clustered, snap.uri, snap.storage_options, snap.arrow_schema,
-                        max_rows_per_file=file_rows_max, row_group_rows=group_rows)
+                        max_rows_per_file=file_rows_max, row_group_rows=group_rows,
+                        footer_stats=footer_stats)
     if key_cache.CACHE.fits(sum(f.num_records or 0 for f in snap.files) + rows.num_rows):
         key_cache.CACHE.remember_written(snap.uri, [(f.path, f.size, f.rows) for f in files],
                                          clustered.select(list(key_names)))
@@ -334,7 +337,8 @@ def _change_rows(before: pa.Table, after: pa.Table, key_names: Sequence[str]) ->
 
 
 def _typed(t: pa.Table, change_type: str) -> pa.Table:
-    return t.append_column(CHANGE_TYPE, pa.array([change_type] * t.num_rows, pa.string()))
+    return t.append_column(CHANGE_TYPE, pa.repeat(pa.scalar(change_type, pa.string()),
+                                                  t.num_rows))
 
 
 def _text(row: Mapping, keys: Sequence[str]) -> str:

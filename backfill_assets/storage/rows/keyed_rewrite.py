@@ -76,7 +76,7 @@ def plan(snap: TableVersion, key_names: Sequence[str], rows: KeyedRows,
     touched = pa.chunked_array([*before.column(key).chunks, *after.column(key).chunks],
                                schema.field(key).type).combine_chunks()
     held = pc.is_in(whole.column(key), value_set=touched)
-    found = whole.filter(held).select([key])
+    found = whole.select([key]).filter(held)
     check_agrees(snap.uri, key_names, before,
                  found.append_column(ROW_COLUMN, pa.array(np.arange(found.num_rows))))
     kept = whole.filter(pc.invert(held))

@@ -27,16 +27,30 @@ def unchanged_dropped(before: pa.Table, after: pa.Table, key_names: Sequence[str
     compared), column by column in Arrow (`same_rows`)."""
     if not before.num_rows or not after.num_rows:
         return before, after
-    keys = list(key_names)
-    pairs = _indexed(before, keys, "b").join(_indexed(after, keys, "a"), keys,
-                                             join_type="inner", use_threads=False)
-    if not pairs.num_rows:
+    b_idx, a_idx = _pairs(before, after, list(key_names))
+    if not len(b_idx):
         return before, after
-    b_idx, a_idx = pairs.column(_SIDE + "b"), pairs.column(_SIDE + "a")
     same = same_rows(before.take(b_idx), after.take(a_idx))
     if not same.any():
         return before, after
     return (_dropped(before, b_idx.to_numpy()[same]), _dropped(after, a_idx.to_numpy()[same]))
+
+
+def _pairs(before: pa.Table, after: pa.Table, keys: list[str]) -> tuple[pa.Array, pa.Array]:
+    """The row positions of the keys on both sides, ``before``'s and ``after``'s, pair by
+    pair. One key column (an aggregate's group text) by a set lookup: each key is on a side
+    at most once, and a join plan costs several times the lookup; a null key matches
+    nothing, as in the join."""
+    if len(keys) == 1:
+        at = pc.index_in(after.column(keys[0]),
+                         value_set=before.column(keys[0]).combine_chunks(), skip_nulls=True)
+        found = pc.is_valid(at)
+        a_idx = pa.array(np.flatnonzero(found.to_numpy(zero_copy_only=False)))
+        return pc.cast(at.filter(found), pa.int64()).combine_chunks(), a_idx
+    pairs = _indexed(before, keys, "b").join(_indexed(after, keys, "a"), keys,
+                                             join_type="inner", use_threads=False)
+    return (pairs.column(_SIDE + "b").combine_chunks(),
+            pairs.column(_SIDE + "a").combine_chunks())
 
 
 def same_rows(old: pa.Table, new: pa.Table) -> np.ndarray:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from backfill_assets.core.errors import StorageMismatch
+from backfill_assets.storage.rows.key_bounds import _key_bounds, in_key_sort_order
 from backfill_assets.storage.store import objects
 
 MANIFEST = "path string, size long, rows long, stats string"
@@ -91,14 +92,17 @@ def write_table(table: pa.Table, table_uri: str, storage_options: Mapping[str, s
                 schema: pa.Schema, *, folder: str = "", prefix: str = "part",
                 max_rows_per_file: int = DEFAULT_FILE_ROWS,
                 key_sort: list[tuple[str, str]] | None = None,
-                row_group_rows: int = ROW_GROUP_ROWS) -> list[NewFile]:
+                row_group_rows: int = ROW_GROUP_ROWS,
+                footer_stats: Sequence[str] | None = None) -> list[NewFile]:
     """``write_files`` for rows already on the driver (a small barrier): the same files,
-    statistics and manifest check, written by the driver itself instead of Spark tasks."""
+    statistics and manifest check, written by the driver itself instead of Spark tasks.
+    ``footer_stats``: the only columns whose Parquet min/max the footer keeps (None: all)."""
     if not table.num_rows:
         return []
     writer = FileWriter(table_uri, dict(storage_options), schema.serialize().to_pybytes(),
                         folder, prefix, max_rows_per_file or DEFAULT_FILE_ROWS,
-                        key_sort=key_sort, row_group_rows=row_group_rows)
+                        key_sort=key_sort, row_group_rows=row_group_rows,
+                        footer_stats=footer_stats)
     batches = table.select(schema.names).to_batches()
     manifest = pa.Table.from_batches(list(writer(iter(batches))))
     files = [NewFile.of(r) for r in manifest.to_pylist()]
@@ -125,9 +129,9 @@ class FileWriter:
     def __init__(self, table_uri: str, options: Mapping[str, str], schema: bytes,
                  folder: str, prefix: str, max_rows: int, split_column: str | None = None,
                  key_sort: list[tuple[str, str]] | None = None,
-                 row_group_rows: int = ROW_GROUP_ROWS):
+                 row_group_rows: int = ROW_GROUP_ROWS, footer_stats: Sequence[str] | None = None):
         self.table_uri, self.options, self.schema = table_uri, options, schema
-        self.row_group_rows = row_group_rows
+        self.row_group_rows, self.footer_stats = row_group_rows, footer_stats
         self.folder, self.prefix, self.max_rows = folder.strip("/"), prefix, max_rows
         self.split_column, self.key_sort = split_column, key_sort
 
@@ -197,9 +201,12 @@ class _OpenFile:
             fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
         self.stream = fs.open_output_stream(path)
         # plain encoding: dictionary pages make a task's write several times slower for
-        # files no smaller once snappy has compressed them
+        # files no smaller once snappy has compressed them. Footer min/max of only some
+        # columns (``footer_stats``): a file of one row group, whose log statistics say as
+        # much, or a change file, which nothing prunes by row group
+        footer = True if spec.footer_stats is None else list(spec.footer_stats) or False
         self.writer = pq.ParquetWriter(self.stream, schema, compression="snappy",
-                                       use_dictionary=False)
+                                       use_dictionary=False, write_statistics=footer)
         self.fs, self.fs_path, self.rows = fs, path, 0
         self.preset = stats is not None  # the stats of all it will hold, computed by the caller
         self.stats = stats if stats is not None else _Stats(schema)
@@ -243,44 +250,6 @@ class _OpenFile:
                                                        self.ordered))
         return pa.RecordBatch.from_pylist([{"path": self.path, "size": size, "rows": self.rows,
                                             "stats": stats}])
-
-
-def _key_bounds(keys: list[pa.Table], key_sort: list[tuple[str, str]],
-                ordered: bool = False) -> list | None:
-    """The file's first and last key in ``key_sort`` order, when every key is present and
-    JSON says it exactly (ints, strings, bools); else None (the seek then uses the stats).
-    Rows that came in key order (checked here, or by the caller: ``ordered``) give them as
-    their first and last rows."""
-    if not keys or not key_sort:
-        return None
-    table = pa.concat_tables(keys)
-    n = table.num_rows
-    if not n or any(c.null_count for c in table.columns) or not all(
-            pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_boolean(t)
-            for t in table.schema.types):
-        return None
-    if ordered or in_key_sort_order(table, key_sort):
-        ends = [0, n - 1]
-    else:
-        order = pc.sort_indices(table, sort_keys=[(k, d, "at_end") for k, d in key_sort])
-        ends = [order[0].as_py(), order[-1].as_py()]
-    rows = table.take(pa.array(ends)).to_pylist()
-    return [[row[k] for k, _ in key_sort] for row in rows]
-
-
-def in_key_sort_order(table: pa.Table, key_sort: list[tuple[str, str]]) -> bool:
-    """Whether the rows are in ``key_sort`` order (lexicographic, ties allowed)."""
-    n = table.num_rows
-    if n < 2:
-        return True
-    settled = pa.array(np.zeros(n - 1, bool))  # an earlier column already orders the pair
-    for name, direction in key_sort:
-        a, b = table.column(name).slice(0, n - 1), table.column(name).slice(1)
-        wrong = pc.greater(a, b) if direction == "ascending" else pc.less(a, b)
-        if pc.any(pc.and_(pc.invert(settled), wrong)).as_py():
-            return False
-        settled = pc.or_(settled, pc.not_equal(a, b))
-    return True
 
 
 class _Stats:

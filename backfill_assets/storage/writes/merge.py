@@ -62,6 +62,9 @@ class Applied:
     rows_deleted: int
     change: Change | None = None  # what it committed (`maintain.compaction_due` reads it)
     rewrote: bool = False  # the table was rewritten whole (`keyed_rewrite`), not given DVs
+    # a rewrite's every live row after it (the table's schema): a caller that holds the
+    # table takes them as they are instead of replacing the changed keys in its copy again
+    rows: pa.Table | None = None
 
 
 _WRITER = ThreadPoolExecutor(2, thread_name_prefix="keyed-rewrite")  # a rewrite's change file
@@ -180,7 +183,7 @@ def _rewritten(snap: TableVersion, key_names: Sequence[str], intent: Intent,
                                        keyed_rewrite.COMMIT_KIND: "rewrite"})
     version = commit(snap, change, marked, hook)
     return Applied(version, planned.located.after.num_rows, planned.located.rows_deleted,
-                   change, rewrote=True)
+                   change, rewrote=True, rows=planned.rows)
 
 
 def commit_written(snap: TableVersion, intent: Intent, written: BulkWritten, *,

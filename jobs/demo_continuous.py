@@ -88,8 +88,9 @@ def _stdout_kept() -> Iterator[None]:
 
 
 def _wait_started(instance, count: int, timeout: float = 120.0) -> None:
-    """Until `count` follower runs are following (their op tagged them with their MV), then a
-    moment for the newest one's first barrier to end.
+    """Until `count` follower runs are following (their op tagged them with their MV), then
+    until their event logs have stopped growing for a moment (the newest one's first
+    barrier ended: a fixed pause was too short for a first barrier that runs long).
 
     Why: a run starting in this process configures Python logging (Dagster's run start calls
     `logging.config.dictConfig`, holding logging's global lock while it takes each handler's),
@@ -100,12 +101,19 @@ def _wait_started(instance, count: int, timeout: float = 120.0) -> None:
 
     from backfill_assets.wiring.liveness import MV_TAG
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len([r for r in instance.get_runs(dg.RunsFilter(
-            job_name="follower_job", statuses=[dg.DagsterRunStatus.STARTED]))
-            if MV_TAG in r.tags]) < count:
+    deadline, runs = time.monotonic() + timeout, []
+    while time.monotonic() < deadline and len(runs) < count:
+        runs = [r for r in instance.get_runs(dg.RunsFilter(
+            job_name="follower_job", statuses=[dg.DagsterRunStatus.STARTED])) if MV_TAG in r.tags]
         time.sleep(0.5)
-    time.sleep(2.0)
+    events, still = None, 0
+    while time.monotonic() < deadline and still < _QUIET_POLLS:
+        now = sum(len(instance.all_logs(r.run_id)) for r in runs)
+        still, events = (still + 1 if now == events else 0), now
+        time.sleep(0.5)
+
+
+_QUIET_POLLS = 5  # polls half a second apart with no new event: the runs are quiet
 
 
 def _show_follower(instance, seconds: int) -> None:

@@ -58,18 +58,19 @@ def print_report(out: dict) -> None:
     rows = []
     for name, r in out["contenders"].items():
         if "failed" in r or not r.get("served", True):
-            rows.append([name, r.get("failed") or "not served yet", "-", "-", "-"])
+            rows.append([name, r.get("failed") or "not served yet", "-", "-", "-", "-"])
             continue
         c1, c2 = _case(r, 0.001), _case(r, 0.0001)
         check = r.get("check") or {}
         wrong = check.get("mv_not_in_oracle", 0) + check.get("oracle_not_in_mv", 0)
         rows.append([name, _full(r) or (r.get("initial") or {}).get("seconds", "-"),
                      c1["median_seconds"] if c1 else "-", c2["median_seconds"] if c2 else "-",
-                     f"{check.get('groups', '?')} groups, {wrong} rows differ"])
+                     f"{check.get('groups', '?')} groups, {wrong} rows differ",
+                     r.get("cpu_gauge", "-")])
     print(f"\n{out['sql']}\n{C.human_rows(out['args']['rows'])} rows, "
           f"{out['upstream'].get('days', '?')} days x 5 regions; seconds (medians)")
     C.print_table(["contender", "full", "0.1% refresh", "0.01% refresh",
-                   "final MV vs recompute"], rows)
+                   "final MV vs recompute", "cpu gauge s"], rows)
     merge = out["contenders"].get("merge") or {}
     naive = [r.get("naive_wrong_groups", 0) for c in merge.get("cases", []) for r in c["runs"]]
     if naive:

@@ -66,14 +66,15 @@ def print_report(out: dict) -> None:
     rows = []
     for name, r in out["contenders"].items():
         if "full" not in r:
-            rows.append([name, "failed", "", "", ""])
+            rows.append([name, "failed", "", "", "", ""])
             continue
         check = r.get("check", {})
         exact = (check.get("mv_not_in_oracle"), check.get("oracle_not_in_mv"))
         rows.append([name, r["full"]["seconds"], _median(r, "facts"), _median(r, "dimension"),
-                     f"{exact[0]} / {exact[1]}"])
+                     f"{exact[0]} / {exact[1]}", r.get("cpu_gauge", "-")])
     C.print_table(["contender", "bulk s", "fact barrier s (median)",
-                   "dimension barrier s (median)", "rows off (mv / oracle)"], rows)
+                   "dimension barrier s (median)", "rows off (mv / oracle)", "cpu gauge s"],
+                  rows)
     print(out.get("targets"))
 
 

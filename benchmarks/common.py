@@ -97,8 +97,23 @@ def machine_info() -> dict:
         "kernel": platform.release(), "python": platform.python_version(),
         "java": java.splitlines()[0] if java else "?", **versions,
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "code": code_version(),
+        "code": code_version(), "cpu_gauge": cpu_gauge(),
     }
+
+
+def cpu_gauge() -> float:
+    """Seconds a fixed pure-Python loop takes (best of 3): the machine's speed at that
+    moment. The same code's barriers measured up to twice as long on some hours as on others
+    (a shared host), so every result carries this figure, taken when its worker ends, to
+    tell a slower machine from slower code."""
+    import time
+
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        sum(range(5_000_000))
+        best = min(best, time.perf_counter() - t)
+    return round(best, 4)
 
 
 def code_version() -> dict:
@@ -282,6 +297,7 @@ class Previous:
 
 def emit(result: dict) -> None:
     result.setdefault("code", code_version())
+    result.setdefault("cpu_gauge", cpu_gauge())
     print("RESULT " + json.dumps(result, default=str), flush=True)
 
 

@@ -49,7 +49,7 @@ $(STAMP): pyproject.toml
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist load \
 	--maxschedchunk 1) \
-	--durations=25
+	--durations=60
 
 test: env instance postgres chromium hosts-tools
 	$(PY) -m pytest $(PYTEST_XDIST)

@@ -43,7 +43,7 @@ def _backfill(spark, d, tables, live, dim, rng, *, steps: int = 30) -> list:
 
 
 @pytest.mark.parametrize("mode,kind", [
-    ("arrangement", "left"),
+    pytest.param("arrangement", "left", marks=pytest.mark.variant),
     pytest.param("arrangement", "inner", marks=pytest.mark.variant),
     pytest.param("no_shuffle", "left", marks=pytest.mark.variant)])
 def test_join_mv_in_arrangement_equals_spark_join_of_the_covered_facts(spark, warehouse,

@@ -6,7 +6,7 @@ Why it stays exactly once: the state table's app transaction names the barrier i
 at (the checkpoint, c); the MV and the progress are at the barrier v >= c. A process that
 does not hold the state at v (a new process, a crash, another writer, an evicted entry)
 reads the table at c and replays the change feed (c, v] into the state only
-(`_Barrier._replay`): the MV already holds those barriers, and the state is a function of
+(`replay`): the MV already holds those barriers, and the state is a function of
 its own rows and the change range, as in every recovery. A barrier after a replay commits
 its state (a process that starts cold, such as a sensor's run per barrier, would otherwise
 replay a growing range). An entry is valid only for the state table's id and version it
@@ -30,7 +30,14 @@ import pyarrow.compute as pc
 
 from backfill_assets import storage
 from backfill_assets.aggregate import held
-from backfill_assets.aggregate.store import STATE, AggregateStore, keyed_state, table_id
+from backfill_assets.aggregate.store import (
+    STATE,
+    AggregateStore,
+    distinct_groups,
+    group_texts,
+    keyed_state,
+    table_id,
+)
 from backfill_assets.core.aggregate_definition import GROUP_KEY
 
 Commit = tuple[str, storage.TableVersion, pa.Table, pa.Table]  # phase, version read, rows
@@ -185,3 +192,27 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
             start(uri, after.table_id, applied.version, to, after.rows, (), 0, due=False)
 
     return new, (STATE, snap, before, after.of(dirty)), checkpointed
+
+
+def replay(store: AggregateStore, at: int, vnodes: Sequence[int],
+           signed: Callable[[int, int], pa.Table]) -> list[int] | None:
+    """The group state brought to ``at`` in memory when this process does not hold it
+    there and the state table is behind (a barrier that skipped its state commit ran in
+    another process, or this one lost it): the change range (c, at] (``signed``: a range's
+    signed rows) from the table's checkpoint c into the whole state, the next commit a
+    checkpoint; [c, at] when it replayed."""
+    uri = store.table(STATE).uri
+    if current(uri, store.snapshot(STATE), at) is not None:
+        return None
+    c = store.txn_version(STATE, vnodes)
+    if c is None or c >= at:
+        return None
+    changes = signed(c, at)
+    t = store.agg
+    snap, whole = store.read(STATE, None)
+    keys = group_texts(distinct_groups(changes, t), t)
+    touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
+    new = keyed_state(t, whole.filter(touched), changes)
+    rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
+    start(uri, table_id(snap), snap.version, at, rows, (keys,), changes.num_rows, due=True)
+    return [c, at]

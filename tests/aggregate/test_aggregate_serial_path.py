@@ -29,14 +29,18 @@ def _progress_at(d, tables) -> set[int]:
     return {v for _, v in rows.values()}
 
 
+def _built(spark, warehouse, seed: int, name: str, rows: int):
+    """(random source, the live upstream, definition, tables, the bulk barrier's report)."""
+    live = H.orders(warehouse, seed)
+    live.create(rows=rows)
+    raw = aggregate_raw(name, live.uri)
+    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
+    return random.Random(seed), live, d, tables, run_barrier(spark, d, tables, [0])
+
+
 def test_the_progress_lands_before_any_reader_and_the_early_read_is_the_barriers(
         spark, warehouse):
-    rng = random.Random(4911)
-    live = H.orders(warehouse, 4911)
-    live.create(rows=200)
-    raw = aggregate_raw("agg_serial", live.uri)
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    run_barrier(spark, d, tables, [0])
+    rng, live, d, tables, _ = _built(spark, warehouse, 4911, "agg_serial", 200)
     early, tops = [], []
     for n in range(4):
         live.apply(extremes_batch(live, rng, tops))
@@ -51,12 +55,7 @@ def test_the_progress_lands_before_any_reader_and_the_early_read_is_the_barriers
 
 def test_a_failed_background_progress_commit_surfaces_and_the_next_barrier_completes_it(
         spark, warehouse):
-    rng = random.Random(4912)
-    live = H.orders(warehouse, 4912)
-    live.create(rows=120)
-    raw = aggregate_raw("agg_serial_fail", live.uri)
-    d, tables = H.definition(raw), H.tables_of(warehouse, raw)
-    first = run_barrier(spark, d, tables, [0])
+    rng, live, d, tables, first = _built(spark, warehouse, 4912, "agg_serial_fail", 120)
     live.apply(extremes_batch(live, rng, []))
 
     def failing(point: str) -> None:

@@ -23,6 +23,7 @@ checkpoint (their rows at the checkpoint before, at the barrier after).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -67,6 +68,11 @@ class Ahead:
         """Whether the next barrier commits the state."""
         return self.barriers >= CHECKPOINT_BARRIERS or self.change_rows >= CHECKPOINT_ROWS
 
+    def due_after(self, change_rows: int) -> bool:
+        """Whether the barrier that adds ``change_rows`` signed rows commits the state."""
+        return self.barriers + 1 >= CHECKPOINT_BARRIERS \
+            or self.change_rows + change_rows >= CHECKPOINT_ROWS
+
     def changed(self) -> pa.Array:
         """The keys of the groups changed since the checkpoint, once each."""
         return pc.unique(pa.chunked_array(self.dirty, pa.string()).combine_chunks())
@@ -91,6 +97,10 @@ class Ahead:
                        barriers=self.barriers + 1, change_rows=self.change_rows + change_rows)
 
 
+# Why a thread: a barrier that does not checkpoint needs every group's rows only for the next
+# barrier, so they are brought forward (a filter and a concat of every group's row) while
+# the barrier finishes the MV's rows and commits them; its completion waits for them
+_ADVANCING = ThreadPoolExecutor(1, thread_name_prefix="aggregate-state")
 _AHEAD: storage.LRU[str, Ahead] = storage.LRU(16, name="aggregate state ahead",
                                               weight=lambda a: a.rows.nbytes,
                                               max_weight=512 << 20)
@@ -179,9 +189,10 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
         return new, (STATE, snap, old, new), lambda _: forget(uri)
     if touched is None:
         touched = ahead.touched(keys)
+    if not ahead.due_after(changes.num_rows):  # brought forward beside the barrier's commits
+        later = _ADVANCING.submit(ahead.advanced, keys, touched, new, to, changes.num_rows)
+        return new, None, lambda _: keep(uri, later.result())
     after = ahead.advanced(keys, touched, new, to, changes.num_rows)
-    if not after.due:
-        return new, None, lambda _: keep(uri, after)
     dirty = after.changed()
     before = store.read(STATE, dirty)[1]  # the rows the table holds: the checkpoint's
 

@@ -92,8 +92,12 @@ class Feed:
 
     def _early(self, at: int, to: int) -> Early | None:
         """The early read when it is of (at, to] and succeeded (a failed one is read again
-        in the barrier's thread, which raises its named error there)."""
+        in the barrier's thread, which raises its named error there; one still queued
+        behind another barrier's dropped read is cancelled and read here)."""
         if self.early is None or self.early[:2] != (at, to):
+            return None
+        if self.early[2].cancel():  # not begun (behind a dropped one): read here instead
+            self.early = None
             return None
         try:
             return self.early[2].result()

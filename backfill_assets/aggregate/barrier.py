@@ -155,7 +155,7 @@ class _Barrier:
         write_progress_later(self.tables.progress, self.progress, state, state.key_order,
                              self.d.name, self.vnodes, to,
                              storage_options=self.tables.storage_options, hook=self.hook)
-        feed.reached(self.tables.progress, to)
+        feed.reached(self.tables.progress, to, self.feed.columns)
         compacting = [p for p, c in self.committed.items()
                       if compact_later(self.store, self.spark, p, c, self.vnodes)]
         if compacting:
@@ -301,16 +301,13 @@ def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
 
 
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,
-                 controls: Controls, hook: Hook, early_read: bool = False
+                 controls: Controls, hook: Hook, early: feed.EarlyRead | None = None
                  ) -> tuple[_Barrier, int]:
     """Check the upstream and the definition (Spark's analysis of its expressions), then
-    create the missing tables: nothing is written before every check passed. ``early_read``:
-    the change feed's read begun as soon as the barrier's version is known
-    (aggregate/feed.py)."""
+    create the missing tables: nothing is written before every check passed. ``early``: the
+    change feed's read begun already (aggregate/feed.py)."""
     upstream = checked_upstream(tables, d, version)
-    changes = Feed(tables, upstream, d.vnode_count)
-    if early_read:
-        changes.begin(controls.barrier_choice)
+    changes = Feed(tables, upstream, d.vnode_count, early)
     so = tables.storage_options
     key = {"fingerprint": d.fingerprint, "upstream": base64.b64encode(
         upstream.schema.serialize().to_pybytes()).decode("ascii")}
@@ -340,8 +337,8 @@ def run(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | N
     """One aggregate barrier (see the module docstring) with the controls in force."""
     started = time.monotonic()
     forced = RESNAPSHOT if recompute else controls.barrier_choice
-    barrier, target = open_barrier(spark, d, tables, version, controls, hook,
-                                   early_read=not recompute)
+    early = None if recompute else feed.begin(tables, version, controls.barrier_choice)
+    barrier, target = open_barrier(spark, d, tables, version, controls, hook, early)
     report = barrier.run(target, forced, recompute)
     report.seconds = time.monotonic() - started
     return report

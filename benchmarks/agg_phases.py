@@ -71,7 +71,6 @@ def _wrap() -> None:
     from backfill_assets.storage.rows import commit as CM
     from backfill_assets.storage.writes import merge as M
 
-    feed = getattr(B, "feed", None)  # a frozen copy before the early read has none
     commit_later = getattr(B.owned_tables, "commit_later", None)
 
     for owner, names in [
@@ -89,7 +88,7 @@ def _wrap() -> None:
         (B, ["check_change_keys", "checked_upstream", "projection_of", "read_progress"]),
         (B.owned_tables, ["ensure_table", "overwrite_vnodes", "open_if_exists", "replace_keyed"]),
         (B.storage, ["read_json"]), (CM.DeltaTable, ["create_checkpoint"]),
-        (recovery, ["write_progress"]), (getattr(feed, "Feed", None), ["netted", "_early"]),
+        (recovery, ["write_progress"]), (getattr(B, "Feed", None), ["netted"]),
         (commit_later, ["_wait"])]:
         for name in names:
             _timed(owner, name)

@@ -28,7 +28,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage
-from backfill_assets.aggregate import checkpoint, cost, feed, held
+from backfill_assets.aggregate import checkpoint, cost, held
 from backfill_assets.aggregate.checkpoint import Commit
 from backfill_assets.aggregate.feed import Feed
 from backfill_assets.aggregate.projection import (
@@ -155,7 +155,6 @@ class _Barrier:
         write_progress_later(self.tables.progress, self.progress, state, state.key_order,
                              self.d.name, self.vnodes, to,
                              storage_options=self.tables.storage_options, hook=self.hook)
-        feed.reached(self.tables.progress, to, self.feed.columns)
         compacting = [p for p, c in self.committed.items()
                       if compact_later(self.store, self.spark, p, c, self.vnodes)]
         if compacting:
@@ -209,8 +208,7 @@ class _Barrier:
         netted = self.feed.netted(at, to, upstream_vnodes=self.proj.reads_vnode)
         changes = self._signed(at, to, netted)
         self.report.forwarded_rows = changes.num_rows
-        self.report.extra.update(changed_keys=netted.keys,
-                                 feed_read_early=self.feed.read_early(at, to))
+        self.report.extra["changed_keys"] = netted.keys
         apply_signed(self, to, behind, changes, at=at)
 
     def _signed(self, at: int, to: int, netted: netting.Netted | None = None) -> pa.Table:
@@ -301,13 +299,11 @@ def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
 
 
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,
-                 controls: Controls, hook: Hook, early: feed.EarlyRead | None = None
-                 ) -> tuple[_Barrier, int]:
+                 controls: Controls, hook: Hook) -> tuple[_Barrier, int]:
     """Check the upstream and the definition (Spark's analysis of its expressions), then
-    create the missing tables: nothing is written before every check passed. ``early``: the
-    change feed's read begun already (aggregate/feed.py)."""
+    create the missing tables: nothing is written before every check passed."""
     upstream = checked_upstream(tables, d, version)
-    changes = Feed(tables, upstream, d.vnode_count, early)
+    changes = Feed(tables, upstream, d.vnode_count)
     so = tables.storage_options
     key = {"fingerprint": d.fingerprint, "upstream": base64.b64encode(
         upstream.schema.serialize().to_pybytes()).decode("ascii")}
@@ -337,8 +333,7 @@ def run(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | N
     """One aggregate barrier (see the module docstring) with the controls in force."""
     started = time.monotonic()
     forced = RESNAPSHOT if recompute else controls.barrier_choice
-    early = None if recompute else feed.begin(tables, version, controls.barrier_choice)
-    barrier, target = open_barrier(spark, d, tables, version, controls, hook, early)
+    barrier, target = open_barrier(spark, d, tables, version, controls, hook)
     report = barrier.run(target, forced, recompute)
     report.seconds = time.monotonic() - started
     return report

@@ -1,8 +1,6 @@
 """What an aggregate barrier took off its serial path (docs/AGGREGATES.md, "The barrier's
 serial path"): the progress commit finished by a background thread (mv/commit_later.py),
-which every later open of the progress table in the process waits for, and the change
-feed's read begun before the barrier knows where it starts (aggregate/feed.py), used only
-when its range is the barrier's."""
+which every later open of the progress table in the process waits for."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import random
 
 import pytest
 
-from backfill_assets.aggregate import feed
 from backfill_assets.barrier.runner import run_barrier
 from backfill_assets.core.progress import Completed
 from backfill_assets.mv import owned_tables
@@ -38,20 +35,14 @@ def _built(spark, warehouse, seed: int, name: str, rows: int):
     return random.Random(seed), live, d, tables, run_barrier(spark, d, tables, [0])
 
 
-def test_the_progress_lands_before_any_reader_and_the_early_read_is_the_barriers(
-        spark, warehouse):
+def test_the_progress_lands_before_any_reader_sees_it(spark, warehouse):
     rng, live, d, tables, _ = _built(spark, warehouse, 4911, "agg_serial", 200)
-    early, tops = [], []
-    for n in range(4):
+    tops: list[int] = []
+    for _ in range(3):
         live.apply(extremes_batch(live, rng, tops))
-        if n == 2:  # this process's last barrier is not where the MV is: the read is dropped
-            read = checked_upstream(tables, d, None).schema.names
-            feed.reached(tables.progress, 0, tuple(n for n in read if n != "vnode"))
         report = run_barrier(spark, d, tables, [0])
         assert _progress_at(d, tables) == {report.v_new}
-        early.append(report.extra["feed_read_early"])
         assert_exact(spark, d, tables)
-    assert early == [True, True, False, True]
 
 
 def test_a_failed_background_progress_commit_surfaces_and_the_next_barrier_completes_it(

@@ -67,8 +67,11 @@ def _wrap() -> None:
     from backfill_assets.aggregate import checkpoint as K
     from backfill_assets.aggregate import store as S
     from backfill_assets.arrow import aggregate_state as AS
+    from backfill_assets.mv import recovery
     from backfill_assets.storage.rows import commit as CM
     from backfill_assets.storage.writes import merge as M
+
+    commit_later = getattr(B.owned_tables, "commit_later", None)
 
     for owner, names in [
         (B, ["open_barrier", "signed_rows", "group_texts", "group_vnodes", "write_progress",
@@ -84,7 +87,9 @@ def _wrap() -> None:
         (S.held, ["committed"]), (S.AggregateStore, ["snapshot", "txn_version", "ensure"]),
         (B, ["check_change_keys", "checked_upstream", "projection_of", "read_progress"]),
         (B.owned_tables, ["ensure_table", "overwrite_vnodes", "open_if_exists", "replace_keyed"]),
-        (B.storage, ["read_json"]), (CM.DeltaTable, ["create_checkpoint"])]:
+        (B.storage, ["read_json"]), (CM.DeltaTable, ["create_checkpoint"]),
+        (recovery, ["write_progress"]), (getattr(B, "Feed", None), ["netted"]),
+        (commit_later, ["_wait"])]:
         for name in names:
             _timed(owner, name)
 

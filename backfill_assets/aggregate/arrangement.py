@@ -146,7 +146,7 @@ class _Steps:
         schema = b.proj.upstream_schema
         if v_prev is None or v_new <= v_prev:
             return schema.empty_table(), schema.empty_table()
-        netted = b.netted(v_prev, v_new)
+        netted = b.feed.netted(v_prev, v_new)
         return self._visible(netted.before, state), self._visible(netted.after, state)
 
     def _visible(self, rows: pa.Table, state: BackfillState) -> pa.Table:

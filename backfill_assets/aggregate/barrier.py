@@ -10,7 +10,8 @@ upstream vnode, brought from the version its progress records to the barrier's.
    barrier's version when the cost model says that is cheaper (`RECOMPUTE`, aggregate/cost.py);
 3. commits, each carrying the barrier's app transaction: state, kept input, MV (finished from
    the state and kept input of the touched groups), then progress (every upstream vnode
-   Completed at the barrier's version).
+   Completed at the barrier's version), by a background thread once the others landed
+   (mv/commit_later.py: the next open of the progress table in this process waits for it).
 Every table's content is a function of the barrier's version alone, whichever path wrote it,
 so a table brought forward by any path after a crash lands where the others are.
 """
@@ -24,12 +25,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
 from backfill_assets import storage
 from backfill_assets.aggregate import checkpoint, cost, held
 from backfill_assets.aggregate.checkpoint import Commit
+from backfill_assets.aggregate.feed import Feed
 from backfill_assets.aggregate.projection import (
     Projection,
     bulk_inputs,
@@ -46,15 +47,14 @@ from backfill_assets.aggregate.store import (
     STATE,
     AggregateStore,
     compact_later,
+    distinct_groups,
     group_texts,
     group_vnodes,
-    keyed_state,
     settle,
-    table_id,
     with_key,
 )
 from backfill_assets.arrow import netting
-from backfill_assets.arrow.aggregate_state import ROWS, AggregateTables
+from backfill_assets.arrow.aggregate_state import ROWS
 from backfill_assets.core.cost_choice import APPLY, RESNAPSHOT
 from backfill_assets.core.mv_definition import MVDefinition
 from backfill_assets.core.names import VNODE
@@ -63,8 +63,12 @@ from backfill_assets.engine.netting import with_vnode
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.mv.recovery import progress_schema, read_progress, refuse_stale, write_progress
-from backfill_assets.step.key_checks import check_change_keys
+from backfill_assets.mv.recovery import (
+    progress_schema,
+    read_progress,
+    refuse_stale,
+    write_progress_later,
+)
 from backfill_assets.step.preflight import CheckedUpstream, checked_upstream
 from backfill_assets.step.request import Hook, StepReport
 
@@ -80,6 +84,7 @@ class _Barrier:
     proj: Projection
     store: AggregateStore
     progress: object  # the progress table (deltalake.DeltaTable)
+    feed: Feed
     hook: Hook
     report: StepReport
     # each table's commit of the barrier: the version it planned on, what it committed
@@ -144,11 +149,12 @@ class _Barrier:
                 self._apply(at, to, behind)
             else:
                 self._recompute(to, behind)
-        self.hook("before_progress_commit")
+        # the progress last, in the background: every table above holds the barrier already
+        # (mv/commit_later.py); the next open of the progress table waits for it
         state = self._finished(to)
-        write_progress(self.progress, state, state.key_order, self.d.name, self.vnodes, to,
-                       force=True, storage_options=self.tables.storage_options)
-        self.hook("after_progress_commit")
+        write_progress_later(self.tables.progress, self.progress, state, state.key_order,
+                             self.d.name, self.vnodes, to,
+                             storage_options=self.tables.storage_options, hook=self.hook)
         compacting = [p for p, c in self.committed.items()
                       if compact_later(self.store, self.spark, p, c, self.vnodes)]
         if compacting:
@@ -156,9 +162,8 @@ class _Barrier:
         self.committed.clear()
 
     def _choice(self, at: int, to: int, forced: str | None) -> cost.AggregateChoice:
-        so = self.tables.storage_options
-        changes = sum(storage.estimate_change_rows(self.tables.upstream, at, to, so).values())
-        return cost.choose(changes, lambda: self._upstream_rows(to), forced)
+        return cost.choose(self.feed.change_rows(at, to), lambda: self._upstream_rows(to),
+                           forced)
 
     def _upstream_rows(self, version: int) -> int:
         """The upstream's rows at ``version``, from its log's file statistics."""
@@ -196,54 +201,21 @@ class _Barrier:
         """The change range (at, to] netted per key, as signed rows into the touched groups;
         the state committed only when a checkpoint is due (aggregate/checkpoint.py)."""
         self.report.engine = "driver"
-        if STATE in behind:
-            self._replay(at)
-        netted = self.netted(at, to, upstream_vnodes=self.proj.reads_vnode)
-        changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
+        if STATE in behind:  # the state table behind, and not held here: replayed first
+            replayed = checkpoint.replay(self.store, at, self.vnodes, self._signed)
+            if replayed is not None:
+                self.report.extra["state_replayed"] = replayed
+        netted = self.feed.netted(at, to, upstream_vnodes=self.proj.reads_vnode)
+        changes = self._signed(at, to, netted)
         self.report.forwarded_rows = changes.num_rows
         self.report.extra["changed_keys"] = netted.keys
         apply_signed(self, to, behind, changes, at=at)
 
-    def _replay(self, at: int) -> None:
-        """The group state brought to ``at`` in memory when this process does not hold it
-        there and the state table is behind (a barrier that skipped its state commit ran in
-        another process, or this one lost it): the change range (c, at] from the table's
-        checkpoint c into the whole state, the next commit a checkpoint."""
-        uri = self.store.table(STATE).uri
-        if checkpoint.current(uri, self.store.snapshot(STATE), at) is not None:
-            return
-        c = self.store.txn_version(STATE, self.vnodes)
-        if c is None or c >= at:
-            return
-        netted = self.netted(c, at, upstream_vnodes=self.proj.reads_vnode)
-        changes = signed_rows(self.spark, self.proj, netted.before, netted.after)
-        t = self.proj.tables
-        snap, whole = self.store.read(STATE, None)
-        keys = group_texts(distinct_groups(changes, t), t)
-        touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
-        new = keyed_state(t, whole.filter(touched), changes)
-        rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
-        checkpoint.start(uri, table_id(snap), snap.version, at, rows, (keys,), changes.num_rows,
-                         due=True)
-        self.report.extra["state_replayed"] = [c, at]
-
-    def netted(self, at: int, to: int, upstream_vnodes: bool = True) -> netting.Netted:
-        """The upstream's change range (at, to] netted per key: each key's pre-image at ``at``
-        and post-image at ``to`` (the row MV's driver netting), with the upstream's vnode
-        (``upstream_vnodes`` False: 0, for a barrier that reads no vnode of an upstream row:
-        the key hash is a Python call per change row)."""
-        key_names = list(self.upstream.key_order.names)
-        keep = [f.name for f in self.upstream.schema if f.name != VNODE]
-        raw = storage.read_raw_changes(self.tables.upstream, at, to, keep,
-                                       storage_options=self.tables.storage_options)
-        raw = raw.select([*keep, "_change_type", "_commit_version"])
-        check_change_keys(raw, key_names, self.tables.upstream)
-        if upstream_vnodes:
-            raw = netting.with_vnode(raw, key_names, self.upstream.key_types,
-                                     self.d.vnode_count)
-        else:
-            raw = raw.append_column(VNODE, pa.repeat(pa.scalar(0, pa.int32()), raw.num_rows))
-        return netting.net_with_prior(raw, key_names, checked=True)
+    def _signed(self, at: int, to: int, netted: netting.Netted | None = None) -> pa.Table:
+        """The change range (at, to] as signed rows (``netted``: read already)."""
+        if netted is None:
+            netted = self.feed.netted(at, to, upstream_vnodes=self.proj.reads_vnode)
+        return signed_rows(self.spark, self.proj, netted.before, netted.after)
 
     def _write(self, to: int, behind: list[str],
                changes: tuple[pa.Table, pa.Array, Sequence[int]] | None,
@@ -326,17 +298,12 @@ def apply_signed(b: _Barrier, txn: int, behind: list[str], changes: pa.Table,
     b._write(txn, behind, (changes, keys, vnodes), None, None, at)
 
 
-def distinct_groups(changes: pa.Table, t: AggregateTables) -> pa.Table:
-    """The group columns of each group ``changes`` touch, once."""
-    return changes.select(t.group_names).group_by(t.group_names, use_threads=False
-                                                  ).aggregate([])
-
-
 def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | None,
                  controls: Controls, hook: Hook) -> tuple[_Barrier, int]:
     """Check the upstream and the definition (Spark's analysis of its expressions), then
     create the missing tables: nothing is written before every check passed."""
     upstream = checked_upstream(tables, d, version)
+    changes = Feed(tables, upstream, d.vnode_count)
     so = tables.storage_options
     key = {"fingerprint": d.fingerprint, "upstream": base64.b64encode(
         upstream.schema.serialize().to_pybytes()).decode("ascii")}
@@ -353,7 +320,7 @@ def open_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, version
         storage.write_json(_plan_uri(tables), {"key": key, "schemas": recorded_schemas(proj)}, so)
     report = StepReport(upstream.version, tuple(range(d.vnode_count)), controls.chunk_size or 0,
                         engine="driver")
-    return _Barrier(spark, d, tables, upstream, proj, store, progress, hook, report), \
+    return _Barrier(spark, d, tables, upstream, proj, store, progress, changes, hook, report), \
         upstream.version
 
 
@@ -365,8 +332,8 @@ def run(spark: SparkSession, d: MVDefinition, tables: MVTables, version: int | N
         controls: Controls, hook: Hook, recompute: bool = False) -> StepReport:
     """One aggregate barrier (see the module docstring) with the controls in force."""
     started = time.monotonic()
+    forced = RESNAPSHOT if recompute else controls.barrier_choice
     barrier, target = open_barrier(spark, d, tables, version, controls, hook)
-    report = barrier.run(target, RESNAPSHOT if recompute else controls.barrier_choice,
-                         recompute)
+    report = barrier.run(target, forced, recompute)
     report.seconds = time.monotonic() - started
     return report

@@ -6,7 +6,7 @@ Why it stays exactly once: the state table's app transaction names the barrier i
 at (the checkpoint, c); the MV and the progress are at the barrier v >= c. A process that
 does not hold the state at v (a new process, a crash, another writer, an evicted entry)
 reads the table at c and replays the change feed (c, v] into the state only
-(`_Barrier._replay`): the MV already holds those barriers, and the state is a function of
+(`replay`): the MV already holds those barriers, and the state is a function of
 its own rows and the change range, as in every recovery. A barrier after a replay commits
 its state (a process that starts cold, such as a sensor's run per barrier, would otherwise
 replay a growing range). An entry is valid only for the state table's id and version it
@@ -23,6 +23,7 @@ checkpoint (their rows at the checkpoint before, at the barrier after).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -30,7 +31,14 @@ import pyarrow.compute as pc
 
 from backfill_assets import storage
 from backfill_assets.aggregate import held
-from backfill_assets.aggregate.store import STATE, AggregateStore, keyed_state, table_id
+from backfill_assets.aggregate.store import (
+    STATE,
+    AggregateStore,
+    distinct_groups,
+    group_texts,
+    keyed_state,
+    table_id,
+)
 from backfill_assets.core.aggregate_definition import GROUP_KEY
 
 Commit = tuple[str, storage.TableVersion, pa.Table, pa.Table]  # phase, version read, rows
@@ -60,6 +68,11 @@ class Ahead:
         """Whether the next barrier commits the state."""
         return self.barriers >= CHECKPOINT_BARRIERS or self.change_rows >= CHECKPOINT_ROWS
 
+    def due_after(self, change_rows: int) -> bool:
+        """Whether the barrier that adds ``change_rows`` signed rows commits the state."""
+        return self.barriers + 1 >= CHECKPOINT_BARRIERS \
+            or self.change_rows + change_rows >= CHECKPOINT_ROWS
+
     def changed(self) -> pa.Array:
         """The keys of the groups changed since the checkpoint, once each."""
         return pc.unique(pa.chunked_array(self.dirty, pa.string()).combine_chunks())
@@ -84,6 +97,10 @@ class Ahead:
                        barriers=self.barriers + 1, change_rows=self.change_rows + change_rows)
 
 
+# Why a thread: a barrier that does not checkpoint needs every group's rows only for the next
+# barrier, so they are brought forward (a filter and a concat of every group's row) while
+# the barrier finishes the MV's rows and commits them; its completion waits for them
+_ADVANCING = ThreadPoolExecutor(1, thread_name_prefix="aggregate-state")
 _AHEAD: storage.LRU[str, Ahead] = storage.LRU(16, name="aggregate state ahead",
                                               weight=lambda a: a.rows.nbytes,
                                               max_weight=512 << 20)
@@ -172,9 +189,10 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
         return new, (STATE, snap, old, new), lambda _: forget(uri)
     if touched is None:
         touched = ahead.touched(keys)
+    if not ahead.due_after(changes.num_rows):  # brought forward beside the barrier's commits
+        later = _ADVANCING.submit(ahead.advanced, keys, touched, new, to, changes.num_rows)
+        return new, None, lambda _: keep(uri, later.result())
     after = ahead.advanced(keys, touched, new, to, changes.num_rows)
-    if not after.due:
-        return new, None, lambda _: keep(uri, after)
     dirty = after.changed()
     before = store.read(STATE, dirty)[1]  # the rows the table holds: the checkpoint's
 
@@ -185,3 +203,27 @@ def state_step(store: AggregateStore, at: int, to: int, keys: pa.Array,
             start(uri, after.table_id, applied.version, to, after.rows, (), 0, due=False)
 
     return new, (STATE, snap, before, after.of(dirty)), checkpointed
+
+
+def replay(store: AggregateStore, at: int, vnodes: Sequence[int],
+           signed: Callable[[int, int], pa.Table]) -> list[int] | None:
+    """The group state brought to ``at`` in memory when this process does not hold it
+    there and the state table is behind (a barrier that skipped its state commit ran in
+    another process, or this one lost it): the change range (c, at] (``signed``: a range's
+    signed rows) from the table's checkpoint c into the whole state, the next commit a
+    checkpoint; [c, at] when it replayed."""
+    uri = store.table(STATE).uri
+    if current(uri, store.snapshot(STATE), at) is not None:
+        return None
+    c = store.txn_version(STATE, vnodes)
+    if c is None or c >= at:
+        return None
+    changes = signed(c, at)
+    t = store.agg
+    snap, whole = store.read(STATE, None)
+    keys = group_texts(distinct_groups(changes, t), t)
+    touched = pc.is_in(whole.column(GROUP_KEY), value_set=keys)
+    new = keyed_state(t, whole.filter(touched), changes)
+    rows = pa.concat_tables([whole.filter(pc.invert(touched)), new.cast(whole.schema)])
+    start(uri, table_id(snap), snap.version, at, rows, (keys,), changes.num_rows, due=True)
+    return [c, at]

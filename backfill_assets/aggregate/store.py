@@ -57,6 +57,12 @@ def group_texts(rows: pa.Table, t: AggregateTables) -> pa.Array:
                      for values in zip(*columns, strict=True)] if columns else [], pa.string())
 
 
+def distinct_groups(changes: pa.Table, t: AggregateTables) -> pa.Table:
+    """The group columns of each group ``changes`` touch, once."""
+    return changes.select(t.group_names).group_by(t.group_names, use_threads=False
+                                                  ).aggregate([])
+
+
 def group_vnodes(rows: pa.Table, t: AggregateTables) -> list[int]:
     """The distinct vnodes of the groups of ``rows`` (the files a keyed read opens)."""
     return sorted(set(t.group_vnodes(rows).to_pylist()))

@@ -24,6 +24,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from backfill_assets.arrow.types import normalize_schema
 from backfill_assets.core.errors import ConcurrentBackfillRun, TableNotFound, WarehouseNotWritable
+from backfill_assets.mv import commit_later
 from backfill_assets.storage import (
     LRU,
     Intent,
@@ -109,7 +110,10 @@ def open_if_exists(uri: str, storage_options: Mapping[str, str], version: int | 
     latest is kept per process and brought forward with `update_incremental` (a barrier
     opens the progress table and the MV about eight times: a fresh load replays the log, a
     warm one only lists the log and stats one file), while the commit file of the version it
-    holds is still the one it was loaded from (a table dropped and recreated is loaded afresh)."""
+    holds is still the one it was loaded from (a table dropped and recreated is loaded afresh).
+    A commit of the table this process left to the background (mv/commit_later.py) lands
+    first."""
+    commit_later.settle(uri)
     if version is None:
         return _latest(uri, storage_options)
     try:

@@ -11,7 +11,7 @@ is then taken from that MV commit, so nothing is lost or repeated.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -22,7 +22,7 @@ from backfill_assets.core.errors import ConcurrentBackfillRun, CorruptProgressRo
 from backfill_assets.core.figures import FINISHED, IN_PROGRESS
 from backfill_assets.core.keys import KeyOrder
 from backfill_assets.core.progress import BackfillState, Completed, InProgress, NotStarted
-from backfill_assets.mv import owned_tables
+from backfill_assets.mv import commit_later, owned_tables
 from backfill_assets.storage import LRU, arrow_schema
 
 
@@ -169,6 +169,23 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
                                       storage_options=storage_options)
     _written(table, before, after, vnodes, arrow)
     state.mark_committed()
+
+
+def write_progress_later(uri: str, table: DeltaTable, state: BackfillState, key_order: KeyOrder,
+                         mv_name: str, vnodes: Sequence[int], version: int, *,
+                         storage_options: Mapping[str, str] | None = None,
+                         hook: Callable[[str], None] = lambda _: None) -> None:
+    """`write_progress` (forced) of the table at ``uri`` by a background thread, for a
+    barrier whose other tables hold it already (mv/commit_later.py: why it is safe, and
+    what waits for it); ``hook`` is called at `before_progress_commit` and
+    `after_progress_commit` around it, in that thread."""
+    def commit() -> None:
+        hook("before_progress_commit")
+        write_progress(table, state, key_order, mv_name, vnodes, version, force=True,
+                       storage_options=storage_options)
+        hook("after_progress_commit")
+
+    commit_later.commit_later(uri, commit)
 
 
 # The progress rows this process last saw, per table: (uri, table id) -> (version, vnode ->

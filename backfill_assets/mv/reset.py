@@ -28,6 +28,7 @@ from backfill_assets.core.errors import (
     UpstreamNotFound,
     UpstreamSchemaChanged,
 )
+from backfill_assets.mv import commit_later
 from backfill_assets.mv.owned_tables import MVTables
 from backfill_assets.mv.run_layout import layout_path
 from backfill_assets.storage import objects
@@ -56,6 +57,7 @@ def reset_mv(mv_name: str, tables: MVTables, confirm: str) -> list[str]:
             f"MV {mv_name!r}: its upstream {tables.upstream} lies inside the MV's state; "
             "nothing was deleted: move the upstream or delete the MV's tables by hand"
         )
+    commit_later.settle(tables.progress)  # this process's last progress commit lands first
     deleted = []
     for path in paths:
         if os.path.isdir(path):

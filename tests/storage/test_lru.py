@@ -169,6 +169,9 @@ NOT_CACHES = {
     # the compactions running in the background, one per table: a registry of work in flight
     # (popped by `settle` when the table's next barrier waits for it), never a cached value
     ("backfill_assets/aggregate/store.py", "_COMPACTING"),
+    # the commits left to the background thread, per table: work in flight (popped by
+    # `settle` when the table is next opened), never a cached value
+    ("backfill_assets/mv/commit_later.py", "_PENDING"),
 }
 
 

@@ -33,7 +33,8 @@ def _groups(snap: storage.TableVersion) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("layout", ["keyed", "legacy"])
+@pytest.mark.parametrize("layout", [
+    "keyed", pytest.param("legacy", marks=pytest.mark.variant)])  # CI time
 def test_dimension_barriers_read_the_state_by_key(spark, warehouse, monkeypatch, layout):
     rng = random.Random(57)
     live = H.orders(warehouse, 57)

@@ -66,8 +66,10 @@ def choose(change_rows: int, upstream_rows: int | Callable[[], int],
     A count is asked for only when a recompute could win: counting goes through every
     upstream file's statistics, a cost that grows with the upstream, and applying below the
     recompute's fixed cost always wins (the upstream's estimate is then reported as None)."""
-    apply = _apply_seconds(change_rows)
-    if surely_applies(change_rows, forced) and callable(upstream_rows):
+    apply = APPLY_FIXED_SECONDS + change_rows * (1 + GROUP_ROWS) * DEFAULT_APPLY_SECONDS_PER_ROW
+    certain = forced == APPLY or (forced in (None, "auto") and change_rows <= DRIVER_CHANGE_ROWS
+                                  and RESNAPSHOT_FIXED_SECONDS > apply * (1 - RESNAPSHOT_MARGIN))
+    if certain and callable(upstream_rows):
         return AggregateChoice(APPLY, apply, None, change_rows, None)
     rows = upstream_rows() if callable(upstream_rows) else upstream_rows
     recompute = RESNAPSHOT_FIXED_SECONDS + rows * DEFAULT_RESNAPSHOT_SECONDS_PER_ROW
@@ -80,16 +82,3 @@ def choose(change_rows: int, upstream_rows: int | Callable[[], int],
     else:
         path = RECOMPUTE if recompute <= apply * (1 - RESNAPSHOT_MARGIN) else APPLY
     return AggregateChoice(path, apply, recompute, change_rows, rows)
-
-
-def surely_applies(change_rows: int, forced: str | None) -> bool:
-    """Whether `choose` applies a barrier of ``change_rows`` whatever the upstream's size
-    (applying costs less than a recompute's fixed cost, or the control says apply): what a
-    read of the change feed begun before the choice is made may count on."""
-    return forced == APPLY or (forced in (None, "auto") and change_rows <= DRIVER_CHANGE_ROWS
-                               and RESNAPSHOT_FIXED_SECONDS
-                               > _apply_seconds(change_rows) * (1 - RESNAPSHOT_MARGIN))
-
-
-def _apply_seconds(change_rows: int) -> float:
-    return APPLY_FIXED_SECONDS + change_rows * (1 + GROUP_ROWS) * DEFAULT_APPLY_SECONDS_PER_ROW

@@ -1,12 +1,10 @@
 """The upstream's change feed as an aggregate barrier reads it: a version range netted per
-key, each key's pre-image and post-image (moved out of barrier.py, which it kept past the
-size a module should have).
+key, each key's pre-image and post-image.
 
-Tried and left out: the read begun in a thread at the barrier's start, from where this
-process's last barrier left the progress, beside the upstream's check, the tables' opening
-and the cost choice (docs/AGGREGATES.md, "The barrier's serial path"). The read of a small
-barrier's 256 change files holds the GIL, so beside the opening it took longer by about as
-much as it overlapped, and the barrier waited for it.
+Why it is read in the barrier's own thread, after the cost choice, and not begun early beside
+the upstream's check and the tables' opening: the read of many small change files holds the
+GIL, so beside the opening it slows by about as much as it overlaps (docs/AGGREGATES.md, "The
+barrier's serial path").
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""A process's second step freezes the heap (once): later full collections scan only what
-was made since. A process that runs one step never pays for the collection."""
+"""A process's second step freezes the heap (once), or its first step as it ends when it ran
+long: later full collections scan only what was made since. A process that runs one short
+step never pays for the collection."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from backfill_assets.step import heap
 
 def test_the_second_step_freezes_the_heap_once(monkeypatch):
     monkeypatch.setattr(heap, "_steps_started", 0)
+    monkeypatch.setattr(heap, "_settled", False)
     gc.unfreeze()
     try:
         heap.step_starting()
@@ -26,5 +28,24 @@ def test_the_second_step_freezes_the_heap_once(monkeypatch):
         garbage[0].append(garbage)  # a cycle made after the freeze is still collected
         del garbage
         assert gc.collect() >= 1
+    finally:
+        gc.unfreeze()
+
+
+def test_a_long_first_step_freezes_the_heap_as_it_ends(monkeypatch):
+    monkeypatch.setattr(heap, "_steps_started", 0)
+    monkeypatch.setattr(heap, "_settled", False)
+    gc.unfreeze()
+    try:
+        heap.step_starting()
+        heap.step_ended(heap.LONG_STEP_SECONDS / 10)
+        assert gc.get_freeze_count() == 0  # a short first step: nothing yet
+        heap.step_ended(heap.LONG_STEP_SECONDS)
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000
+        kept = [[] for _ in range(20_000)]
+        heap.step_starting()  # the second step does not settle again
+        assert gc.get_freeze_count() < frozen + 10_000
+        del kept
     finally:
         gc.unfreeze()

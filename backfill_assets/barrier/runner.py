@@ -50,23 +50,34 @@ def run_barrier(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: 
     limit the barrier steps at that rate for `pace_seconds` (0: one step; a Dagster run gives
     `pacing.BARRIER_SECONDS`; barrier/pacing.py); otherwise a barrier over finished vnodes
     applies its changes or re-reads them, whichever costs less (barrier/by_cost.py). A
-    process's second join or aggregate barrier first moves the heap its first one left out of
-    the cyclic collector's reach (step/heap.py; a row MV's step loop does it per step)."""
+    process's first long barrier as it ends, or else its second join or aggregate barrier as
+    it starts, moves the heap out of the cyclic collector's reach (step/heap.py; a row MV's
+    step loop does it per step)."""
+    started = time.monotonic()
     with nothing_left_on_refusal(tables):
-        controls = controls_in_force(d, tables, overrides)
-        if d.joins or d.is_aggregate:
-            heap.step_starting()
-        if d.joins:  # an MV kind of its own (backfill_assets/join/)
-            return join.run_barrier(spark, d, tables, vnodes, version=version,
-                                    controls=controls, hook=hook)
-        if d.is_aggregate:  # an MV kind of its own (backfill_assets/aggregate/)
-            return aggregate.run_barrier(spark, d, tables, vnodes, version=version,
-                                         controls=controls, hook=hook)
-        request = StepRequest(d, mode_named(d.mode), tables, tuple(vnodes),
-                              controls.chunk_size, controls.rate_limit, version)
-        if controls.rate_limit:
-            return paced(spark, request, hook, pace_seconds)
-        return by_cost(spark, request, hook, controls.barrier_choice)
+        report = _run(spark, d, tables, vnodes, version, controls_in_force(d, tables, overrides),
+                      hook, pace_seconds)
+    heap.step_ended(time.monotonic() - started)
+    return report
+
+
+def _run(spark: SparkSession, d: MVDefinition, tables: MVTables, vnodes: Sequence[int],
+         version: int | None, controls: Controls, hook: Hook, pace_seconds: float
+         ) -> StepReport:
+    """The barrier by the MV's kind: a join, an aggregate, or a row MV's steps."""
+    if d.joins or d.is_aggregate:
+        heap.step_starting()
+    if d.joins:  # an MV kind of its own (backfill_assets/join/)
+        return join.run_barrier(spark, d, tables, vnodes, version=version,
+                                controls=controls, hook=hook)
+    if d.is_aggregate:  # an MV kind of its own (backfill_assets/aggregate/)
+        return aggregate.run_barrier(spark, d, tables, vnodes, version=version,
+                                     controls=controls, hook=hook)
+    request = StepRequest(d, mode_named(d.mode), tables, tuple(vnodes),
+                          controls.chunk_size, controls.rate_limit, version)
+    if controls.rate_limit:
+        return paced(spark, request, hook, pace_seconds)
+    return by_cost(spark, request, hook, controls.barrier_choice)
 
 
 def watched_uris(d: MVDefinition, tables: MVTables) -> tuple[str, ...]:

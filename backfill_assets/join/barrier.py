@@ -245,13 +245,37 @@ class _Barrier:
         MV's input (`Output.prepare`: the aggregate's signed input rows, which read no
         table) is computed in a thread while the state tables commit; the commits keep
         their order, so a state commit that refuses (the index not holding a retracted
-        fact) still stops the barrier before the MV's first write."""
+        fact) still stops the barrier before the MV's first write. A barrier that surely
+        commits no state table (snapshot mode: every index left behind its checkpoint,
+        every dimension unmoved: most fact barriers) writes the MV's tables in that thread
+        instead, beside the indexes' changes brought forward in memory."""
+        early = not self._commits_state(to, behind, snaps, update, state)
         with ThreadPoolExecutor(1) as pool:  # its exit waits for the thread
-            prepared = pool.submit(self.out.prepare, update.joined)
+            done = pool.submit(self.out.write, behind, update.joined, to, self.hook) if early \
+                else pool.submit(self.out.prepare, update.joined)
             kept = self._write(to, behind, snaps, update, state)
-        prepared.result()
-        self.out.write(behind, update.joined, to, self.hook)
+        done.result()
+        if not early:
+            self.out.write(behind, update.joined, to, self.hook)
         return kept
+
+    def _commits_state(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
+                       update: JoinUpdate, state: _State) -> bool:
+        """Whether `_write` may commit a state table: an index unless its lag surely stays
+        short of its checkpoint (`Lag.stays_behind`), a dimension unless its version did not
+        move and nothing of it changed (what `_write` skips)."""
+        if state.lags is None:
+            return True
+        for i in range(self.store.joins):
+            if index_phase(i) in behind and not state.lags[i].stays_behind(state.changed):
+                return True
+            held = self.store.held(snaps[dimension_phase(i)], dimension_phase(i))
+            if dimension_phase(i) in behind and (
+                    held is None or held.dimensions[i] != to.dimensions[i]
+                    or update.dimension_upserts[i].num_rows
+                    or update.dimension_deletes[i].num_rows):
+                return True
+        return False
 
     def _write(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
                update: JoinUpdate, state: _State) -> list[tuple[str, Lag]]:

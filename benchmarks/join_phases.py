@@ -66,7 +66,12 @@ def _wrap() -> None:
 
     for owner, prefix, names in [
         (B, "", ["open_barrier", "fact_rows"]),
-        (B._Barrier, "", ["_held", "progress_pair", "_apply", "apply_changes"]),
+        (B._Barrier, "", ["_held", "progress_pair", "_apply", "apply_changes", "commit_tables",
+                          "_write"]),
+        (B.index_checkpoint, "", ["lags_at", "hold_after"]),
+        (B.index_checkpoint.Lag, "Lag.", ["advanced"]),
+        (JS.JoinTables, "JoinTables.", ["_joined", "_index_rows", "_dimension"]),
+        (JS, "", ["_net", "_check_held", "_sides"]),
         (S, "", ["signed_changes"]), (ST.JoinStore, "JoinStore.", ["read", "write"]),
         (JS.JoinTables, "JoinTables.", ["apply", "reached_facts", "lookup_keys"]),
         (O.AggregateOutput, "AggregateOutput.", ["write", "_signed"]),

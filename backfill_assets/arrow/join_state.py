@@ -92,14 +92,14 @@ class JoinTables:
             zip(dimensions, dimension_changes, strict=True))]
         held, new_held, changed_keys = ([d[k] for d in dims] for k in range(3))
         reached = self.reached_facts(index, changed_keys)
-        columns = self.fact_row_schema.names
-        _check_held(f_before, f_after, pa.concat_tables([reached, f_before.select(columns)]),
-                    pk, "fact")
-        changed_pks = _distinct(pa.concat_tables([f_before.select(pk), f_after.select(pk)]))
-        old_facts = pa.concat_tables([_anti(reached, changed_pks, pk, pk),
-                                      f_before.select(columns)])
-        new_facts = pa.concat_tables([_anti(old_facts, changed_pks, pk, pk),
-                                      f_after.select(columns)])
+        columns, kept = self.fact_row_schema.names, reached
+        if reached.num_rows:  # else the keys held are the pre-images': nothing to refuse
+            _check_held(f_before, f_after, pa.concat_tables([reached, f_before.select(columns)]),
+                        pk, "fact")
+            changed_pks = _distinct(pa.concat_tables([f_before.select(pk), f_after.select(pk)]))
+            kept = _anti(reached, changed_pks, pk, pk)  # the reached facts no change names
+        old_facts = pa.concat_tables([kept, f_before.select(columns)])
+        new_facts = pa.concat_tables([kept, f_after.select(columns)])
         joined = _net(pa.concat_tables([
             _signed(self._joined(old_facts, held), -1),
             _signed(self._joined(new_facts, new_held), 1)]), self.joined_schema)
@@ -316,6 +316,8 @@ def _sides(changes: pa.Table, key: list[str], what: str) -> tuple[pa.Table, pa.T
 def _check_held(before: pa.Table, after: pa.Table, held: pa.Table, key: list[str],
                 what: str) -> None:
     """A -1 names a held key; a +1 a key not held unless it is retracted too."""
+    if before.num_rows == 0 and after.num_rows == 0:
+        return
     if _anti(before.select(key), held.select(key), key, key).num_rows:
         raise JoinStateMismatch(f"a {what} change retracts a key the join state never held: "
                                 "reset the MV to rebuild its state")

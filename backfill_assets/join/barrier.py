@@ -14,7 +14,9 @@ version pair its progress records to the barrier's pair (v_fact, v_dim...).
    `lookup_keys`: the dimension rows): never a scan of the facts (`APPLY`). A changed
    fact's row before is its pre-image in the fact's change feed;
 3. commits, each carrying the pair: each index, each dimension, the MV (its rows, or
-   the aggregate's tables, from the signed joined rows: join/output.py), then progress.
+   the aggregate's tables, from the signed joined rows: join/output.py), then progress,
+   by a background thread once the others landed (mv/commit_later.py: the next open of
+   the progress table in this process waits for it).
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ from backfill_assets.join.store import (
 from backfill_assets.mv import owned_tables
 from backfill_assets.mv.controls import Controls
 from backfill_assets.mv.owned_tables import MVTables
-from backfill_assets.mv.recovery import progress_rows, progress_schema, read_progress, refuse_stale
+from backfill_assets.mv.recovery import (
+    progress_schema,
+    read_progress,
+    refuse_stale,
+    write_progress_later,
+)
 from backfill_assets.step.preflight import CheckedUpstream, checked_upstream
 from backfill_assets.step.request import Hook, StepReport
 from backfill_assets.storage import TableVersion
@@ -162,15 +169,13 @@ class _Barrier:
                 self.report.extra["index_replayed"] = replayed
             update, state = self._apply(at, to, old, lags)
             kept = self.commit_tables(to, behind, snaps, update, state)
-        self.hook("before_progress_commit")
-        rows = progress_rows(self._finished(to.fact), self.vnodes, to.fact,
-                             self.upstream.key_order)
-        owned_tables.overwrite_vnodes(
-            self.progress, pa.Table.from_pylist(rows, progress_schema(self.upstream.key_order)),
-            mv_name=self.store.name, phase=PROGRESS, vnodes=self.vnodes, version=to.fact,
-            storage_options=self.tables.storage_options,
-            extra=to.txns(self.store.name, PROGRESS))
-        self.hook("after_progress_commit")
+        # the progress last, in the background: every table above holds the pair already
+        # (mv/commit_later.py); the next open of the progress table waits for it
+        state = self._finished(to.fact)
+        write_progress_later(self.tables.progress, self.progress, state, state.key_order,
+                             self.store.name, self.vnodes, to.fact,
+                             storage_options=self.tables.storage_options, hook=self.hook,
+                             extra=to.txns(self.store.name, PROGRESS))
         index_checkpoint.hold_after(self.store, to, dict(kept))
 
     def _before(self, phase: str, snap: TableVersion, at: Pair | None) -> TableVersion:
@@ -240,13 +245,37 @@ class _Barrier:
         MV's input (`Output.prepare`: the aggregate's signed input rows, which read no
         table) is computed in a thread while the state tables commit; the commits keep
         their order, so a state commit that refuses (the index not holding a retracted
-        fact) still stops the barrier before the MV's first write."""
+        fact) still stops the barrier before the MV's first write. A barrier that surely
+        commits no state table (snapshot mode: every index left behind its checkpoint,
+        every dimension unmoved: most fact barriers) writes the MV's tables in that thread
+        instead, beside the indexes' changes brought forward in memory."""
+        early = not self._commits_state(to, behind, snaps, update, state)
         with ThreadPoolExecutor(1) as pool:  # its exit waits for the thread
-            prepared = pool.submit(self.out.prepare, update.joined)
+            done = pool.submit(self.out.write, behind, update.joined, to, self.hook) if early \
+                else pool.submit(self.out.prepare, update.joined)
             kept = self._write(to, behind, snaps, update, state)
-        prepared.result()
-        self.out.write(behind, update.joined, to, self.hook)
+        done.result()
+        if not early:
+            self.out.write(behind, update.joined, to, self.hook)
         return kept
+
+    def _commits_state(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
+                       update: JoinUpdate, state: _State) -> bool:
+        """Whether `_write` may commit a state table: an index unless its lag surely stays
+        short of its checkpoint (`Lag.stays_behind`), a dimension unless its version did not
+        move and nothing of it changed (what `_write` skips)."""
+        if state.lags is None:
+            return True
+        for i in range(self.store.joins):
+            if index_phase(i) in behind and not state.lags[i].stays_behind(state.changed):
+                return True
+            held = self.store.held(snaps[dimension_phase(i)], dimension_phase(i))
+            if dimension_phase(i) in behind and (
+                    held is None or held.dimensions[i] != to.dimensions[i]
+                    or update.dimension_upserts[i].num_rows
+                    or update.dimension_deletes[i].num_rows):
+                return True
+        return False
 
     def _write(self, to: Pair, behind: list[str], snaps: dict[str, TableVersion],
                update: JoinUpdate, state: _State) -> list[tuple[str, Lag]]:

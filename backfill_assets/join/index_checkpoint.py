@@ -63,6 +63,13 @@ class Lag:
         """Whether the barrier bringing this index forward commits it."""
         return self.barriers >= CHECKPOINT_BARRIERS or self.pks.num_rows >= CHECKPOINT_ROWS
 
+    def stays_behind(self, changed: pa.Table) -> bool:
+        """Whether the barrier changing the facts ``changed`` (their pks) surely leaves
+        this index short of its checkpoint (`advanced` then not `due`): what lets the
+        barrier commit the MV before this index's changes are brought forward."""
+        return self.barriers + 1 < CHECKPOINT_BARRIERS \
+            and self.pks.num_rows + changed.num_rows < CHECKPOINT_ROWS
+
     def overlay(self, rows: pa.Table, keys: pa.Table, on: Sequence[str]) -> pa.Table:
         """The index rows whose join key ``on`` is in ``keys`` at ``at``: the table's
         ``rows`` (read at the checkpoint) but the changed facts', which are ``after``'s."""

@@ -112,4 +112,4 @@ def rows_at(spark: SparkSession, uri: str, version: int, schema: pa.Schema,
 
 
 def _signed(rows: pa.Table, sign: int) -> pa.Table:
-    return rows.add_column(0, SIGN, pa.array([sign] * rows.num_rows, pa.int8()))
+    return rows.add_column(0, SIGN, pa.repeat(pa.scalar(sign, pa.int8()), rows.num_rows))

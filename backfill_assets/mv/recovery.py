@@ -153,10 +153,12 @@ def progress_rows(state: BackfillState, vnodes: Sequence[int], version: int,
 def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder, mv_name: str,
                    vnodes: Sequence[int], version: int, force: bool = False,
                    storage_options: Mapping[str, str] | None = None,
-                   rows: Sequence[dict | None] | None = None) -> None:
+                   rows: Sequence[dict | None] | None = None,
+                   extra: Mapping[str, int] | None = None) -> None:
     """Commit the progress of `vnodes` (one row per started vnode) and mark it committed;
     `force`: even when nothing moved (progress recovered from an MV commit must land);
-    `rows`: `progress_rows` of this state, when the caller has them already."""
+    `rows`: `progress_rows` of this state, when the caller has them already; ``extra``: more
+    app transactions the commit carries (a join's dimension versions: join/store.py)."""
     if not state.commit_plan() and not force:
         return
     if rows is None:
@@ -166,7 +168,7 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
     before = table.version()
     after = owned_tables.overwrite_vnodes(table, arrow, mv_name=mv_name, phase="progress",
                                       vnodes=vnodes, version=version,
-                                      storage_options=storage_options)
+                                      storage_options=storage_options, extra=extra)
     _written(table, before, after, vnodes, arrow)
     state.mark_committed()
 
@@ -174,15 +176,16 @@ def write_progress(table: DeltaTable, state: BackfillState, key_order: KeyOrder,
 def write_progress_later(uri: str, table: DeltaTable, state: BackfillState, key_order: KeyOrder,
                          mv_name: str, vnodes: Sequence[int], version: int, *,
                          storage_options: Mapping[str, str] | None = None,
-                         hook: Callable[[str], None] = lambda _: None) -> None:
+                         hook: Callable[[str], None] = lambda _: None,
+                         extra: Mapping[str, int] | None = None) -> None:
     """`write_progress` (forced) of the table at ``uri`` by a background thread, for a
     barrier whose other tables hold it already (mv/commit_later.py: why it is safe, and
     what waits for it); ``hook`` is called at `before_progress_commit` and
-    `after_progress_commit` around it, in that thread."""
+    `after_progress_commit` around it, in that thread; ``extra``: as `write_progress`'s."""
     def commit() -> None:
         hook("before_progress_commit")
         write_progress(table, state, key_order, mv_name, vnodes, version, force=True,
-                       storage_options=storage_options)
+                       storage_options=storage_options, extra=extra)
         hook("after_progress_commit")
 
     commit_later.commit_later(uri, commit)

@@ -10,7 +10,13 @@ Python's objects (``benchmarks/memory_trace.py`` shows it per phase). Returning 
 little time.
 
 Both allocators read their settings when they load, so the package's ``__init__`` sets them
-(Arrow's pool: jemalloc; delta-rs: a 0.1 s decay) before any module loads either library.
+(Arrow's pool: jemalloc; delta-rs: a 0.1 s decay, background threads off) before any module
+loads either library. Why delta-rs' purging runs without its background threads: with a
+short decay those threads wake and return pages all through a barrier, on the same two
+cores as the barrier's serial path; they cost a warm aggregate barrier more CPU than its
+own work (docs/AGGREGATES.md, "The allocator's background threads"). Without them jemalloc
+returns the same pages on the decay's schedule from the threads that allocate and free
+(its documented behaviour when ``background_thread`` is off), so the memory bound holds.
 Only the driver shortens Arrow's decay (``settle_driver_memory``, when the Spark session
 starts): Spark's Python workers keep jemalloc's default, suited to bulk tasks that allocate
 large batches over and over.
